@@ -1,0 +1,160 @@
+"""The backend protocol: what the engine asks of a model runtime.
+
+Two kinds of loaded model exist. A ``OneShotModel`` maps a batch of inputs to a batch of
+outputs in one call (encoders, classifiers). A ``GenerativeModel`` exposes the primitive
+the continuous-batching engine needs: one forward pass over a set of token chunks, each
+belonging to a sequence slot, returning logits for the chunks that ask for them. The
+engine (not the backend) owns admission, sampling, stopping and retirement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+ModelKind = Literal["oneshot", "generative"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A configured model: how big it is, what it costs to load, and how to build it."""
+
+    model_id: str
+    """The name clients use."""
+    kind: ModelKind
+    """``oneshot`` (batched single call) or ``generative`` (token by token)."""
+    backend: str
+    """Which backend builds it: ``synthetic``, ``llamacpp`` or ``onnx``."""
+    memory_bytes: int
+    """Estimated resident memory, for residency decisions."""
+    load_cost_s: float = 1.0
+    """Estimated time to load, for cost-aware eviction."""
+    task: str = "embedding"
+    """For one-shot models: ``embedding`` or ``classification``."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Backend-specific settings (paths, thread counts, cost model, ...)."""
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded (missing or corrupt file, injected fault, ...)."""
+
+
+class BackendError(RuntimeError):
+    """A model failed while running a batch or a decode step."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardChunk:
+    """Tokens of one sequence to feed in one forward pass.
+
+    ``tokens`` occupy positions ``start_pos .. start_pos + len(tokens) - 1`` of the
+    sequence in slot ``seq_slot``. When ``want_logits`` is set the backend returns the
+    logits after the chunk's last token.
+    """
+
+    seq_slot: int
+    tokens: tuple[int, ...]
+    start_pos: int
+    want_logits: bool
+
+
+@runtime_checkable
+class OneShotModel(Protocol):
+    """A loaded model that answers a whole batch in one call."""
+
+    spec: ModelSpec
+
+    def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        """One output per input, in order. Raises ``BackendError`` on failure."""
+        ...
+
+    def close(self) -> None:
+        """Release the model's memory. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text ↔ tokens for a generative model, usable without loading its weights."""
+
+    n_ctx_per_seq: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """Token ids of ``text``."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token contributes to the output text."""
+        ...
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The prompt text for a chat conversation, ending where the assistant replies."""
+        ...
+
+
+@runtime_checkable
+class GenerativeModel(Protocol):
+    """A loaded language model driven one forward pass at a time.
+
+    Invariants: at most ``n_seq_max`` sequence slots exist (``0 .. n_seq_max-1``); a slot
+    holds at most ``n_ctx_per_seq`` tokens; ``release_sequence`` drops a slot's KV so the
+    slot can be reused from position 0.
+    """
+
+    spec: ModelSpec
+    n_seq_max: int
+    n_ctx_per_seq: int
+    n_ctx_total: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """Token ids of ``text``."""
+        ...
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token contributes to the output text."""
+        ...
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The prompt text for a chat conversation, ending where the assistant replies."""
+        ...
+
+    def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
+        """Run one forward pass; return float32 logits, one row per chunk with
+        ``want_logits`` (in chunk order), shape ``(n_wanted, vocab_size)``."""
+        ...
+
+    def release_sequence(self, seq_slot: int) -> None:
+        """Forget the KV of a slot."""
+        ...
+
+    def copy_sequence(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
+        """Make the first ``n_tokens`` positions of ``dst_slot`` share ``src_slot``'s KV."""
+        ...
+
+    def close(self) -> None:
+        """Release the model. Idempotent."""
+        ...
+
+
+LoadedModel = OneShotModel | GenerativeModel
+
+
+class Backend(Protocol):
+    """Builds loaded models from specs. Called on a worker's execution thread."""
+
+    name: str
+
+    def load(self, spec: ModelSpec) -> LoadedModel:
+        """Load the model; raise ``ModelLoadError`` with a clear message on failure."""
+        ...
+
+    def load_tokenizer(self, spec: ModelSpec) -> Tokenizer:
+        """A tokenizer for a generative spec, cheap to hold beside the control plane."""
+        ...

@@ -1,0 +1,218 @@
+"""A deterministic backend with a cost model: no model file, same protocol as the real ones.
+
+Service times come from the spec's ``options`` (all seconds, multiplied by
+``speed_scale``): ``load_s``; one-shot ``batch_fixed_s`` + ``per_item_s`` × items;
+generative ``step_fixed_s`` + ``decode_per_seq_s`` × decoding sequences +
+``prefill_per_token_s`` × prompt tokens in the pass. Outputs are pure functions of the
+inputs. Faults: ``fail_load`` (every load raises) and ``fail_on_calls`` (the listed
+1-based ``run_batch``/``forward`` calls raise), for tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sluice.backends.base import (
+    BackendError,
+    ForwardChunk,
+    GenerativeModel,
+    ModelLoadError,
+    ModelSpec,
+    OneShotModel,
+)
+
+SPECIAL_TOKENS = 3
+"""Ids 0..2 are reserved: 0 = end of sequence, 1 = begin of sequence, 2 = padding."""
+EOS_ID, BOS_ID = 0, 1
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+
+
+class _CostModel:
+    """Reads the cost and fault options of a spec, and counts calls for fault injection."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        opts = spec.options
+        self.scale = float(opts.get("speed_scale", 1.0))
+        self.fail_on_calls = frozenset(int(n) for n in opts.get("fail_on_calls", ()))
+        self._calls = 0
+        self._lock = threading.Lock()
+
+    def option_s(self, spec: ModelSpec, key: str, default: float) -> float:
+        return float(spec.options.get(key, default)) * self.scale
+
+    def next_call(self, what: str) -> None:
+        """Count one call; raise if it is one of the injected failures."""
+        with self._lock:
+            self._calls += 1
+            n = self._calls
+        if n in self.fail_on_calls:
+            raise BackendError(f"injected fault in {what} call {n}")
+
+
+def _sleep(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+class SyntheticOneShot(OneShotModel):
+    """Embeddings (unit vectors of ``dim``) or classification scores, from a hash."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self._cost = _CostModel(spec)
+        self.dim = int(spec.options.get("dim", 8))
+        labels = spec.options.get("labels", ("negative", "positive"))
+        self.labels: tuple[str, ...] = tuple(labels)
+        self.batch_sizes: list[int] = []
+        self.closed = False
+
+    def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        self._cost.next_call("run_batch")
+        self.batch_sizes.append(len(inputs))
+        fixed = self._cost.option_s(self.spec, "batch_fixed_s", 0.002)
+        per_item = self._cost.option_s(self.spec, "per_item_s", 0.001)
+        _sleep(fixed + per_item * len(inputs))
+        return [self._one(x) for x in inputs]
+
+    def _one(self, text: Any) -> Any:
+        raw = np.frombuffer(_digest(self.spec.model_id, text) * 4, dtype=np.uint8)[: self.dim]
+        vec = raw.astype(np.float32) - 127.5
+        vec /= float(np.linalg.norm(vec)) or 1.0
+        if self.spec.task == "classification":
+            scores = np.exp(vec[: len(self.labels)])
+            probs = scores / scores.sum()
+            return {lab: float(p) for lab, p in zip(self.labels, probs, strict=True)}
+        return vec.tolist()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class SyntheticTokenizer:
+    """Whitespace words hashed into a small vocabulary; token text is `` w<id>``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.vocab_size = int(spec.options.get("vocab_size", 512))
+        self.n_seq_max = int(spec.options.get("n_seq_max", 8))
+        self.n_ctx_per_seq = int(spec.options.get("n_ctx_per_seq", 512))
+        self.n_ctx_total = self.n_ctx_per_seq * self.n_seq_max
+        self.eos_token_ids = frozenset({EOS_ID})
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        ids = [self._word_id(w) for w in text.split()]
+        return [BOS_ID, *ids] if add_bos else ids
+
+    def _word_id(self, word: str) -> int:
+        if word.startswith("w") and word[1:].isdigit():
+            n = int(word[1:])
+            if SPECIAL_TOKENS <= n < self.vocab_size:
+                return n  # round-trips generated text
+        h = int.from_bytes(_digest(word)[:4], "little")
+        return SPECIAL_TOKENS + h % (self.vocab_size - SPECIAL_TOKENS)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id < SPECIAL_TOKENS:
+            return b""
+        return f" w{token_id}".encode()
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        turns = [f"{m['role']}: {m['content']}" for m in messages]
+        return " ".join([*turns, "assistant:"])
+
+
+class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
+    """Next token = a hash of (last token, position); EOS at ``eos_at_pos`` if set.
+
+    Checks the engine's bookkeeping: a chunk must start exactly where its slot ends.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self._cost = _CostModel(spec)
+        eos_at = spec.options.get("eos_at_pos")
+        self.eos_at_pos: int | None = None if eos_at is None else int(eos_at)
+        self.slot_len: dict[int, int] = {}
+        self.forward_calls = 0
+        self.closed = False
+
+    def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
+        self._cost.next_call("forward")
+        self.forward_calls += 1
+        n_decode = sum(1 for c in chunks if len(c.tokens) == 1)
+        n_prefill = sum(len(c.tokens) for c in chunks if len(c.tokens) > 1)
+        _sleep(
+            self._cost.option_s(self.spec, "step_fixed_s", 0.002)
+            + self._cost.option_s(self.spec, "decode_per_seq_s", 0.0005) * n_decode
+            + self._cost.option_s(self.spec, "prefill_per_token_s", 0.0001) * n_prefill
+        )
+        rows = []
+        for c in chunks:
+            have = self.slot_len.get(c.seq_slot, 0)
+            if c.start_pos != have or not 0 <= c.seq_slot < self.n_seq_max:
+                raise BackendError(
+                    f"slot {c.seq_slot} holds {have} tokens, chunk starts at {c.start_pos}"
+                )
+            end = c.start_pos + len(c.tokens)
+            if end > self.n_ctx_per_seq:
+                raise BackendError(f"slot {c.seq_slot} overflows its {self.n_ctx_per_seq} tokens")
+            self.slot_len[c.seq_slot] = end
+            if c.want_logits:
+                rows.append(self._logits(c.tokens[-1], end))
+        return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
+
+    def _logits(self, last_token: int, next_pos: int) -> np.ndarray:
+        logits = np.zeros(self.vocab_size, dtype=np.float32)
+        if self.eos_at_pos is not None and next_pos >= self.eos_at_pos:
+            logits[EOS_ID] = 10.0
+            return logits
+        h = int.from_bytes(_digest(self.spec.model_id, last_token, next_pos)[:8], "little")
+        span = self.vocab_size - SPECIAL_TOKENS
+        logits[SPECIAL_TOKENS + h % span] = 10.0
+        logits[SPECIAL_TOKENS + (h // span) % span] += 5.0
+        return logits
+
+    def release_sequence(self, seq_slot: int) -> None:
+        self.slot_len.pop(seq_slot, None)
+
+    def copy_sequence(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
+        if self.slot_len.get(src_slot, 0) < n_tokens:
+            raise BackendError(f"slot {src_slot} holds fewer than {n_tokens} tokens")
+        self.slot_len[dst_slot] = n_tokens
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class SyntheticBackend:
+    """Builds synthetic models; counts loads for tests."""
+
+    name = "synthetic"
+
+    def __init__(self) -> None:
+        self.loads: list[str] = []
+
+    def load(self, spec: ModelSpec) -> OneShotModel | GenerativeModel:
+        if spec.options.get("fail_load"):
+            raise ModelLoadError(f"injected load failure for {spec.model_id}")
+        scale = float(spec.options.get("speed_scale", 1.0))
+        _sleep(float(spec.options.get("load_s", 0.01)) * scale)
+        self.loads.append(spec.model_id)
+        if spec.kind == "generative":
+            return SyntheticGenerative(spec)
+        return SyntheticOneShot(spec)
+
+    def load_tokenizer(self, spec: ModelSpec) -> SyntheticTokenizer:
+        return SyntheticTokenizer(spec)
+
+
+__all__ = ["SyntheticBackend", "SyntheticGenerative", "SyntheticOneShot", "SyntheticTokenizer"]

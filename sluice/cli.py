@@ -1,0 +1,159 @@
+"""``sluice serve | models | chat`` — the command line.
+
+Settings come from the TOML file (``--config`` or ``$SLUICE_CONFIG``), with flags and
+``SLUICE_*`` environment variables over it; with no file, the packaged Gemma 3 270M is
+served as ``gemma-3-270m``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from sluice.config import Config, default_config, load_config, with_overrides
+
+log = logging.getLogger("sluice")
+
+
+def _load(args: argparse.Namespace) -> Config:
+    path = args.config or os.environ.get("SLUICE_CONFIG")
+    config = load_config(path) if path else default_config()
+    env = os.environ.get
+    port = args.port if args.port is not None else env("SLUICE_PORT")
+    overrides: dict[str, dict[str, Any]] = {
+        "server": {
+            "host": args.host or env("SLUICE_HOST"),
+            "port": int(port) if port is not None else None,
+            "admin_key": args.admin_key or env("SLUICE_ADMIN_KEY"),
+        },
+        "scheduling": {
+            "scheduler": args.scheduler,
+            "router": args.router,
+            "queue_capacity": args.queue_capacity,
+        },
+        "workers": {"count": args.workers},
+        "engine": {"mode": args.mode},
+    }
+    return with_overrides(config, overrides)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="TOML config file (default: the packaged model)")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--admin-key", help="require this key on /admin (or $SLUICE_ADMIN_KEY)")
+    p.add_argument("--scheduler", choices=["fifo", "workload_aware", "priority_edf", "wfq"])
+    p.add_argument("--router", choices=["round_robin", "least_loaded", "residency_aware"])
+    p.add_argument("--queue-capacity", type=int)
+    p.add_argument("--workers", type=int, help="number of workers")
+    p.add_argument("--mode", choices=["continuous", "static", "serial"],
+                   help="generative batching mode")
+    p.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "info"))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from sluice.server.app import create_app
+
+    config = _load(args)
+    app = create_app(config)
+    runtime = app.state.ctx.runtime
+
+    class DrainingServer(uvicorn.Server):
+        """On SIGTERM / Ctrl-C: refuse new work at once, then let uvicorn finish the
+        open connections within the drain timeout."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            runtime.begin_drain()
+            super().handle_exit(sig, frame)
+
+    server = DrainingServer(
+        uvicorn.Config(
+            app,
+            host=config.server.host,
+            port=config.server.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=int(config.server.drain_timeout_s) + 1,
+            h11_max_incomplete_event_size=64 * 1024,
+        )
+    )
+    log.info("serving on http://%s:%d", config.server.host, config.server.port)
+    server.run()
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    config = _load(args)
+    for m in config.models:
+        default = " (default)" if m.id == config.default_model else ""
+        print(f"{m.id}\t{m.kind}\t{m.backend}\t{m.task}\t{m.memory_bytes} bytes{default}")
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from sluice.backends.registry import make_backends
+    from sluice.engine.runtime import Runtime
+
+    config = _load(args)
+    model = args.model or config.default_model
+    runtime = Runtime(config.runtime_config(), make_backends(m.backend for m in config.models))
+    runtime.start()
+
+    async def run() -> int:
+        tok = runtime.tokenizer(model)
+        prompt = tok.render_chat([{"role": "user", "content": args.prompt}])
+        handle = await runtime.generate(
+            model, prompt, max_tokens=args.max_tokens, temperature=args.temperature
+        )
+        async for piece in handle.tokens():
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+        final = handle.final
+        sys.stdout.write("\n")
+        if final is None or final.error:
+            print(f"error: {final.error if final else 'no result'}", file=sys.stderr)
+            return 1
+        return 0
+
+    try:
+        return asyncio.run(run())
+    finally:
+        runtime.stop(drain_timeout_s=1.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the HTTP server")
+    _common(serve)
+    serve.set_defaults(func=cmd_serve)
+    models = sub.add_parser("models", help="list the configured models")
+    _common(models)
+    models.set_defaults(func=cmd_models)
+    chat = sub.add_parser("chat", help="stream one reply to the terminal")
+    _common(chat)
+    chat.add_argument("prompt")
+    chat.add_argument("--model")
+    chat.add_argument("--max-tokens", type=int, default=128)
+    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.set_defaults(func=cmd_chat)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except ValidationError as exc:
+        print(f"invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""One source of configuration: a TOML file parsed into validated pydantic models, with
+CLI flags and ``SLUICE_*`` environment variables applied over it (flags win).
+
+With no file, ``default_config()`` serves the packaged Gemma 3 270M as ``gemma-3-270m``.
+Validation errors name the bad field and value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sluice.backends.base import ModelSpec
+from sluice.engine.continuous import EngineConfig
+from sluice.engine.runtime import RuntimeConfig
+from sluice.engine.worker import WorkerConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    """One servable model."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    kind: Literal["oneshot", "generative"]
+    backend: Literal["synthetic", "llamacpp", "onnx"]
+    memory_bytes: int = Field(gt=0)
+    load_cost_s: float = Field(default=1.0, ge=0)
+    task: Literal["embedding", "classification", "generation"] = "embedding"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            model_id=self.id,
+            kind=self.kind,
+            backend=self.backend,
+            memory_bytes=self.memory_bytes,
+            load_cost_s=self.load_cost_s,
+            task=self.task,
+            options=dict(self.options),
+        )
+
+
+class WorkersConfig(_Strict):
+    """The worker pool: ``count`` workers with the same limits."""
+
+    count: int = Field(default=1, ge=1, le=64)
+    budget_bytes: int = Field(default=2_000_000_000, gt=0)
+    inbox_capacity: int = Field(default=8, ge=1)
+    eviction: Literal["lru", "cost_aware"] = "lru"
+
+
+class BatchingConfig(_Strict):
+    """Dynamic batching of one-shot models."""
+
+    max_batch_size: int = Field(default=8, ge=1, le=1024)
+    max_wait_ms: float = Field(default=5.0, ge=0)
+
+
+class EngineSection(_Strict):
+    """Continuous batching of generative models."""
+
+    mode: Literal["continuous", "static", "serial"] = "continuous"
+    max_batch_tokens: int = Field(default=512, ge=1)
+    prefill_chunk_tokens: int = Field(default=256, ge=1)
+    kv_block_tokens: int = Field(default=16, ge=1)
+    static_max_wait_ms: float = Field(default=50.0, ge=0)
+
+
+class SchedulingConfig(_Strict):
+    """Queue and policies."""
+
+    scheduler: Literal["fifo", "workload_aware", "priority_edf", "wfq"] = "fifo"
+    bypass_threshold: int = Field(default=8, ge=0)
+    router: Literal["round_robin", "least_loaded", "residency_aware"] = "residency_aware"
+    queue_capacity: int = Field(default=64, ge=1)
+
+
+class TenantConfig(_Strict):
+    """A tenant: its API keys (plain in the file, hashed in memory), weight and priority."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    api_keys: list[str] = Field(default_factory=list)
+    weight: float = Field(default=1.0, gt=0)
+    priority: int = Field(default=5, ge=0, le=9)
+    default_deadline_ms: float | None = Field(default=None, gt=0)
+
+
+class ServerConfig(_Strict):
+    """The HTTP front end."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    admin_key: str | None = None
+    max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    default_model: str | None = None
+    default_max_tokens: int = Field(default=256, ge=1)
+    drain_timeout_s: float = Field(default=10.0, ge=0)
+    log_content: bool = False
+    """Log prompt and completion text (debug only; off by default)."""
+
+
+class Config(_Strict):
+    """The whole configuration file."""
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    scheduling: SchedulingConfig = Field(default_factory=SchedulingConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    models: list[ModelConfig] = Field(min_length=1)
+    tenants: list[TenantConfig] = Field(default_factory=list)
+
+    @field_validator("models")
+    @classmethod
+    def _unique_models(cls, models: list[ModelConfig]) -> list[ModelConfig]:
+        ids = [m.id for m in models]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise ValueError(f"duplicate model ids: {dupes}")
+        return models
+
+    @model_validator(mode="after")
+    def _check_refs(self) -> Config:
+        ids = {m.id for m in self.models}
+        if self.server.default_model is not None and self.server.default_model not in ids:
+            raise ValueError(
+                f"server.default_model {self.server.default_model!r} is not a configured model"
+            )
+        keys = [k for t in self.tenants for k in t.api_keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("tenants: an API key is listed for more than one tenant")
+        return self
+
+    @property
+    def default_model(self) -> str:
+        return self.server.default_model or self.models[0].id
+
+    def runtime_config(self) -> RuntimeConfig:
+        engine = EngineConfig(
+            mode=self.engine.mode,
+            max_batch_tokens=self.engine.max_batch_tokens,
+            prefill_chunk_tokens=self.engine.prefill_chunk_tokens,
+            kv_block_tokens=self.engine.kv_block_tokens,
+            static_max_wait_s=self.engine.static_max_wait_ms / 1000.0,
+        )
+        workers = tuple(
+            WorkerConfig(
+                worker_id=i,
+                budget_bytes=self.workers.budget_bytes,
+                inbox_capacity=self.workers.inbox_capacity,
+                eviction=self.workers.eviction,
+                max_batch_size=self.batching.max_batch_size,
+                max_wait_s=self.batching.max_wait_ms / 1000.0,
+                engine=engine,
+            )
+            for i in range(self.workers.count)
+        )
+        return RuntimeConfig(
+            models=tuple(m.spec() for m in self.models),
+            workers=workers,
+            scheduler=self.scheduling.scheduler,
+            bypass_threshold=self.scheduling.bypass_threshold,
+            router=self.scheduling.router,
+            queue_capacity=self.scheduling.queue_capacity,
+            tenant_weights={t.id: t.weight for t in self.tenants},
+        )
+
+
+def hash_key(key: str) -> str:
+    """How API keys are held in memory: SHA-256 hex digest, never the key itself."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def load_config(path: str | Path) -> Config:
+    """Parse and validate a TOML config file."""
+    with open(path, "rb") as f:
+        return Config.model_validate(tomllib.load(f))
+
+
+def default_config() -> Config:
+    """Serve the packaged Gemma 3 270M Q4_K_M as ``gemma-3-270m`` on one worker."""
+    return Config.model_validate(
+        {
+            "models": [
+                {
+                    "id": "gemma-3-270m",
+                    "kind": "generative",
+                    "backend": "llamacpp",
+                    "memory_bytes": 600_000_000,
+                    "load_cost_s": 1.0,
+                    "task": "generation",
+                    "options": {"path": "packaged:gemma-3-270m", "n_ctx": 8192, "n_seq_max": 8,
+                                "n_threads": 2},
+                }
+            ],
+            "workers": {"count": 1, "budget_bytes": 2_000_000_000, "inbox_capacity": 32},
+            "scheduling": {"queue_capacity": 64},
+        }
+    )
+
+
+def with_overrides(config: Config, overrides: dict[str, dict[str, Any]]) -> Config:
+    """A copy of ``config`` with ``{section: {field: value}}`` applied and re-validated."""
+    data = config.model_dump()
+    for section, fields in overrides.items():
+        data.setdefault(section, {}).update({k: v for k, v in fields.items() if v is not None})
+    return Config.model_validate(data)

@@ -1,0 +1,1 @@
+"""The runtime: request lifecycle, control plane, workers and the batching engines."""

@@ -1,0 +1,32 @@
+"""What the runtime reports as it works. The server implements it with Prometheus; the
+default does nothing. Called from worker and control threads: implementations must be
+thread-safe and cheap (they run between decode steps)."""
+
+from __future__ import annotations
+
+from sluice.engine.request import Request
+
+
+class Observer:
+    """No-op base; override what you record."""
+
+    def admitted(self, req: Request) -> None:
+        """A request entered the queue."""
+
+    def rejected(self, model_id: str, tenant_id: str, reason: str) -> None:
+        """A request was refused at admission."""
+
+    def finished(self, req: Request) -> None:
+        """A request reached its terminal state (exactly once per request)."""
+
+    def batch(self, worker_id: int, model_id: str, size: int) -> None:
+        """A one-shot batch or a decode step ran with ``size`` members."""
+
+    def model_loaded(self, worker_id: int, model_id: str, seconds: float) -> None:
+        """A worker loaded a model."""
+
+    def model_evicted(self, worker_id: int, model_id: str) -> None:
+        """A worker evicted (unloaded) a model to make room, or on request."""
+
+    def model_load_failed(self, worker_id: int, model_id: str, error: str) -> None:
+        """A load raised."""

@@ -1,0 +1,199 @@
+"""A request's lifecycle: one status enum, one state machine, one event stream.
+
+States go ``RECEIVED → QUEUED → RUNNING → terminal``; the first terminal transition wins
+and every later one is a no-op (thread-safe). Listeners attached before submission see
+every event exactly once, in order, ending with exactly one ``Final``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class RequestStatus(IntEnum):
+    """Live states first, terminal states after ``RUNNING``."""
+
+    RECEIVED = 0
+    QUEUED = 1
+    RUNNING = 2
+    COMPLETED = 3
+    FAILED = 4
+    CANCELLED = 5
+    REJECTED = 6
+    EXPIRED = 7
+
+    @property
+    def is_terminal(self) -> bool:
+        return self >= RequestStatus.COMPLETED
+
+
+#: The finish reason clients see for each terminal state that has no better one.
+FINISH_REASON: dict[RequestStatus, str] = {
+    RequestStatus.COMPLETED: "stop",
+    RequestStatus.FAILED: "error",
+    RequestStatus.CANCELLED: "cancelled",
+    RequestStatus.REJECTED: "rejected",
+    RequestStatus.EXPIRED: "deadline",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens and when to stop."""
+
+    max_tokens: int = 16
+    """Tokens to generate at most."""
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 means no top-k cut."""
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    """Generation ends before the first occurrence of any of these strings."""
+    ignore_eos: bool = False
+    """Keep generating past end-of-sequence (benchmarks)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One generated token; ``text`` is what became safe to show (may be empty)."""
+
+    index: int
+    token_id: int
+    text: str
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """The one terminal event of a request."""
+
+    status: RequestStatus
+    finish_reason: str
+    result: Any = None
+    """One-shot output (embedding vector, label scores) when completed."""
+    text: str = ""
+    """Generated text for generative requests (stop strings removed)."""
+    error: str | None = None
+    error_code: str | None = None
+    """Machine-readable cause: ``queue_full``, ``backend_error``, ``deadline`` ..."""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+Event = TokenEvent | Final
+Listener = Callable[[Event], None]
+
+
+@dataclass(slots=True)
+class Timestamps:
+    """Monotonic times of each transition; ``None`` until it happens."""
+
+    arrival_s: float
+    queued_s: float | None = None
+    started_s: float | None = None
+    first_token_s: float | None = None
+    finished_s: float | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    """One inference request and its state machine.
+
+    Invariants: ``status`` only moves forward; once terminal it never changes and exactly
+    one ``Final`` has been delivered to every listener.
+    """
+
+    request_id: int
+    model_id: str
+    kind: str
+    """``generative`` or ``oneshot``."""
+    arrival_s: float
+    prompt_tokens: tuple[int, ...] = ()
+    """Generative: the tokenized prompt."""
+    input: Any = None
+    """One-shot: the single input (e.g. a text)."""
+    params: SamplingParams = field(default_factory=SamplingParams)
+    tenant_id: str = "default"
+    priority: int = 5
+    deadline_s: float | None = None
+    listeners: list[Listener] = field(default_factory=list)
+    # Decision record, filled as the request moves through the system.
+    worker_id: int | None = None
+    variant: str | None = None
+    predicted_wait_s: float | None = None
+    route_reason: str = ""
+    cancel_requested: bool = False
+    """Set from any thread; the owner of the request stops it at its next check."""
+    status: RequestStatus = RequestStatus.RECEIVED
+    final: Final | None = None
+    times: Timestamps = field(init=False)
+    completion_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.times = Timestamps(arrival_s=self.arrival_s)
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status.is_terminal
+
+    def mark_queued(self, now: float) -> bool:
+        """RECEIVED → QUEUED; False if the request already ended."""
+        with self._lock:
+            if self.status != RequestStatus.RECEIVED:
+                return False
+            self.status = RequestStatus.QUEUED
+            self.times.queued_s = now
+            return True
+
+    def mark_running(self, now: float) -> bool:
+        """QUEUED → RUNNING; False if it already ended (or was cancelled meanwhile)."""
+        with self._lock:
+            if self.status.is_terminal or self.cancel_requested:
+                return False
+            self.status = RequestStatus.RUNNING
+            self.times.started_s = now
+            return True
+
+    def emit_token(self, event: TokenEvent) -> None:
+        """Deliver a token to the listeners (only while running)."""
+        with self._lock:
+            if self.status != RequestStatus.RUNNING:
+                return
+            if self.times.first_token_s is None:
+                self.times.first_token_s = event.time_s
+            self.completion_tokens = event.index + 1
+            listeners = tuple(self.listeners)
+        for listener in listeners:
+            listener(event)
+
+    def finish(self, status: RequestStatus, now: float, **final: Any) -> bool:
+        """Move to a terminal state. The first call wins and returns True; later calls
+        return False and change nothing."""
+        if not status.is_terminal:
+            raise ValueError(f"status {status.name} is not terminal")
+        final.setdefault("finish_reason", FINISH_REASON[status])
+        final.setdefault("prompt_tokens", len(self.prompt_tokens))
+        final.setdefault("completion_tokens", self.completion_tokens)
+        event = Final(status=status, **final)
+        with self._lock:
+            if self.status.is_terminal:
+                return False
+            self.status = status
+            self.final = event
+            self.times.finished_s = now
+            listeners = tuple(self.listeners)
+        for listener in listeners:
+            listener(event)
+        return True
+
+
+def total_tokens_estimate(prompt_tokens: Sequence[int], params: SamplingParams) -> int:
+    """Tokens a generative request may hold in KV: prompt plus everything it may generate."""
+    return len(prompt_tokens) + params.max_tokens

@@ -1,0 +1,475 @@
+"""The control plane: admit → schedule → route, with one dispatcher thread.
+
+``try_submit`` admits or rejects at once (bounded queue, never a hang); ``submit`` waits
+for room. The dispatcher thread pops ONE request at a time from the scheduler, asks the
+router for a worker, and offers it to that worker's bounded inbox; when every feasible
+inbox is full the request is parked (kept first in line) until a worker frees capacity.
+Deadlines of queued requests are watched here; workers watch those they hold.
+
+Every admitted request ends in exactly one terminal state: the request state machine
+guarantees "first terminal wins", and ``stop`` drains, then cancels whatever is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.backends.base import Backend, ModelSpec, Tokenizer
+from sluice.engine.observer import Observer
+from sluice.engine.request import Event, Final, Request, RequestStatus, SamplingParams
+from sluice.engine.worker import Worker, WorkerConfig, WorkerState
+from sluice.policy.admission import AdmissionConfig, AdmissionPolicy, Rejection
+from sluice.policy.rates import RateMeter
+from sluice.policy.router import NoRoute, make_router
+from sluice.policy.scheduler import make_scheduler
+from sluice.policy.types import QueueItem
+
+IDLE_POLL_S = 0.5
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything the runtime needs; built from the TOML config (see ``sluice.config``)."""
+
+    models: tuple[ModelSpec, ...]
+    workers: tuple[WorkerConfig, ...]
+    scheduler: str = "fifo"
+    """``fifo``, ``workload_aware``, ``priority_edf`` or ``wfq``."""
+    bypass_threshold: int = 8
+    router: str = "residency_aware"
+    """``round_robin``, ``least_loaded`` or ``residency_aware``."""
+    queue_capacity: int = 32
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ValueError("workers: at least one worker is required")
+        ids = [m.model_id for m in self.models]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"models: duplicate model ids in {ids}")
+        if self.queue_capacity < 1:
+            raise ValueError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
+
+
+class Rejected(Exception):
+    """Raised by the async API when admission refuses a request."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.message)
+        self.rejection = rejection
+
+
+@dataclass(frozen=True)
+class RuntimeSnapshot:
+    """The runtime at one instant, for /status and /metrics."""
+
+    queue_depth: int
+    queue_capacity: int
+    live_requests: int
+    draining: bool
+    completions_per_s: float
+    workers: tuple[WorkerState, ...]
+    inbox_depths: tuple[int, ...]
+
+
+class Runtime:
+    """Owns the queue, the dispatcher thread and the workers. Thread-safe."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        backends: Mapping[str, Backend],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        observer: Observer | None = None,
+    ) -> None:
+        self.config = config
+        self.specs: dict[str, ModelSpec] = {m.model_id: m for m in config.models}
+        self._backends = backends
+        self.clock = clock
+        self.observer = observer or Observer()
+        self._cv = threading.Condition(threading.RLock())
+        self._admission = AdmissionPolicy(
+            AdmissionConfig(
+                queue_capacity=config.queue_capacity,
+                inbox_capacity=min(w.inbox_capacity for w in config.workers),
+            )
+        )
+        self._scheduler = make_scheduler(
+            config.scheduler,
+            bypass_threshold=config.bypass_threshold,
+            tenant_weights=config.tenant_weights,
+        )
+        self._router = make_router(config.router)
+        self._parked: deque[QueueItem] = deque()
+        self._deadlines: list[tuple[float, int]] = []
+        self._live: dict[int, Request] = {}
+        self._ids = itertools.count(1)
+        self._completions = RateMeter(window_s=10.0)
+        self._tokenizers: dict[str, Tokenizer] = {}
+        self._draining = False
+        self._stopped = False
+        self.workers = [
+            Worker(w, self.specs, backends, clock, self.observer, self._notify)
+            for w in config.workers
+        ]
+        self._thread = threading.Thread(target=self._dispatch_loop, name="sluice-dispatch",
+                                        daemon=True)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+        self._thread.start()
+
+    def stop(self, drain_timeout_s: float = 10.0) -> int:
+        """Stop admitting, let in-flight work finish for up to ``drain_timeout_s``, then
+        cancel what is left. Returns how many requests had to be cancelled."""
+        deadline = self.clock() + drain_timeout_s
+        with self._cv:
+            self._draining = True
+            while self._live and self.clock() < deadline:
+                self._cv.wait(min(0.05, max(0.0, deadline - self.clock())))
+            left = list(self._live.values())
+            now = self.clock()
+            for req in left:
+                if req.status == RequestStatus.QUEUED and self._take_from_queue(req.request_id):
+                    req.finish(RequestStatus.CANCELLED, now, error="server shutting down",
+                               error_code="shutdown")
+                else:
+                    req.cancel_requested = True
+            self._stopped = True
+            self._cv.notify_all()
+        for w in self.workers:
+            w.stop()
+        for w in self.workers:
+            w.join(30.0)
+        self._thread.join(5.0)
+        return len(left)
+
+    def begin_drain(self) -> None:
+        """Refuse new requests from now on (503 ``draining``); in-flight work goes on."""
+        with self._cv:
+            self._draining = True
+            self._cv.notify_all()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    # -- requests ------------------------------------------------------------------------
+
+    def tokenizer(self, model_id: str) -> Tokenizer:
+        """The (cached) tokenizer of a generative model; loads only its vocabulary."""
+        with self._cv:
+            tok = self._tokenizers.get(model_id)
+        if tok is None:
+            spec = self.specs[model_id]
+            tok = self._backends[spec.backend].load_tokenizer(spec)
+            with self._cv:
+                tok = self._tokenizers.setdefault(model_id, tok)
+        return tok
+
+    def new_request(
+        self,
+        model_id: str,
+        *,
+        prompt_tokens: Sequence[int] = (),
+        input: Any = None,
+        params: SamplingParams | None = None,
+        tenant_id: str = "default",
+        priority: int = 5,
+        deadline_s: float | None = None,
+    ) -> Request:
+        """A request with a fresh id, not yet submitted (attach listeners, then submit)."""
+        spec = self.specs.get(model_id)
+        if spec is None:
+            raise KeyError(model_id)
+        return Request(
+            request_id=next(self._ids),
+            model_id=model_id,
+            kind=spec.kind,
+            arrival_s=self.clock(),
+            prompt_tokens=tuple(prompt_tokens),
+            input=input,
+            params=params or SamplingParams(),
+            tenant_id=tenant_id,
+            priority=priority,
+            deadline_s=deadline_s,
+        )
+
+    def try_submit(self, req: Request) -> Rejection | None:
+        """Admit ``req`` into the queue, or reject it at once (it then ends ``REJECTED``)."""
+        now = self.clock()
+        with self._cv:
+            rejection = self._admission_check(req, now)
+            if rejection is None:
+                self._enqueue(req, now)
+        if rejection is not None:
+            req.finish(RequestStatus.REJECTED, now, error=rejection.message,
+                       error_code=rejection.reason)
+            self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
+            return rejection
+        self.observer.admitted(req)
+        return None
+
+    def submit(self, req: Request, timeout_s: float | None = None) -> Rejection | None:
+        """Like ``try_submit`` but waits (up to ``timeout_s``) for room in the queue."""
+        deadline = None if timeout_s is None else self.clock() + timeout_s
+        with self._cv:
+            while self._queue_depth() >= self.config.queue_capacity and not self._draining:
+                remaining = None if deadline is None else deadline - self.clock()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._cv.wait(IDLE_POLL_S if remaining is None else min(remaining, IDLE_POLL_S))
+        return self.try_submit(req)
+
+    def cancel(self, request_id: int) -> bool:
+        """Cancel a live request: removed at once if queued, stopped at the next step if
+        running. False if it is unknown or already ended."""
+        with self._cv:
+            req = self._live.get(request_id)
+            if req is None:
+                return False
+            req.cancel_requested = True
+            if self._take_from_queue(request_id):
+                req.finish(RequestStatus.CANCELLED, self.clock(), error="cancelled by client")
+                return True
+            worker_id = req.worker_id
+        if worker_id is not None:
+            self.workers[worker_id].wake()
+        return True
+
+    def snapshot(self) -> RuntimeSnapshot:
+        now = self.clock()
+        with self._cv:
+            depth = self._queue_depth()
+            live = len(self._live)
+            rate = self._completions.rate_per_s(now)
+        return RuntimeSnapshot(
+            queue_depth=depth,
+            queue_capacity=self.config.queue_capacity,
+            live_requests=live,
+            draining=self._draining,
+            completions_per_s=rate,
+            workers=tuple(w.state for w in self.workers),
+            inbox_depths=tuple(w.inbox_depth() for w in self.workers),
+        )
+
+    def completions_per_s(self) -> float:
+        with self._cv:
+            return self._completions.rate_per_s(self.clock())
+
+    def call_on_workers(self, model_id: str, action: str) -> list[Any]:
+        """Admin: ``load`` (on the least-loaded worker that can hold it) or ``unload``
+        (everywhere). Returns the per-worker results."""
+        if action == "load":
+            spec = self.specs[model_id]
+            views = [w.view() for w in self.workers]
+            if any(model_id in v.resident for v in views):
+                return [True]
+            fits = [v for v in views if v.budget_bytes >= spec.memory_bytes]
+            if not fits:
+                raise RuntimeError(f"model {model_id} fits no worker's budget")
+            target = min(fits, key=lambda v: (v.load, v.worker_id)).worker_id
+            worker = self.workers[target]
+            return [worker.call(lambda: worker.load_now(model_id)).result(timeout=600)]
+        futures = [w.call(functools.partial(w.unload_now, model_id)) for w in self.workers]
+        return [f.result(timeout=60) for f in futures]
+
+    # -- async conveniences (the Python API) ---------------------------------------------
+
+    def open(self, req: Request) -> AsyncHandle:
+        """Attach an asyncio event stream to ``req`` and submit it without waiting.
+        Raises ``Rejected`` if admission refuses it."""
+        handle = AsyncHandle(self, req, asyncio.get_running_loop())
+        rejection = self.try_submit(req)
+        if rejection is not None:
+            raise Rejected(rejection)
+        return handle
+
+    async def generate(
+        self, model_id: str, prompt: str, *, add_bos: bool = True, **params: Any
+    ) -> AsyncHandle:
+        """Tokenize ``prompt`` and submit a generative request; iterate the handle's
+        ``tokens()`` or await ``result()``."""
+        tokens = self.tokenizer(model_id).tokenize(prompt, add_bos=add_bos)
+        req = self.new_request(model_id, prompt_tokens=tokens, params=SamplingParams(**params))
+        return self.open(req)
+
+    async def infer(self, model_id: str, input: Any) -> Final:
+        """Run one one-shot input (e.g. a text to embed) and return its terminal event."""
+        return await self.open(self.new_request(model_id, input=input)).result()
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _queue_depth(self) -> int:
+        return len(self._scheduler) + len(self._parked)
+
+    def _admission_check(self, req: Request, now: float) -> Rejection | None:
+        spec = self.specs[req.model_id]
+        if not any(w.budget_bytes >= spec.memory_bytes for w in self.config.workers):
+            return Rejection(
+                reason="no_feasible_worker",
+                retry_after_s=0.0,
+                message=f"model {spec.model_id} needs {spec.memory_bytes} bytes; no worker "
+                "has that budget",
+            )
+        return self._admission.decide(
+            queue_depth=self._queue_depth(),
+            completions_per_s=self._completions.rate_per_s(now),
+            now=now,
+            deadline_s=req.deadline_s,
+            draining=self._draining,
+        )
+
+    def _enqueue(self, req: Request, now: float) -> None:
+        req.listeners.append(self._on_event(req))
+        self._live[req.request_id] = req
+        req.mark_queued(now)
+        self._scheduler.push(
+            QueueItem(
+                request_id=req.request_id,
+                model_id=req.model_id,
+                arrival_s=req.arrival_s,
+                tenant_id=req.tenant_id,
+                priority=req.priority,
+                deadline_s=req.deadline_s,
+                cost_tokens=len(req.prompt_tokens) + req.params.max_tokens
+                if req.kind == "generative" else 1,
+            )
+        )
+        if req.deadline_s is not None:
+            heapq.heappush(self._deadlines, (req.deadline_s, req.request_id))
+        self._cv.notify_all()
+
+    def _on_event(self, req: Request) -> Callable[[Event], None]:
+        def on_event(event: Event) -> None:
+            if not isinstance(event, Final):
+                return
+            now = self.clock()
+            with self._cv:
+                self._live.pop(req.request_id, None)
+                if event.status == RequestStatus.COMPLETED:
+                    self._completions.record(now)
+                self._cv.notify_all()
+            self.observer.finished(req)
+
+        return on_event
+
+    def _take_from_queue(self, request_id: int) -> bool:
+        """Remove a request from the scheduler or the parked line (lock held)."""
+        if self._scheduler.remove(request_id) is not None:
+            return True
+        for item in self._parked:
+            if item.request_id == request_id:
+                self._parked.remove(item)
+                return True
+        return False
+
+    def _notify(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            with self._cv:
+                if self._stopped:
+                    return
+                now = self.clock()
+                self._expire_queued(now)
+                moved = self._dispatch(now)
+                if not moved:
+                    wait = IDLE_POLL_S
+                    if self._deadlines:
+                        wait = min(wait, max(0.0, self._deadlines[0][0] - now))
+                    self._cv.wait(wait)
+
+    def _expire_queued(self, now: float) -> None:
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, request_id = heapq.heappop(self._deadlines)
+            req = self._live.get(request_id)
+            if req is not None and self._take_from_queue(request_id):
+                req.finish(RequestStatus.EXPIRED, now, error="deadline passed while queued",
+                           error_code="deadline")
+
+    def _dispatch(self, now: float) -> bool:
+        """Route queued requests until the queue is empty or no worker can take more."""
+        moved = False
+        while self._parked or len(self._scheduler):
+            item = self._parked.popleft() if self._parked else self._scheduler.pop(now)
+            if item is None:
+                break
+            req = self._live.get(item.request_id)
+            if req is None or req.is_terminal:
+                continue
+            spec = self.specs[item.model_id]
+            views = [w.view() for w in self.workers]
+            decision = self._router.route(item.model_id, spec.memory_bytes, views)
+            if isinstance(decision, NoRoute):
+                if decision.reason == "all_busy":
+                    self._parked.appendleft(item)
+                    break
+                req.finish(RequestStatus.REJECTED, now, error=decision.reason,
+                           error_code="no_feasible_worker")
+                continue
+            req.route_reason = decision.reason
+            if not self.workers[decision.worker_id].offer(req):
+                self._parked.appendleft(item)
+                break
+            moved = True
+        if moved:
+            self._cv.notify_all()  # submitters waiting for room
+        return moved
+
+
+class AsyncHandle:
+    """An asyncio view of one request's events (tokens, then one ``Final``)."""
+
+    def __init__(self, runtime: Runtime, req: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = req
+        self._runtime = runtime
+        self._loop = loop
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.final: Final | None = None
+        req.listeners.append(self._push)
+
+    def _push(self, event: Event) -> None:
+        # A closed loop raises RuntimeError: nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every event in order, ending with the ``Final``."""
+        while self.final is None:
+            event = await self._queue.get()
+            if isinstance(event, Final):
+                self.final = event
+            yield event
+
+    async def tokens(self) -> AsyncIterator[str]:
+        """The generated text, piece by piece."""
+        async for event in self.events():
+            if not isinstance(event, Final) and event.text:
+                yield event.text
+
+    async def result(self) -> Final:
+        """Wait for the terminal event."""
+        async for _ in self.events():
+            pass
+        assert self.final is not None
+        return self.final
+
+    def cancel(self) -> bool:
+        return self._runtime.cancel(self.request.request_id)

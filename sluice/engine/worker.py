@@ -1,0 +1,501 @@
+"""A worker: one execution thread that owns a resident set, its loaded models, and a
+continuous-batching engine per resident generative model.
+
+The control plane talks to it only through ``offer`` (a request for its inbox),
+``call`` (run a closure on its thread: admin load/unload) and ``stop``; it reads back
+immutable ``WorkerState`` snapshots. The inbox is served in order: a generative request
+at the head moves into its model's engine, a one-shot request at the head starts a
+dynamic batch of the contiguous same-model requests behind it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sluice.backends.base import Backend, GenerativeModel, ModelSpec, OneShotModel
+from sluice.engine.continuous import ContinuousEngine, EngineConfig
+from sluice.engine.observer import Observer
+from sluice.engine.request import Request, RequestStatus
+from sluice.policy.batcher import decide_batch
+from sluice.policy.residency import Residency
+from sluice.policy.types import WorkerView
+
+IDLE_POLL_S = 0.5
+"""Longest sleep of an idle worker (it is woken at once by new work)."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker's limits."""
+
+    worker_id: int
+    budget_bytes: int
+    """Model memory budget (estimated bytes)."""
+    inbox_capacity: int = 8
+    """Requests routed here and not yet running, at most."""
+    eviction: str = "lru"
+    """``lru`` or ``cost_aware``."""
+    max_batch_size: int = 8
+    """One-shot dynamic batches: members at most."""
+    max_wait_s: float = 0.005
+    """One-shot dynamic batches: how long the head waits for company."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A resident model as the status page shows it."""
+
+    model_id: str
+    memory_bytes: int
+    in_use: int
+    use_count: int
+    kv_free_blocks: int | None = None
+    kv_total_blocks: int | None = None
+    running: int = 0
+    waiting: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerState:
+    """An immutable snapshot published by the worker thread after every loop."""
+
+    worker_id: int
+    budget_bytes: int
+    resident_bytes: int = 0
+    evictable_bytes: int = 0
+    active_count: int = 0
+    engine_waiting: int = 0
+    models: tuple[ModelState, ...] = ()
+    failed_models: Mapping[str, str] = field(default_factory=dict)
+    last_batch_size: int = 0
+
+    @property
+    def resident(self) -> frozenset[str]:
+        return frozenset(m.model_id for m in self.models)
+
+
+Readiness = Literal["ready", "wait", "failed"]
+
+
+class Worker:
+    """Owns one thread; see the module docstring for the protocol."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        specs: Mapping[str, ModelSpec],
+        backends: Mapping[str, Backend],
+        clock: Callable[[], float],
+        observer: Observer,
+        on_capacity: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self._specs = specs
+        self._backends = backends
+        self._clock = clock
+        self._observer = observer
+        self._on_capacity = on_capacity
+        self._cv = threading.Condition()
+        self._inbox: deque[tuple[Request, float]] = deque()
+        self._controls: deque[Callable[[], None]] = deque()
+        self._dirty = False
+        self._stopping = False
+        self._engine_waiting = 0
+        """Requests moved into engines and not yet running (lock held to read or write;
+        raised on every move, recomputed after every loop, so it never undercounts)."""
+        # Owned by the worker thread only:
+        self._residency = Residency(config.budget_bytes, config.eviction)
+        self._models: dict[str, OneShotModel | GenerativeModel] = {}
+        self._engines: dict[str, ContinuousEngine] = {}
+        self._failed: dict[str, str] = {}
+        self._batch_active = 0
+        self._batch_wakeup_s: float | None = None
+        self.state = WorkerState(worker_id=config.worker_id, budget_bytes=config.budget_bytes)
+        self.trace: list[tuple[str, tuple[int, ...]]] | None = None
+        """When a list, every inbox change is appended (tests replay it): ``("offer",
+        (id,))``, ``("leave", (id,))``, ``("engine", (id,))``, ``("batch", ids)``."""
+        self._thread = threading.Thread(
+            target=self._run, name=f"sluice-worker-{config.worker_id}", daemon=True
+        )
+
+    # -- control-plane side (any thread) -------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def offer(self, req: Request) -> bool:
+        """Put a request in the inbox; False if the inbox is full or the worker stops."""
+        with self._cv:
+            if self._stopping or self._queue_depth() >= self.config.inbox_capacity:
+                return False
+            req.worker_id = self.config.worker_id
+            self._inbox.append((req, self._clock()))
+            self._trace("offer", req)
+            self._dirty = True
+            self._cv.notify()
+            return True
+
+    def wake(self) -> None:
+        """Look at the inbox again soon (a request was cancelled)."""
+        with self._cv:
+            self._dirty = True
+            self._cv.notify()
+
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn`` on the worker thread between steps; its result comes back in a Future."""
+        fut: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+
+        with self._cv:
+            if self._stopping:
+                fut.set_exception(RuntimeError("worker is stopping"))
+                return fut
+            self._controls.append(run)
+            self._dirty = True
+            self._cv.notify()
+        return fut
+
+    def stop(self) -> None:
+        """Cancel what is left and end the thread (the runtime drains first)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def view(self) -> WorkerView:
+        """What the router needs, consistent with the inbox at this instant."""
+        state = self.state
+        with self._cv:
+            depth = self._queue_depth()
+        return WorkerView(
+            worker_id=self.config.worker_id,
+            queue_depth=depth,
+            active_count=state.active_count,
+            inbox_free=max(0, self.config.inbox_capacity - depth),
+            budget_bytes=self.config.budget_bytes,
+            free_bytes=self.config.budget_bytes - state.resident_bytes,
+            resident=state.resident,
+            evictable_bytes=state.evictable_bytes,
+        )
+
+    def inbox_depth(self) -> int:
+        with self._cv:
+            return self._queue_depth()
+
+    def _trace(self, what: str, *reqs: Request) -> None:
+        """Record an inbox change (lock held)."""
+        if self.trace is not None:
+            self.trace.append((what, tuple(r.request_id for r in reqs)))
+
+    def _queue_depth(self) -> int:
+        return len(self._inbox) + self._engine_waiting
+
+    # -- worker thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                controls = list(self._controls)
+                self._controls.clear()
+                stopping = self._stopping
+                self._dirty = False
+            for control in controls:
+                control()
+            if stopping:
+                break
+            did = self._loop_once()
+            if not did:
+                self._sleep()
+        self._shutdown()
+
+    def _loop_once(self) -> bool:
+        now = self._clock()
+        self._sweep_inbox(now)
+        did = self._advance_inbox(now)
+        for engine in list(self._engines.values()):
+            if engine.has_work:
+                stepped = engine.step()
+                if stepped:
+                    self._observer.batch(
+                        self.config.worker_id, engine.model.spec.model_id, engine.last_batch_size
+                    )
+                did = stepped or did
+        self._publish()
+        return did
+
+    def _sleep(self) -> None:
+        now = self._clock()
+        wake = [now + IDLE_POLL_S]
+        if self._batch_wakeup_s is not None:
+            wake.append(self._batch_wakeup_s)
+        for engine in self._engines.values():
+            w = engine.next_wakeup_s(now)
+            if w is not None:
+                wake.append(w)
+            wake.extend(r.deadline_s for r in engine.waiting if r.deadline_s is not None)
+        with self._cv:
+            wake.extend(r.deadline_s for r, _ in self._inbox if r.deadline_s is not None)
+            if not self._dirty and not self._stopping and not self._controls:
+                self._cv.wait(max(0.0, min(wake) - now))
+
+    def _sweep_inbox(self, now: float) -> None:
+        """Cancelled and expired requests leave the inbox without running."""
+        with self._cv:
+            if not any(_stopped(r, now) for r, _ in self._inbox):
+                return
+            kept: deque[tuple[Request, float]] = deque()
+            gone: list[Request] = []
+            for item in self._inbox:
+                if _stopped(item[0], now):
+                    gone.append(item[0])
+                    self._trace("leave", item[0])
+                else:
+                    kept.append(item)
+            self._inbox = kept
+        for req in gone:
+            _end_stopped(req, now, "while queued at the worker")
+        self._on_capacity()
+
+    def _advance_inbox(self, now: float) -> bool:
+        """Serve the inbox head: generative → its engine; one-shot → a dynamic batch."""
+        did = False
+        self._batch_wakeup_s = None
+        while True:
+            with self._cv:
+                if not self._inbox:
+                    return did
+                req, enqueued_s = self._inbox[0]
+            spec = self._specs[req.model_id]
+            readiness = self._ensure_resident(spec, now)
+            if readiness == "wait":
+                return did
+            if readiness == "failed":
+                did = True
+                continue
+            if spec.kind == "generative":
+                with self._cv:
+                    self._inbox.popleft()
+                    self._engine_waiting += 1
+                    self._trace("engine", req)
+                self._residency.acquire(spec.model_id, now)
+                self._engines[spec.model_id].add(req)
+                did = True
+                continue
+            with self._cv:
+                model_ids = [r.model_id for r, _ in self._inbox]
+            decision = decide_batch(
+                model_ids,
+                enqueued_s,
+                now,
+                max_batch_size=self.config.max_batch_size,
+                max_wait_s=self.config.max_wait_s,
+            )
+            if decision.take == 0:
+                self._batch_wakeup_s = decision.wait_until_s
+                return did
+            with self._cv:
+                batch = [self._inbox.popleft()[0] for _ in range(decision.take)]
+                self._trace("batch", *batch)
+            self._on_capacity()
+            self._run_batch(spec, batch)
+            return True
+
+    def _run_batch(self, spec: ModelSpec, batch: list[Request]) -> None:
+        now = self._clock()
+        live = [r for r in batch if r.mark_running(now)]
+        for r in batch:
+            if r not in live:
+                _end_stopped(r, now, "before its batch ran")
+        if not live:
+            return
+        model = self._models[spec.model_id]
+        assert isinstance(model, OneShotModel)
+        self._residency.acquire(spec.model_id, now)
+        self._batch_active = len(live)
+        self._publish()
+        self._observer.batch(self.config.worker_id, spec.model_id, len(live))
+        try:
+            outputs = model.run_batch([r.input for r in live])
+            if len(outputs) != len(live):
+                raise RuntimeError(f"{len(outputs)} outputs for {len(live)} inputs")
+        except Exception as exc:
+            done = self._clock()
+            for r in live:
+                r.finish(
+                    RequestStatus.FAILED, done, error=f"backend error: {exc}",
+                    error_code="backend_error",
+                )
+        else:
+            done = self._clock()
+            for r, out in zip(live, outputs, strict=True):
+                r.finish(RequestStatus.COMPLETED, done, result=out)
+        finally:
+            self._batch_active = 0
+            self._residency.release(spec.model_id, self._clock())
+
+    # -- residency -----------------------------------------------------------------------
+
+    def _ensure_resident(self, spec: ModelSpec, now: float) -> Readiness:
+        if self._residency.is_resident(spec.model_id):
+            return "ready"
+        if not self._residency.can_ever_hold(spec.memory_bytes):
+            self._fail_model_requests(
+                spec.model_id,
+                f"model {spec.model_id} ({spec.memory_bytes} bytes) cannot fit worker "
+                f"{self.config.worker_id}'s budget of {self.config.budget_bytes} bytes",
+                "too_large",
+            )
+            return "failed"
+        plan = self._residency.plan_load(spec.model_id, spec.memory_bytes)
+        if plan is None:
+            return "wait"  # victims are in use; they free up as their requests finish
+        for victim in plan.victims:
+            self._unload(victim)
+        try:
+            self.load(spec)
+        except Exception as exc:
+            self._failed[spec.model_id] = str(exc)
+            self._observer.model_load_failed(self.config.worker_id, spec.model_id, str(exc))
+            self._fail_model_requests(
+                spec.model_id, f"model {spec.model_id} failed to load: {exc}", "model_load_failed"
+            )
+            return "failed"
+        return "ready"
+
+    def load(self, spec: ModelSpec) -> None:
+        """Load ``spec`` now (worker thread only); the caller made room."""
+        t0 = self._clock()
+        model = self._backends[spec.backend].load(spec)
+        seconds = self._clock() - t0
+        self._residency.commit_load(spec.model_id, spec.memory_bytes, spec.load_cost_s, t0)
+        self._residency.check_integrity()
+        self._models[spec.model_id] = model
+        self._failed.pop(spec.model_id, None)
+        if spec.kind == "generative":
+            assert isinstance(model, GenerativeModel)
+            self._engines[spec.model_id] = ContinuousEngine(
+                model, self.config.engine, self._clock, self._release
+            )
+        self._observer.model_loaded(self.config.worker_id, spec.model_id, seconds)
+        self._publish()
+
+    def _unload(self, model_id: str) -> None:
+        self._residency.evict(model_id)
+        self._residency.check_integrity()
+        self._engines.pop(model_id, None)
+        self._models.pop(model_id).close()
+        self._observer.model_evicted(self.config.worker_id, model_id)
+
+    def load_now(self, model_id: str) -> bool:
+        """Admin: make ``model_id`` resident (worker thread; via ``call``)."""
+        readiness = self._ensure_resident(self._specs[model_id], self._clock())
+        if readiness == "failed":
+            raise RuntimeError(self._failed.get(model_id, "load failed"))
+        return readiness == "ready"
+
+    def unload_now(self, model_id: str) -> bool:
+        """Admin: unload ``model_id`` if resident and idle (worker thread; via ``call``)."""
+        if not self._residency.is_resident(model_id):
+            return False
+        engine = self._engines.get(model_id)
+        if engine is not None and engine.has_work:
+            raise RuntimeError(f"model {model_id} is in use")
+        self._unload(model_id)
+        self._publish()
+        return True
+
+    def _release(self, req: Request) -> None:
+        self._residency.release(req.model_id, self._clock())
+        self._on_capacity()
+
+    def _fail_model_requests(self, model_id: str, message: str, code: str) -> None:
+        with self._cv:
+            mine = [r for r, _ in self._inbox if r.model_id == model_id]
+            for r in mine:
+                self._trace("leave", r)
+            self._inbox = deque(item for item in self._inbox if item[0].model_id != model_id)
+        now = self._clock()
+        for r in mine:
+            r.finish(RequestStatus.FAILED, now, error=message, error_code=code)
+        self._on_capacity()
+
+    def _publish(self) -> None:
+        models = []
+        for m in self._residency.models():
+            engine = self._engines.get(m.model_id)
+            models.append(
+                ModelState(
+                    model_id=m.model_id,
+                    memory_bytes=m.memory_bytes,
+                    in_use=m.in_use,
+                    use_count=m.use_count,
+                    kv_free_blocks=engine.kv.free_blocks if engine else None,
+                    kv_total_blocks=engine.kv.total_blocks if engine else None,
+                    running=engine.active_count if engine else 0,
+                    waiting=len(engine.waiting) if engine else 0,
+                )
+            )
+        engines = self._engines.values()
+        waiting = sum(len(e.waiting) for e in engines)
+        with self._cv:
+            self._engine_waiting = waiting
+        self.state = WorkerState(
+            worker_id=self.config.worker_id,
+            budget_bytes=self.config.budget_bytes,
+            resident_bytes=self._residency.resident_bytes,
+            evictable_bytes=sum(m.memory_bytes for m in models if m.in_use == 0),
+            active_count=self._batch_active + sum(e.active_count for e in engines),
+            engine_waiting=waiting,
+            models=tuple(models),
+            failed_models=dict(self._failed),
+            last_batch_size=max((e.last_batch_size for e in engines), default=0),
+        )
+
+    def _shutdown(self) -> None:
+        now = self._clock()
+        with self._cv:
+            left = [r for r, _ in self._inbox]
+            for r in left:
+                self._trace("leave", r)
+            self._inbox.clear()
+        for r in left:
+            r.finish(RequestStatus.CANCELLED, now, error="server shutting down",
+                     error_code="shutdown")
+        for engine in self._engines.values():
+            engine.abort_all(now, "server shutting down")
+        self._engines.clear()
+        for model_id in list(self._models):
+            self._models.pop(model_id).close()
+            if self._residency.is_resident(model_id):
+                self._residency.evict(model_id)
+        self._publish()
+
+
+def _stopped(req: Request, now: float) -> bool:
+    return (
+        req.is_terminal
+        or req.cancel_requested
+        or (req.deadline_s is not None and now >= req.deadline_s)
+    )
+
+
+def _end_stopped(req: Request, now: float, where: str) -> None:
+    """Give a request that must not run its terminal state (no-op if it has one)."""
+    if req.cancel_requested:
+        req.finish(RequestStatus.CANCELLED, now, error=f"cancelled {where}")
+    elif req.deadline_s is not None and now >= req.deadline_s:
+        req.finish(RequestStatus.EXPIRED, now, error=f"deadline passed {where}",
+                   error_code="deadline")

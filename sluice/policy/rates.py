@@ -1,0 +1,41 @@
+"""Throughput over a sliding window: the completion rate that Retry-After and wait
+predictions divide by. Pure: every call takes ``now``."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class RateMeter:
+    """Events per second over the last ``window_s`` seconds.
+
+    Invariant: holds only event times within ``window_s`` of the latest ``now`` seen, so
+    memory is bounded by the peak rate times the window.
+    """
+
+    def __init__(self, window_s: float = 10.0) -> None:
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, got {window_s}")
+        self.window_s = window_s
+        self._times: deque[float] = deque()
+        self._first_s: float | None = None
+
+    def record(self, now: float, count: int = 1) -> None:
+        """Count ``count`` events at ``now``."""
+        if self._first_s is None:
+            self._first_s = now
+        self._times.extend([now] * count)
+        self._prune(now)
+
+    def rate_per_s(self, now: float) -> float:
+        """Events per second over the window (or since the first event, if sooner)."""
+        self._prune(now)
+        if self._first_s is None or not self._times:
+            return 0.0
+        span = min(self.window_s, max(now - self._first_s, 1e-3))
+        return len(self._times) / span
+
+    def _prune(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._times and self._times[0] < horizon:
+            self._times.popleft()

@@ -1,0 +1,73 @@
+"""API key → tenant. Keys are held only as SHA-256 digests and compared in constant
+time; they are never logged."""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Sequence
+
+from fastapi import Request
+
+from sluice.config import TenantConfig, hash_key
+from sluice.server.errors import APIError, unauthorized
+
+DEFAULT_TENANT = TenantConfig(id="default")
+_TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _bearer(request: Request) -> str | None:
+    value = request.headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+class Auth:
+    """Resolves the tenant of a request.
+
+    With API keys configured, ``Authorization: Bearer <key>`` is required (401 otherwise).
+    With none, the server is open: the tenant is ``X-Tenant-ID`` if given, else
+    ``default``.
+    """
+
+    def __init__(self, tenants: Sequence[TenantConfig], admin_key: str | None) -> None:
+        self._keys: list[tuple[bytes, TenantConfig]] = [
+            (hash_key(k).encode(), t) for t in tenants for k in t.api_keys
+        ]
+        self._tenants = {t.id: t for t in tenants}
+        self._admin = hash_key(admin_key).encode() if admin_key else None
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def tenant(self, request: Request) -> TenantConfig:
+        if not self._keys:
+            name = request.headers.get("x-tenant-id")
+            if name is None:
+                return self._tenants.get("default", DEFAULT_TENANT)
+            if not _TENANT_RE.match(name):
+                raise APIError(400, "Invalid X-Tenant-ID header", param="x-tenant-id",
+                               code="invalid_value")
+            return self._tenants.get(name, TenantConfig(id=name))
+        key = _bearer(request)
+        if key is None:
+            raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
+        digest = hash_key(key).encode()
+        found: TenantConfig | None = None
+        for stored, tenant in self._keys:  # no early exit: same time for every key
+            if hmac.compare_digest(stored, digest):
+                found = tenant
+        if found is None:
+            raise unauthorized("Invalid API key")
+        return found
+
+    def require_admin(self, request: Request) -> None:
+        if self._admin is None:
+            return
+        key = request.headers.get("x-admin-key") or _bearer(request)
+        if key is None or not hmac.compare_digest(self._admin, hash_key(key).encode()):
+            raise APIError(401, "Admin key required", type="authentication_error",
+                           code="invalid_admin_key")

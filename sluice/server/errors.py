@@ -1,0 +1,148 @@
+"""One error shape for every failure: ``{"error": {"message", "type", "param", "code"}}``.
+
+Each case has one status (the table is in docs/api.md); nothing internal leaks into a
+message of a 500.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sluice.policy.admission import Rejection
+
+
+class APIError(Exception):
+    """An error with its HTTP status, OpenAI error type and machine-readable code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+        self.retry_after_s = retry_after_s
+        self.headers = dict(headers or {})
+
+    def response(self) -> JSONResponse:
+        headers = dict(self.headers)
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def bad_param(param: str, message: str, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unknown_model(model: str) -> APIError:
+    return APIError(
+        404, f"The model '{model}' does not exist", param="model", code="model_not_found"
+    )
+
+
+def unauthorized(message: str = "Missing or invalid API key") -> APIError:
+    return APIError(401, message, type="authentication_error", code="invalid_api_key")
+
+
+#: Rejection reason → (status, OpenAI error type).
+REJECTION_STATUS: dict[str, tuple[int, str]] = {
+    "queue_full": (503, "server_overloaded"),
+    "inbox_full": (503, "server_overloaded"),
+    "draining": (503, "server_shutting_down"),
+    "deadline_infeasible": (503, "deadline_infeasible"),
+    "no_feasible_worker": (503, "server_overloaded"),
+    "quota": (429, "rate_limit_exceeded"),
+    "too_large": (400, "invalid_request_error"),
+}
+
+
+def rejection_error(rejection: Rejection) -> APIError:
+    status, etype = REJECTION_STATUS.get(rejection.reason, (503, "server_overloaded"))
+    return APIError(
+        status,
+        rejection.message,
+        type=etype,
+        code=rejection.reason,
+        retry_after_s=rejection.retry_after_s if status in (429, 503) else None,
+    )
+
+
+#: Terminal error codes from the runtime → (status, type, public message or None to
+#: pass the runtime's message through).
+FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
+    "deadline": (504, "deadline_exceeded", None),
+    "backend_error": (500, "server_error", "The model failed while running this request."),
+    "model_load_failed": (500, "server_error", "The model could not be loaded."),
+    "context_length_exceeded": (400, "invalid_request_error", None),
+    "too_large": (503, "server_overloaded", None),
+    "shutdown": (503, "server_shutting_down", None),
+}
+
+
+def final_error(code: str | None, message: str | None, status_name: str) -> APIError:
+    """The HTTP error for a request that ended without completing."""
+    if status_name == "CANCELLED" and code is None:
+        return APIError(499, message or "cancelled", type="cancelled", code="cancelled")
+    if status_name == "EXPIRED":
+        code = "deadline"
+    status, etype, public = FINAL_STATUS.get(code or "", (500, "server_error",
+                                                          "Internal error."))
+    retry = 1.0 if status == 503 else None
+    return APIError(status, public or message or etype, type=etype, code=code,
+                    retry_after_s=retry)
+
+
+async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    """Malformed JSON → 400 ``invalid_json``; a bad field → 400 naming it."""
+    assert isinstance(exc, RequestValidationError)
+    errors: list[Any] = list(exc.errors())
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid" or not errors:
+        return APIError(400, "Request body is not valid JSON", code="invalid_json").response()
+    if not loc:
+        return APIError(400, "Request body must be a JSON object", code="invalid_json").response()
+    param = ".".join(loc) or None
+    msg = first.get("msg", "invalid value")
+    return bad_param(param or "body", f"Invalid value for '{param}': {msg}").response()
+
+
+async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
+        exc.status_code)
+    return APIError(exc.status_code, str(exc.detail), code=code).response()
+
+
+async def unhandled_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    return APIError(500, "Internal error.", type="server_error", code="internal_error").response()

@@ -1,0 +1,164 @@
+"""Prometheus metrics (prefix ``sluice_``): an ``Observer`` for events, and a collector
+that reads gauges from a runtime snapshot at scrape time. Each app has its own
+registry, so several servers can live in one process (tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sluice.engine.observer import Observer
+from sluice.engine.request import Request, RequestStatus
+from sluice.engine.runtime import RuntimeSnapshot
+
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+LATENCY_BUCKETS_S = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)
+TOKEN_BUCKETS_S = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
+
+
+class PrometheusObserver(Observer):
+    """Counts and histograms, labelled by model and tenant."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "sluice_requests", "Requests by terminal state", ["model", "tenant", "state"],
+            registry=registry,
+        )
+        self.rejections = Counter(
+            "sluice_rejections", "Requests refused at admission, by reason",
+            ["model", "tenant", "reason"], registry=registry,
+        )
+        self.admitted_total = Counter(
+            "sluice_admitted", "Requests admitted into the queue", ["model", "tenant"],
+            registry=registry,
+        )
+        self.goodput = Counter(
+            "sluice_goodput", "Completed requests that met their deadline (or had none)",
+            ["model", "tenant"], registry=registry,
+        )
+        self.tokens = Counter(
+            "sluice_tokens", "Tokens processed", ["model", "tenant", "kind"], registry=registry
+        )
+        self.ttft = Histogram(
+            "sluice_time_to_first_token_seconds", "Arrival to first generated token",
+            ["model", "tenant"], buckets=LATENCY_BUCKETS_S, registry=registry,
+        )
+        self.itl = Histogram(
+            "sluice_inter_token_latency_seconds",
+            "Mean time between generated tokens of one request (TPOT)",
+            ["model"], buckets=TOKEN_BUCKETS_S, registry=registry,
+        )
+        self.e2e = Histogram(
+            "sluice_request_latency_seconds", "Arrival to terminal state (completed requests)",
+            ["model", "tenant"], buckets=LATENCY_BUCKETS_S, registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "sluice_queue_wait_seconds", "Admission to start of execution",
+            ["model", "tenant"], buckets=LATENCY_BUCKETS_S, registry=registry,
+        )
+        self.batch_size = Histogram(
+            "sluice_batch_size", "Members of each one-shot batch or decode step",
+            ["model"], buckets=BATCH_BUCKETS, registry=registry,
+        )
+        self.loads = Counter(
+            "sluice_model_loads", "Model loads", ["worker", "model"], registry=registry
+        )
+        self.load_failures = Counter(
+            "sluice_model_load_failures", "Model loads that raised", ["worker", "model"],
+            registry=registry,
+        )
+        self.evictions = Counter(
+            "sluice_model_evictions", "Models unloaded to make room or on request",
+            ["worker", "model"], registry=registry,
+        )
+
+    def admitted(self, req: Request) -> None:
+        self.admitted_total.labels(req.model_id, req.tenant_id).inc()
+
+    def rejected(self, model_id: str, tenant_id: str, reason: str) -> None:
+        self.rejections.labels(model_id, tenant_id, reason).inc()
+
+    def finished(self, req: Request) -> None:
+        model, tenant, t = req.model_id, req.tenant_id, req.times
+        self.requests.labels(model, tenant, req.status.name.lower()).inc()
+        if req.status == RequestStatus.REJECTED:
+            return
+        if t.started_s is not None and t.queued_s is not None:
+            self.queue_wait.labels(model, tenant).observe(t.started_s - t.queued_s)
+        if req.status != RequestStatus.COMPLETED or t.finished_s is None:
+            return
+        self.e2e.labels(model, tenant).observe(t.finished_s - t.arrival_s)
+        if req.deadline_s is None or t.finished_s <= req.deadline_s:
+            self.goodput.labels(model, tenant).inc()
+        if req.kind != "generative":
+            return
+        final = req.final
+        completion = final.completion_tokens if final else req.completion_tokens
+        self.tokens.labels(model, tenant, "prompt").inc(len(req.prompt_tokens))
+        self.tokens.labels(model, tenant, "completion").inc(completion)
+        if t.first_token_s is not None:
+            self.ttft.labels(model, tenant).observe(t.first_token_s - t.arrival_s)
+            if completion > 1:
+                self.itl.labels(model).observe((t.finished_s - t.first_token_s) / (completion - 1))
+
+    def batch(self, worker_id: int, model_id: str, size: int) -> None:
+        self.batch_size.labels(model_id).observe(size)
+
+    def model_loaded(self, worker_id: int, model_id: str, seconds: float) -> None:
+        self.loads.labels(str(worker_id), model_id).inc()
+
+    def model_evicted(self, worker_id: int, model_id: str) -> None:
+        self.evictions.labels(str(worker_id), model_id).inc()
+
+    def model_load_failed(self, worker_id: int, model_id: str, error: str) -> None:
+        self.load_failures.labels(str(worker_id), model_id).inc()
+
+
+class SnapshotCollector(Collector):
+    """Gauges read from the runtime when Prometheus scrapes."""
+
+    def __init__(self, snapshot: Callable[[], RuntimeSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        yield GaugeMetricFamily("sluice_queue_depth", "Requests in the global queue",
+                                value=snap.queue_depth)
+        yield GaugeMetricFamily("sluice_queue_capacity", "Global queue bound",
+                                value=snap.queue_capacity)
+        yield GaugeMetricFamily("sluice_draining", "1 while the server drains",
+                                value=int(snap.draining))
+        inbox = GaugeMetricFamily("sluice_worker_inbox_depth", "Requests waiting at a worker",
+                                  labels=["worker"])
+        active = GaugeMetricFamily("sluice_worker_active", "Requests running on a worker",
+                                   labels=["worker"])
+        resident = GaugeMetricFamily("sluice_worker_resident_bytes",
+                                     "Estimated bytes of resident models", labels=["worker"])
+        budget = GaugeMetricFamily("sluice_worker_budget_bytes", "Model memory budget",
+                                   labels=["worker"])
+        kv_used = GaugeMetricFamily("sluice_kv_blocks_used", "KV blocks held by sequences",
+                                    labels=["worker", "model"])
+        kv_total = GaugeMetricFamily("sluice_kv_blocks_total", "KV blocks of a loaded model",
+                                     labels=["worker", "model"])
+        kv_usage = GaugeMetricFamily("sluice_kv_usage_ratio", "Fraction of KV blocks in use",
+                                     labels=["worker", "model"])
+        for state, depth in zip(snap.workers, snap.inbox_depths, strict=True):
+            w = str(state.worker_id)
+            inbox.add_metric([w], depth)
+            active.add_metric([w], state.active_count)
+            resident.add_metric([w], state.resident_bytes)
+            budget.add_metric([w], state.budget_bytes)
+            for m in state.models:
+                if m.kv_total_blocks:
+                    used = m.kv_total_blocks - (m.kv_free_blocks or 0)
+                    kv_used.add_metric([w, m.model_id], used)
+                    kv_total.add_metric([w, m.model_id], m.kv_total_blocks)
+                    kv_usage.add_metric([w, m.model_id], used / m.kv_total_blocks)
+        yield from (inbox, active, resident, budget, kv_used, kv_total, kv_usage)

@@ -1,0 +1,220 @@
+"""The continuous-batching engine, driven step by step on the synthetic model."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from sluice.backends.base import ModelSpec
+from sluice.backends.synthetic import SyntheticGenerative
+from sluice.engine.continuous import ContinuousEngine, EngineConfig
+from sluice.engine.request import Final, Request, RequestStatus, SamplingParams, TokenEvent
+
+_ids = itertools.count(1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def model(**options: Any) -> SyntheticGenerative:
+    opts = {"speed_scale": 0.0, "n_seq_max": 4, "n_ctx_per_seq": 64, **options}
+    return SyntheticGenerative(ModelSpec("chat", "generative", "synthetic", 1, options=opts))
+
+
+def request(n_prompt: int = 4, max_tokens: int = 5, **params: Any) -> Request:
+    req = Request(
+        request_id=next(_ids), model_id="chat", kind="generative", arrival_s=0.0,
+        prompt_tokens=tuple(range(10, 10 + n_prompt)),
+        params=SamplingParams(max_tokens=max_tokens, temperature=0.0, **params),
+    )
+    req.mark_queued(0.0)
+    return req
+
+
+def engine(m: SyntheticGenerative | None = None, **config: Any) -> tuple[ContinuousEngine,
+                                                                          list[Request]]:
+    retired: list[Request] = []
+    eng = ContinuousEngine(m or model(), EngineConfig(kv_block_tokens=8, **config), Clock(),
+                           retired.append)
+    return eng, retired
+
+
+def run_to_idle(eng: ContinuousEngine, limit: int = 1000) -> int:
+    steps = 0
+    while eng.has_work and steps < limit:
+        eng.step()
+        steps += 1
+    return steps
+
+
+def finals(req: Request) -> list[Final]:
+    return [req.final] if req.final else []
+
+
+def test_generates_exactly_max_tokens_and_frees_everything() -> None:
+    eng, retired = engine()
+    reqs = [request(max_tokens=n) for n in (3, 5, 7)]
+    for r in reqs:
+        eng.add(r)
+    run_to_idle(eng)
+    for r, n in zip(reqs, (3, 5, 7), strict=True):
+        assert r.status == RequestStatus.COMPLETED
+        assert r.final is not None and r.final.finish_reason == "length"
+        assert r.final.completion_tokens == n
+    assert retired == sorted(reqs, key=lambda r: r.params.max_tokens)
+    assert eng.kv.free_blocks == eng.kv.total_blocks
+    eng.kv.check_integrity()
+
+
+def test_one_decode_token_per_running_sequence_per_step() -> None:
+    m = model()
+    eng, _ = engine(m)
+    for _ in range(3):
+        eng.add(request(n_prompt=2, max_tokens=6))
+    eng.step()  # prefill all three
+    eng.step()
+    assert eng.last_batch_size == 3
+    assert m.forward_calls == 2
+
+
+def test_retiring_sequence_admits_the_next_in_the_same_step() -> None:
+    eng, _ = engine(model(n_seq_max=2))
+    short, long_, waiting = request(max_tokens=1), request(max_tokens=4), request(max_tokens=2)
+    for r in (short, long_, waiting):
+        eng.add(r)
+    eng.step()  # prefill short + long; short samples its only token and retires
+    assert short.status == RequestStatus.COMPLETED
+    assert waiting.status == RequestStatus.QUEUED
+    eng.step()  # long decodes and waiting is admitted into the freed slot
+    assert waiting.status == RequestStatus.RUNNING
+    run_to_idle(eng)
+    assert all(r.status == RequestStatus.COMPLETED for r in (short, long_, waiting))
+
+
+def test_kv_admission_waits_for_blocks_and_rejects_what_never_fits() -> None:
+    eng, retired = engine(model(n_seq_max=4, n_ctx_per_seq=64))
+    too_big = request(n_prompt=40, max_tokens=40)
+    eng.add(too_big)
+    assert too_big.status == RequestStatus.FAILED
+    assert too_big.final and too_big.final.error_code == "context_length_exceeded"
+    assert retired == [too_big]
+    # 4 slots × 64 tokens = 32 blocks of 8; two requests of 64 tokens hold 16 blocks.
+    a, b, c = (request(n_prompt=8, max_tokens=56) for _ in range(3))
+    for r in (a, b, c):
+        eng.add(r)
+    eng.step()
+    assert eng.kv.used_blocks == 24
+    run_to_idle(eng)
+    assert eng.kv.free_blocks == eng.kv.total_blocks
+
+
+def test_chunked_prefill_keeps_decodes_flowing() -> None:
+    m = model(n_ctx_per_seq=512)
+    eng, _ = engine(m, prefill_chunk_tokens=16, max_batch_tokens=20)
+    running = request(n_prompt=2, max_tokens=50)
+    tokens: list[TokenEvent] = []
+    running.listeners.append(lambda e: tokens.append(e) if isinstance(e, TokenEvent) else None)
+    eng.add(running)
+    eng.step()
+    long_prompt = request(n_prompt=100, max_tokens=2)
+    eng.add(long_prompt)
+    before = len(tokens)
+    steps = 0
+    while long_prompt.times.first_token_s is None and steps < 50:
+        eng.step()
+        steps += 1
+    # 100 prompt tokens in chunks of at most 16 (19 per step after the decode token).
+    assert steps >= 100 // 19
+    assert len(tokens) - before == steps  # the running stream got a token every step
+
+
+def test_stop_string_and_eos_finish_with_stop() -> None:
+    m = model(eos_at_pos=8)
+    eng, _ = engine(m)
+    eos_req = request(n_prompt=4, max_tokens=20)
+    eng.add(eos_req)
+    run_to_idle(eng)
+    assert eos_req.final and eos_req.final.finish_reason == "stop"
+    assert eos_req.final.completion_tokens == 4  # positions 4..7 generated, then EOS
+
+    probe_eng, _ = engine()
+    probe = request(max_tokens=3)
+    probe_eng.add(probe)
+    run_to_idle(probe_eng)
+    assert probe.final is not None
+    second_word = probe.final.text.split()[1]
+    eng2, _ = engine()
+    stopped = request(max_tokens=3, stop=(second_word,))
+    eng2.add(stopped)
+    run_to_idle(eng2)
+    assert stopped.final and stopped.final.finish_reason == "stop"
+    assert stopped.final.text == probe.final.text.split(second_word)[0]
+
+
+def test_cancel_and_deadline_retire_running_sequences() -> None:
+    eng, _ = engine()
+    clock = eng._clock
+    assert isinstance(clock, Clock)
+    cancel_me = request(max_tokens=50)
+    expire_me = request(max_tokens=50)
+    expire_me.deadline_s = 1.0
+    for r in (cancel_me, expire_me):
+        eng.add(r)
+    eng.step()
+    cancel_me.cancel_requested = True
+    clock.now = 2.0
+    eng.step()
+    assert cancel_me.status == RequestStatus.CANCELLED
+    assert expire_me.status == RequestStatus.EXPIRED
+    assert not eng.has_work and eng.kv.free_blocks == eng.kv.total_blocks
+
+
+def test_backend_fault_fails_that_step_and_the_engine_goes_on() -> None:
+    eng, _ = engine(model(fail_on_calls=[2]))
+    a, b = request(max_tokens=5), request(max_tokens=5)
+    eng.add(a)
+    eng.add(b)
+    eng.step()
+    eng.step()  # the injected fault
+    assert a.status == b.status == RequestStatus.FAILED
+    assert a.final and a.final.error_code == "backend_error"
+    c = request(max_tokens=3)
+    eng.add(c)
+    run_to_idle(eng)
+    assert c.status == RequestStatus.COMPLETED
+
+
+@pytest.mark.parametrize("mode", ["serial", "static"])
+def test_baseline_modes_admit_only_into_an_empty_engine(mode: str) -> None:
+    eng, _ = engine(mode=mode, static_max_wait_s=0.0)
+    reqs = [request(max_tokens=3) for _ in range(6)]
+    for r in reqs:
+        eng.add(r)
+    max_running = 0
+    while eng.has_work:
+        eng.step()
+        max_running = max(max_running, eng.active_count)
+        if mode == "static" and eng.running:
+            admitted = {s.req.request_id for s in eng.running.values()}
+            assert len(admitted) in (4, 2)
+    assert max_running == (1 if mode == "serial" else 4)
+    assert all(r.status == RequestStatus.COMPLETED for r in reqs)
+
+
+def test_same_requests_give_the_same_tokens() -> None:
+    texts = []
+    for _ in range(2):
+        eng, _ = engine()
+        reqs = [request(max_tokens=6) for _ in range(3)]
+        for r in reqs:
+            eng.add(r)
+        run_to_idle(eng)
+        texts.append([r.final.text for r in reqs if r.final])
+    assert texts[0] == texts[1]
