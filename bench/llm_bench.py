@@ -1,0 +1,239 @@
+"""Side-by-side LLM serving benchmark: sluice (continuous, static, serial batching) vs
+llama.cpp's own llama-server, same model file, same llama.cpp version, 2 threads, 8
+slots, same context size, on 127.0.0.1 — one server at a time.
+
+Closed loop at concurrency 1, 2, 4, 8, 16 with 128 new tokens (EOS ignored), then open
+loop with Poisson arrivals at 0.5, 0.8, 1.0, 1.3 × the measured capacity (sluice
+continuous at concurrency 8). Reports aggregate tokens/s, TTFT and TPOT p50/p95, goodput
+(TTFT ≤ 2 s and TPOT ≤ 150 ms), prints ratios sluice / llama-server, and writes
+bench/results/llm_bench.json and .png.
+
+    python bench/llm_bench.py            # full run (about 15 minutes)
+    python bench/llm_bench.py --quick    # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.llama_server_build import build as build_llama_server
+from bench.loadgen import closed_loop, open_loop, summarize
+from bench.servers import free_port, llama_server_cmd, running, sluice_cmd
+from sluice.backends.packaged import default_gguf_path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODEL = "gemma-3-270m"
+N_CTX, N_SLOTS, THREADS, MAX_TOKENS = 8192, 8, 2, 128
+TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.150
+PROMPTS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator works to a curious ten year old child.",
+    "List some reasons why people enjoy hiking in the mountains during autumn.",
+    "Describe the city of Paris in the spring, its streets, cafes and gardens.",
+    "What are the main differences between a violin and a cello? Explain in detail.",
+    "Tell me about the history of the bicycle and how its design changed over time.",
+    "Write a letter from a sailor to his family after a long voyage at sea.",
+    "Summarize the life cycle of a butterfly from egg to adult, step by step.",
+    "Give advice to a student who is starting to learn how to program computers.",
+    "Describe a busy market day in a small village by the river.",
+    "Why is the sky blue during the day and red at sunset? Explain the physics.",
+    "Write a recipe for a simple vegetable soup that anyone can cook at home.",
+    "Imagine a robot that learns to paint. Describe its first painting.",
+    "What makes a good friend? Give several examples from everyday life.",
+    "Describe the sounds and smells of a forest after heavy rain.",
+    "Explain the rules of chess to someone who has never played a board game.",
+]
+
+
+def sluice_toml(gguf: Path, mode: str) -> str:
+    return f"""
+[server]
+default_model = "{MODEL}"
+[scheduling]
+queue_capacity = 512
+[workers]
+count = 1
+budget_bytes = 4_000_000_000
+inbox_capacity = 256
+[engine]
+mode = "{mode}"
+max_batch_tokens = 512
+prefill_chunk_tokens = 256
+static_max_wait_ms = 50
+[[models]]
+id = "{MODEL}"
+kind = "generative"
+backend = "llamacpp"
+task = "generation"
+memory_bytes = 600_000_000
+options = {{ path = "{gguf}", n_ctx = {N_CTX}, n_seq_max = {N_SLOTS}, n_threads = {THREADS} }}
+"""
+
+
+def run_phase(base_url: str, plan: dict[str, Any]) -> dict[str, Any]:
+    if plan["kind"] == "closed":
+        samples, wall = asyncio.run(closed_loop(
+            base_url, MODEL, PROMPTS, concurrency=plan["concurrency"],
+            n_requests=plan["n_requests"], max_tokens=MAX_TOKENS))
+    else:
+        samples, wall = asyncio.run(open_loop(
+            base_url, MODEL, PROMPTS, rate_per_s=plan["rate_per_s"],
+            n_requests=plan["n_requests"], max_tokens=MAX_TOKENS, seed=plan["seed"]))
+    summary = summarize(samples, wall, ttft_slo_s=TTFT_SLO_S, tpot_slo_s=TPOT_SLO_S)
+    return {**plan, **summary}
+
+
+def bench_system(name: str, cmd: list[str], ready: str, base_url: str,
+                 plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    with running(cmd, ready, log_path=RESULTS / f"llm_bench_{name}.log"):
+        # one warm-up request so model load / first allocation is not measured
+        asyncio.run(closed_loop(base_url, MODEL, PROMPTS, concurrency=1, n_requests=1,
+                                max_tokens=8))
+        for plan in plans:
+            row = run_phase(base_url, plan)
+            row["system"] = name
+            out.append(row)
+            print(f"  {name:18s} {plan['label']:>10s}: {row['tokens_per_s']:7.1f} tok/s  "
+                  f"ttft p95 {_ms(row['ttft_p95_s'])}  tpot p50 {_ms(row['tpot_p50_s'])}  "
+                  f"errors {row['errors']}", flush=True)
+    return out
+
+
+def _ms(v: float | None) -> str:
+    return "   -   " if v is None else f"{v * 1000:6.0f}ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    gguf = default_gguf_path()
+    server_bin = build_llama_server()
+    levels = [1, 8] if args.quick else [1, 2, 4, 8, 16]
+    per_level = (lambda c: max(2, c)) if args.quick else (lambda c: max(4, 2 * c))
+    closed = [{"kind": "closed", "label": f"c={c}", "concurrency": c,
+               "n_requests": per_level(c)} for c in levels]
+    systems: dict[str, tuple[list[str], str, str]] = {}
+    for mode in ("continuous", "static", "serial"):
+        port = free_port()
+        cmd, _ = sluice_cmd(sluice_toml(gguf, mode), port)
+        systems[f"sluice-{mode}"] = (cmd, f"http://127.0.0.1:{port}/ready",
+                                     f"http://127.0.0.1:{port}")
+    port = free_port()
+    systems["llama-server"] = (
+        llama_server_cmd(server_bin, gguf, port, n_ctx=N_CTX, n_slots=N_SLOTS,
+                         threads=THREADS),
+        f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
+    )
+    rows: list[dict[str, Any]] = []
+    t_start = time.time()
+    print("closed loop", flush=True)
+    for name, (cmd, ready, base) in systems.items():
+        rows += bench_system(name, cmd, ready, base, closed)
+    cap = next(r for r in rows if r["system"] == "sluice-continuous"
+               and r["concurrency"] == 8)["requests_per_s"]
+    factors = [0.5, 1.3] if args.quick else [0.5, 0.8, 1.0, 1.3]
+    n_open = 8 if args.quick else 24
+    opened = [{"kind": "open", "label": f"{f}x", "load_factor": f, "rate_per_s": f * cap,
+               "n_requests": n_open, "seed": 7} for f in factors]
+    print(f"open loop (capacity {cap:.3f} req/s)", flush=True)
+    for name in ("sluice-continuous", "sluice-static", "llama-server"):
+        cmd, ready, base = systems[name]
+        rows += bench_system(name, cmd, ready, base, opened)
+    result = {
+        "benchmark": "llm_bench",
+        "quick": args.quick,
+        "model": f"{MODEL} (Gemma 3 270M Q4_K_M)",
+        "n_ctx": N_CTX, "slots": N_SLOTS, "threads": THREADS, "max_tokens": MAX_TOKENS,
+        "ttft_slo_s": TTFT_SLO_S, "tpot_slo_s": TPOT_SLO_S,
+        "capacity_requests_per_s": cap,
+        "machine": {"cpus": 2, "platform": platform.platform()},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+        "duration_s": round(time.time() - t_start, 1),
+        "rows": rows,
+        "ratios": ratios(rows),
+    }
+    name = "llm_bench_quick" if args.quick else "llm_bench"
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
+    plot(result, RESULTS / f"{name}.png")
+    print(json.dumps(result["ratios"], indent=2))
+    return 0
+
+
+def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def get(system: str, label: str, key: str) -> float | None:
+        for r in rows:
+            if r["system"] == system and r["label"] == label:
+                return r[key]  # type: ignore[no-any-return]
+        return None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b in (None, 0) else round(a / b, 3)  # type: ignore[operator]
+
+    out: dict[str, Any] = {}
+    for r in rows:
+        if r["system"] != "sluice-continuous":
+            continue
+        lab = r["label"]
+        out[lab] = {
+            "tokens_per_s_vs_llama_server": ratio(r["tokens_per_s"],
+                                                  get("llama-server", lab, "tokens_per_s")),
+            "tokens_per_s_vs_serial": ratio(r["tokens_per_s"],
+                                            get("sluice-serial", lab, "tokens_per_s")),
+            "tokens_per_s_vs_static": ratio(r["tokens_per_s"],
+                                            get("sluice-static", lab, "tokens_per_s")),
+            "ttft_p95_vs_llama_server": ratio(r["ttft_p95_s"],
+                                              get("llama-server", lab, "ttft_p95_s")),
+            "goodput_vs_llama_server": ratio(r["goodput_per_s"],
+                                             get("llama-server", lab, "goodput_per_s")),
+        }
+    return out
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for system in sorted({r["system"] for r in rows}):
+        closed = [r for r in rows if r["system"] == system and r["kind"] == "closed"]
+        axes[0].plot([r["concurrency"] for r in closed], [r["tokens_per_s"] for r in closed],
+                     marker="o", label=system)
+        opened = [r for r in rows if r["system"] == system and r["kind"] == "open"]
+        if opened:
+            x = [r["load_factor"] for r in opened]
+            axes[1].plot(x, [(r["ttft_p95_s"] or 0) * 1000 for r in opened], marker="o",
+                         label=system)
+            axes[2].plot(x, [r["goodput_per_s"] for r in opened], marker="o", label=system)
+    axes[0].set(xscale="log", xlabel="concurrent clients", ylabel="generated tokens/s",
+                title="Closed loop: aggregate throughput")
+    axes[0].set_xticks([1, 2, 4, 8, 16], labels=["1", "2", "4", "8", "16"])
+    axes[1].set(xlabel="offered load (× capacity)", ylabel="TTFT p95 (ms)",
+                title="Open loop: TTFT p95")
+    axes[2].set(xlabel="offered load (× capacity)", ylabel="requests/s meeting SLOs",
+                title=f"Goodput (TTFT ≤ {TTFT_SLO_S:g} s, TPOT ≤ {TPOT_SLO_S * 1000:g} ms)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{result['model']}, {result['threads']} threads, {result['slots']} slots, "
+                 f"{result['max_tokens']} new tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""Load generation over HTTP against any OpenAI-compatible server (sluice, llama-server):
+closed-loop (fixed concurrency) and open-loop (Poisson arrivals), streaming completions,
+per-request TTFT / TPOT, and summaries. Bounded in requests and time; loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Sample:
+    """One request's outcome as the client saw it."""
+
+    status: int
+    start_s: float
+    latency_s: float
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    tokens: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    retry_after: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200 and self.error is None
+
+
+async def stream_completion(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    prompt: str,
+    max_tokens: int,
+    *,
+    ignore_eos: bool = True,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 300.0,
+) -> Sample:
+    """POST /v1/completions with stream=true; time the first and every later chunk."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "ignore_eos": ignore_eos}
+    t0 = time.perf_counter()
+    times: list[float] = []
+    finish: str | None = None
+    try:
+        async with client.stream("POST", f"{base_url}/v1/completions", json=body,
+                                 headers=headers, timeout=timeout_s) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                return Sample(status=resp.status_code, start_s=t0,
+                              latency_s=time.perf_counter() - t0,
+                              error=resp.text[:200], retry_after=resp.headers.get("retry-after"))
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    return Sample(status=200, start_s=t0, latency_s=time.perf_counter() - t0,
+                                  error=str(chunk["error"])[:200])
+                for choice in chunk.get("choices", []):
+                    if choice.get("text"):
+                        times.append(time.perf_counter())
+                    if choice.get("finish_reason"):
+                        finish = choice["finish_reason"]
+    except (httpx.HTTPError, OSError) as exc:
+        return Sample(status=0, start_s=t0, latency_s=time.perf_counter() - t0,
+                      error=f"{type(exc).__name__}: {exc}"[:200])
+    end = time.perf_counter()
+    ttft = times[0] - t0 if times else None
+    tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+    return Sample(status=200, start_s=t0, latency_s=end - t0, ttft_s=ttft, tpot_s=tpot,
+                  tokens=len(times), finish_reason=finish)
+
+
+async def closed_loop(
+    base_url: str, model: str, prompts: Sequence[str], *, concurrency: int, n_requests: int,
+    max_tokens: int, **kw: Any,
+) -> tuple[list[Sample], float]:
+    """``concurrency`` clients each send back-to-back until ``n_requests`` are done."""
+    counter = iter(range(n_requests))
+    samples: list[Sample] = []
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+
+        async def user() -> None:
+            for i in counter:
+                samples.append(await stream_completion(
+                    client, base_url, model, prompts[i % len(prompts)], max_tokens, **kw))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(concurrency)))
+        return samples, time.perf_counter() - t0
+
+
+async def open_loop(
+    base_url: str, model: str, prompts: Sequence[str], *, rate_per_s: float, n_requests: int,
+    max_tokens: int, seed: int = 0, **kw: Any,
+) -> tuple[list[Sample], float]:
+    """Poisson arrivals at ``rate_per_s`` (seeded), ``n_requests`` in all."""
+    rng = random.Random(seed)
+    gaps = [rng.expovariate(rate_per_s) for _ in range(n_requests)]
+    limits = httpx.Limits(max_connections=n_requests + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+        tasks = []
+        t0 = time.perf_counter()
+        for i, gap in enumerate(gaps):
+            await asyncio.sleep(gap)
+            tasks.append(asyncio.create_task(stream_completion(
+                client, base_url, model, prompts[i % len(prompts)], max_tokens, **kw)))
+        samples = await asyncio.gather(*tasks)
+        return list(samples), time.perf_counter() - t0
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summarize(samples: Sequence[Sample], wall_s: float, *, ttft_slo_s: float,
+              tpot_slo_s: float) -> dict[str, Any]:
+    """Throughput, latency percentiles and goodput (requests meeting both SLOs)."""
+    ok = [s for s in samples if s.ok]
+    ttft = [s.ttft_s for s in ok if s.ttft_s is not None]
+    tpot = [s.tpot_s for s in ok if s.tpot_s is not None]
+    good = [s for s in ok if s.ttft_s is not None and s.ttft_s <= ttft_slo_s
+            and (s.tpot_s is None or s.tpot_s <= tpot_slo_s)]
+    return {
+        "requests": len(samples),
+        "ok": len(ok),
+        "errors": len(samples) - len(ok),
+        "wall_s": round(wall_s, 3),
+        "tokens": sum(s.tokens for s in ok),
+        "tokens_per_s": sum(s.tokens for s in ok) / wall_s if wall_s > 0 else 0.0,
+        "requests_per_s": len(ok) / wall_s if wall_s > 0 else 0.0,
+        "ttft_p50_s": percentile(ttft, 0.5),
+        "ttft_p95_s": percentile(ttft, 0.95),
+        "tpot_p50_s": percentile(tpot, 0.5),
+        "tpot_p95_s": percentile(tpot, 0.95),
+        "goodput_requests": len(good),
+        "goodput_per_s": len(good) / wall_s if wall_s > 0 else 0.0,
+        "mean_tpot_s": statistics.fmean(tpot) if tpot else None,
+    }
+
+
+def dump_samples(samples: Sequence[Sample]) -> list[dict[str, Any]]:
+    return [asdict(s) for s in samples]

@@ -1,0 +1,72 @@
+"""Start and stop the servers under test: one at a time, on 127.0.0.1, ended by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 180.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url} not ready after {timeout_s} s")
+
+
+@contextmanager
+def running(cmd: Sequence[str], ready_url: str, log_path: Path | None = None,
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``cmd`` until the block ends; SIGTERM (then SIGKILL) by PID."""
+    log = open(log_path or os.devnull, "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})})
+    try:
+        wait_ready(ready_url, proc)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def sluice_cmd(config_toml: str, port: int) -> tuple[list[str], Path]:
+    """The command line for ``sluice serve`` on a config given as TOML text."""
+    path = Path(tempfile.mkdtemp(prefix="sluice-bench-")) / "config.toml"
+    path.write_text(config_toml)
+    return [sys.executable, "-m", "sluice.cli", "serve", "-c", str(path), "--port", str(port),
+            "--log-level", "warning"], path
+
+
+def llama_server_cmd(binary: Path, gguf: Path, port: int, *, n_ctx: int, n_slots: int,
+                     threads: int) -> list[str]:
+    return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+            "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(n_slots),
+            "-b", "512", "--no-webui", "--log-disable"]
