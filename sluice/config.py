@@ -71,6 +71,8 @@ class EngineSection(_Strict):
     prefill_chunk_tokens: int = Field(default=256, ge=1)
     kv_block_tokens: int = Field(default=16, ge=1)
     static_max_wait_ms: float = Field(default=50.0, ge=0)
+    prefix_reuse: bool = True
+    min_prefix_tokens: int = Field(default=16, ge=1)
 
 
 class SchedulingConfig(_Strict):
@@ -149,6 +151,8 @@ class Config(_Strict):
             prefill_chunk_tokens=self.engine.prefill_chunk_tokens,
             kv_block_tokens=self.engine.kv_block_tokens,
             static_max_wait_s=self.engine.static_max_wait_ms / 1000.0,
+            prefix_reuse=self.engine.prefix_reuse,
+            min_prefix_tokens=self.engine.min_prefix_tokens,
         )
         workers = tuple(
             WorkerConfig(

@@ -46,6 +46,11 @@ class EngineConfig:
     """KV block size for admission accounting."""
     static_max_wait_s: float = 0.05
     """Static mode: how long to wait for a full batch."""
+    prefix_reuse: bool = True
+    """Copy the KV of a shared prompt prefix from a running sequence instead of
+    recomputing it."""
+    min_prefix_tokens: int = 16
+    """Shortest shared prefix worth copying."""
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens"):
@@ -103,6 +108,8 @@ class ContinuousEngine:
         self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
         self.steps = 0
         self.last_batch_size = 0
+        self.reused_prefix_tokens = 0
+        """Prompt tokens not recomputed thanks to prefix reuse (a counter)."""
 
     # -- queue ---------------------------------------------------------------------------
 
@@ -215,7 +222,26 @@ class ContinuousEngine:
             text=TextStream(req.params.stop),
         )
         self.running[slot] = seq
+        if self.config.prefix_reuse:
+            self._reuse_prefix(seq)
         return seq
+
+    def _reuse_prefix(self, seq: _Sequence) -> None:
+        """Start ``seq`` after the longest prompt prefix some running sequence has already
+        fed, copying that KV (at least one prompt token is left to feed for logits)."""
+        best_len, donor = 0, None
+        limit = seq.n_prompt - 1
+        for other in self.running.values():
+            if other is seq:
+                continue
+            n = _common_prefix(seq.tokens, other.tokens, min(limit, other.n_fed))
+            if n > best_len:
+                best_len, donor = n, other
+        if donor is None or best_len < self.config.min_prefix_tokens:
+            return
+        self.model.copy_sequence(donor.slot, seq.slot, best_len)
+        seq.n_fed = best_len
+        self.reused_prefix_tokens += best_len
 
     def _add_prefill(self, plan: StepPlan, seq: _Sequence, budget: int) -> int:
         take = min(seq.n_prompt - seq.n_fed, self.config.prefill_chunk_tokens, budget)
@@ -312,3 +338,13 @@ class ContinuousEngine:
         for req in self.requests():
             req.finish(RequestStatus.CANCELLED, now, error=error, error_code="shutdown")
         self._retire_stopped(now)
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = 0
+    for x, y in zip(a[:limit], b[:limit], strict=False):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -417,6 +417,18 @@ class Worker:
         self._publish()
         return True
 
+    def integrity(self) -> dict[str, tuple[int, int]]:
+        """Check the resident set and every KV allocator (worker thread; via ``call``):
+        raises on a violation, returns ``{model: (free_blocks, total_blocks)}``."""
+        self._residency.check_integrity()
+        out = {}
+        for model_id, engine in self._engines.items():
+            engine.kv.check_integrity()
+            if not engine.has_work and engine.kv.free_blocks != engine.kv.total_blocks:
+                raise RuntimeError(f"{model_id}: idle engine holds KV blocks")
+            out[model_id] = (engine.kv.free_blocks, engine.kv.total_blocks)
+        return out
+
     def _release(self, req: Request) -> None:
         self._residency.release(req.model_id, self._clock())
         self._on_capacity()

@@ -218,3 +218,27 @@ def test_same_requests_give_the_same_tokens() -> None:
         run_to_idle(eng)
         texts.append([r.final.text for r in reqs if r.final])
     assert texts[0] == texts[1]
+
+
+def test_prefix_reuse_copies_a_running_sequences_prompt_kv() -> None:
+    m = model(n_ctx_per_seq=256)
+    eng, _ = engine(m, min_prefix_tokens=8)
+    shared = tuple(range(100, 140))  # a 40-token "system prompt"
+    first = request(max_tokens=30)
+    first.prompt_tokens = (*shared, 1, 2)
+    eng.add(first)
+    eng.step()  # first is prefilled
+    second = request(max_tokens=3)
+    second.prompt_tokens = (*shared, 7, 8, 9)
+    eng.add(second)
+    eng.step()
+    assert eng.reused_prefix_tokens == 40
+    run_to_idle(eng)
+    # Same output as computing the whole prompt: the synthetic model checks positions.
+    eng2, _ = engine(model(n_ctx_per_seq=256), prefix_reuse=False)
+    alone = request(max_tokens=3)
+    alone.prompt_tokens = second.prompt_tokens
+    eng2.add(alone)
+    run_to_idle(eng2)
+    assert second.final and alone.final and second.final.text == alone.final.text
+    assert eng2.reused_prefix_tokens == 0
