@@ -74,6 +74,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         def handle_exit(self, sig: int, frame: Any) -> None:
             runtime.begin_drain()
             super().handle_exit(sig, frame)
+            # uvicorn re-raises the captured signal after shutdown, so the process would
+            # die by SIGTERM; a completed graceful drain is a clean exit (status 0).
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list):
+                captured.clear()
 
     server = DrainingServer(
         uvicorn.Config(
