@@ -69,4 +69,14 @@ def llama_server_cmd(binary: Path, gguf: Path, port: int, *, n_ctx: int, n_slots
                      threads: int) -> list[str]:
     return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
             "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(n_slots),
-            "-b", "512", "--no-webui", "--log-disable"]
+            "-b", "512", "--no-webui", "--log-disable", "--no-kv-unified",
+            # the same setting sluice uses on CPUs with AMX: llama.cpp's AMX repacked
+            # matmul crashes this build (see sluice/backends/llamacpp.py)
+            *(["--no-repack"] if _has_amx() else [])]
+
+
+def _has_amx() -> bool:
+    try:
+        return " amx" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False

@@ -2,8 +2,9 @@
 
 ``try_submit`` admits or rejects at once (bounded queue, never a hang); ``submit`` waits
 for room. The dispatcher thread pops ONE request at a time from the scheduler, asks the
-router for a worker, and offers it to that worker's bounded inbox; when every feasible
-inbox is full the request is parked (kept first in line) until a worker frees capacity.
+router for a worker, and offers it to that worker's bounded inbox. It pops only while
+some inbox has room; a request whose feasible workers are all full goes back into the
+scheduler (keeping its place, its fair-share charge refunded) until capacity frees up.
 Deadlines of queued requests are watched here; workers watch those they hold.
 
 Every admitted request ends in exactly one terminal state: the request state machine
@@ -19,7 +20,6 @@ import heapq
 import itertools
 import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +59,13 @@ class RuntimeConfig:
             raise ValueError(f"models: duplicate model ids in {ids}")
         if self.queue_capacity < 1:
             raise ValueError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
+        biggest = max(w.budget_bytes for w in self.workers)
+        for m in self.models:
+            if m.memory_bytes > biggest:
+                raise ValueError(
+                    f"models[{m.model_id!r}].memory_bytes ({m.memory_bytes}) exceeds every "
+                    f"worker's budget (largest {biggest}): it could never be served"
+                )
 
 
 class Rejected(Exception):
@@ -111,7 +118,6 @@ class Runtime:
             tenant_weights=config.tenant_weights,
         )
         self._router = make_router(config.router)
-        self._parked: deque[QueueItem] = deque()
         self._deadlines: list[tuple[float, int]] = []
         self._live: dict[int, Request] = {}
         self._ids = itertools.count(1)
@@ -144,7 +150,7 @@ class Runtime:
             left = list(self._live.values())
             now = self.clock()
             for req in left:
-                if req.status == RequestStatus.QUEUED and self._take_from_queue(req.request_id):
+                if self._scheduler.remove(req.request_id) is not None:
                     req.finish(RequestStatus.CANCELLED, now, error="server shutting down",
                                error_code="shutdown")
                 else:
@@ -212,14 +218,15 @@ class Runtime:
     def try_submit(self, req: Request) -> Rejection | None:
         """Admit ``req`` into the queue, or reject it at once (it then ends ``REJECTED``)."""
         now = self.clock()
+        req.listeners.append(self._on_event(req))
         with self._cv:
             rejection = self._admission_check(req, now)
             if rejection is None:
                 self._enqueue(req, now)
         if rejection is not None:
+            self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
             req.finish(RequestStatus.REJECTED, now, error=rejection.message,
                        error_code=rejection.reason)
-            self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
             return rejection
         self.observer.admitted(req)
         return None
@@ -243,7 +250,7 @@ class Runtime:
             if req is None:
                 return False
             req.cancel_requested = True
-            if self._take_from_queue(request_id):
+            if self._scheduler.remove(request_id) is not None:
                 req.finish(RequestStatus.CANCELLED, self.clock(), error="cancelled by client")
                 return True
             worker_id = req.worker_id
@@ -315,17 +322,9 @@ class Runtime:
     # -- internals -----------------------------------------------------------------------
 
     def _queue_depth(self) -> int:
-        return len(self._scheduler) + len(self._parked)
+        return len(self._scheduler)
 
     def _admission_check(self, req: Request, now: float) -> Rejection | None:
-        spec = self.specs[req.model_id]
-        if not any(w.budget_bytes >= spec.memory_bytes for w in self.config.workers):
-            return Rejection(
-                reason="no_feasible_worker",
-                retry_after_s=0.0,
-                message=f"model {spec.model_id} needs {spec.memory_bytes} bytes; no worker "
-                "has that budget",
-            )
         return self._admission.decide(
             queue_depth=self._queue_depth(),
             completions_per_s=self._completions.rate_per_s(now),
@@ -335,7 +334,6 @@ class Runtime:
         )
 
     def _enqueue(self, req: Request, now: float) -> None:
-        req.listeners.append(self._on_event(req))
         self._live[req.request_id] = req
         req.mark_queued(now)
         self._scheduler.push(
@@ -368,16 +366,6 @@ class Runtime:
 
         return on_event
 
-    def _take_from_queue(self, request_id: int) -> bool:
-        """Remove a request from the scheduler or the parked line (lock held)."""
-        if self._scheduler.remove(request_id) is not None:
-            return True
-        for item in self._parked:
-            if item.request_id == request_id:
-                self._parked.remove(item)
-                return True
-        return False
-
     def _notify(self) -> None:
         with self._cv:
             self._cv.notify_all()
@@ -400,38 +388,42 @@ class Runtime:
         while self._deadlines and self._deadlines[0][0] <= now:
             _, request_id = heapq.heappop(self._deadlines)
             req = self._live.get(request_id)
-            if req is not None and self._take_from_queue(request_id):
+            if req is not None and self._scheduler.remove(request_id) is not None:
                 req.finish(RequestStatus.EXPIRED, now, error="deadline passed while queued",
                            error_code="deadline")
 
     def _dispatch(self, now: float) -> bool:
-        """Route queued requests until the queue is empty or no worker can take more."""
+        """Route queued requests while the queue is non-empty and some inbox has room."""
         moved = False
-        while self._parked or len(self._scheduler):
-            item = self._parked.popleft() if self._parked else self._scheduler.pop(now)
+        while len(self._scheduler):
+            views = [w.view() for w in self.workers]
+            if not any(v.inbox_free for v in views):
+                break
+            item = self._scheduler.pop(now)
             if item is None:
                 break
             req = self._live.get(item.request_id)
             if req is None or req.is_terminal:
                 continue
             spec = self.specs[item.model_id]
-            views = [w.view() for w in self.workers]
             decision = self._router.route(item.model_id, spec.memory_bytes, views)
-            if isinstance(decision, NoRoute):
-                if decision.reason == "all_busy":
-                    self._parked.appendleft(item)
-                    break
+            if isinstance(decision, NoRoute) and decision.reason != "all_busy":
                 req.finish(RequestStatus.REJECTED, now, error=decision.reason,
                            error_code="no_feasible_worker")
                 continue
-            req.route_reason = decision.reason
-            if not self.workers[decision.worker_id].offer(req):
-                self._parked.appendleft(item)
+            if isinstance(decision, NoRoute) or not self.workers[decision.worker_id].offer(req):
+                self._put_back(item)
                 break
+            req.route_reason = decision.reason
             moved = True
         if moved:
             self._cv.notify_all()  # submitters waiting for room
         return moved
+
+    def _put_back(self, item: QueueItem) -> None:
+        """Undo a pop: the request keeps its place; its fair-share charge is refunded."""
+        self._scheduler.push(item)
+        self._scheduler.on_served(item.tenant_id, -item.cost_tokens)
 
 
 class AsyncHandle:

@@ -82,11 +82,17 @@ def clamp_retry_after(seconds: float, lo: float, hi: float) -> float:
 def retry_after_for_backlog(excess: int, completions_per_s: float, lo: float, hi: float) -> float:
     """Time for ``excess`` completions at ``completions_per_s``, clamped to [lo, hi].
 
-    With no measured completion rate (``<= 0``) the backlog's end is unknown: ``hi``.
+    With no measured completion rate yet (``<= 0``, e.g. a server that has just started)
+    one completion per ``ASSUMED_SECONDS_PER_COMPLETION`` is assumed, so a first burst is
+    told to come back soon rather than after the maximum.
     """
     if not completions_per_s > 0:
-        return hi
+        completions_per_s = 1.0 / ASSUMED_SECONDS_PER_COMPLETION
     return clamp_retry_after(max(0, excess) / completions_per_s, lo, hi)
+
+
+ASSUMED_SECONDS_PER_COMPLETION = 1.0
+"""Retry-After's guess for the drain rate before any completion has been measured."""
 
 
 class AdmissionPolicy:

@@ -43,6 +43,8 @@ class AppContext:
     runtime: Runtime
     auth: Auth
     registry: CollectorRegistry
+    preloaded: bool = False
+    """The default model loaded at start-up (``/ready`` turns 200)."""
 
 
 def create_app(config: Config, backends: Mapping[str, Backend] | None = None) -> FastAPI:
@@ -66,6 +68,11 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
         for spec in runtime.specs.values():
             if spec.kind == "generative":
                 await asyncio.to_thread(runtime.tokenizer, spec.model_id)
+        try:  # load the default model now, so /ready means "can serve it"
+            await asyncio.to_thread(runtime.call_on_workers, config.default_model, "load")
+            ctx.preloaded = True
+        except Exception as exc:
+            log.error("default model %s failed to load: %s", config.default_model, exc)
         log.info("sluice ready: %d model(s), %d worker(s)", len(runtime.specs),
                  len(runtime.workers))
         try:
@@ -92,14 +99,17 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
 
     @app.get("/ready", tags=["operations"], responses={503: {"description": "not ready"}})
     async def ready() -> JSONResponse:
-        """Able to serve the default model (and not draining)."""
+        """Able to serve the default model: loaded on a worker (or loadable again after an
+        eviction), and not draining."""
         model = config.default_model
         if runtime.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         snap = runtime.snapshot()
-        failed = [w.failed_models.get(model) for w in snap.workers if model in w.failed_models]
-        if failed and not any(model in w.resident for w in snap.workers):
+        resident = any(model in w.resident for w in snap.workers)
+        if not resident and any(model in w.failed_models for w in snap.workers):
             return JSONResponse({"status": "failed", "model": model}, status_code=503)
+        if not (resident or ctx.preloaded):
+            return JSONResponse({"status": "loading", "model": model}, status_code=503)
         return JSONResponse({"status": "ready", "model": model})
 
     @app.get("/metrics", tags=["operations"], response_class=Response)

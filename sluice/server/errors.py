@@ -130,6 +130,10 @@ async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid" or not errors:
         return APIError(400, "Request body is not valid JSON", code="invalid_json").response()
+    if not loc and first.get("type") == "value_error":
+        # A check across fields: the body is JSON, it just asks for something invalid.
+        msg = first.get("msg", "invalid request")
+        return APIError(400, f"Invalid request: {msg}", code="invalid_value").response()
     if not loc:
         return APIError(400, "Request body must be a JSON object", code="invalid_json").response()
     param = ".".join(loc) or None

@@ -8,10 +8,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sluice.backends.base import ModelSpec, Tokenizer
@@ -54,6 +54,14 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 def _ctx(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
     return ctx
+
+
+async def _tenant(request: Request) -> TenantConfig:
+    """The caller's tenant; resolved before the body is validated, so a bad key is 401."""
+    return _ctx(request).auth.tenant(request)
+
+
+Tenant = Annotated[TenantConfig, Depends(_tenant)]
 
 
 def _spec(ctx: AppContext, model: str, kind: str) -> ModelSpec:
@@ -291,10 +299,11 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]
 
 
 @api_router.post("/v1/chat/completions", tags=["openai"], responses=ERROR_RESPONSES)
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request, tenant: Tenant
+) -> Response:
     """OpenAI chat completions; ``stream`` gives SSE chunks ending with ``[DONE]``."""
     ctx = _ctx(request)
-    tenant = ctx.auth.tenant(request)
     _spec(ctx, body.model, "generative")
     tok = ctx.runtime.tokenizer(body.model)
     prompt = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.messages])
@@ -312,10 +321,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
 
 @api_router.post("/v1/completions", tags=["openai"], responses=ERROR_RESPONSES)
-async def completions(body: CompletionRequest, request: Request) -> Response:
+async def completions(body: CompletionRequest, request: Request, tenant: Tenant) -> Response:
     """OpenAI text completions (one prompt per request)."""
-    ctx = _ctx(request)
-    tenant = ctx.auth.tenant(request)
     prompt = body.prompt
     text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt[0], str)
                                                     else None)
@@ -369,10 +376,9 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 
 
 @api_router.post("/v1/embeddings", tags=["openai"], responses=ERROR_RESPONSES)
-async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
+async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -> Response:
     """OpenAI embeddings for one-shot embedding models."""
     ctx = _ctx(request)
-    tenant = ctx.auth.tenant(request)
     spec = _spec(ctx, body.model, "oneshot")
     if spec.task != "embedding":
         raise bad_param("model", f"The model '{body.model}' is not an embedding model",
@@ -393,10 +399,9 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> Response:
 
 
 @api_router.post("/v1/infer", tags=["native"], responses=ERROR_RESPONSES)
-async def infer(body: InferRequest, request: Request) -> Response:
+async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Response:
     """sluice's native endpoint: any model, with tenant, priority, deadline."""
     ctx = _ctx(request)
-    tenant = ctx.auth.tenant(request)
     if body.tenant_id is not None and body.tenant_id != tenant.id:
         if ctx.auth.enabled:
             raise APIError(403, "tenant_id does not match the API key's tenant",
@@ -429,8 +434,8 @@ async def infer(body: InferRequest, request: Request) -> Response:
     return await _run_generative(request, req, shape, stream=body.stream, include_usage=True)
 
 
-@api_router.get("/v1/models", tags=["openai"])
-async def list_models(request: Request) -> dict[str, Any]:
+@api_router.get("/v1/models", tags=["openai"], responses={401: {"description": "bad key"}})
+async def list_models(request: Request, tenant: Tenant) -> dict[str, Any]:
     """Configured models, with where each is resident."""
     ctx = _ctx(request)
     snap = ctx.runtime.snapshot()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP = 4
 Priority = Annotated[int, Field(ge=0, le=9)]
@@ -78,11 +78,12 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     logprobs: Literal[False] | None = None
 
-    @model_validator(mode="after")
-    def _has_user_turn(self) -> ChatCompletionRequest:
-        if all(m.role in ("system", "developer") for m in self.messages):
+    @field_validator("messages")
+    @classmethod
+    def _has_user_turn(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        if all(m.role in ("system", "developer") for m in messages):
             raise ValueError("messages must contain at least one user or assistant message")
-        return self
+        return messages
 
 
 class CompletionRequest(_Sampling):

@@ -35,3 +35,29 @@ def test_seeded_sampling_is_reproducible_and_follows_probabilities() -> None:
     draws = np.array([sample_token(logits, p, rng) for _ in range(4000)])
     freq = np.bincount(draws, minlength=3) / draws.size
     assert np.allclose(freq, [0.7, 0.2, 0.1], atol=0.03)
+
+
+def test_full_vocabulary_sampling_follows_probabilities() -> None:
+    rng = np.random.default_rng(5)
+    logits = np.full(262_144, -30.0, dtype=np.float32)
+    logits[[10, 20, 30]] = np.log([0.5, 0.3, 0.2])
+    draws = np.array([sample_token(logits, SamplingParams(temperature=1.0), rng)
+                      for _ in range(1200)])
+    freq = np.array([(draws == i).mean() for i in (10, 20, 30)])
+    assert np.allclose(freq, [0.5, 0.3, 0.2], atol=0.045)
+
+
+def test_top_p_keeps_the_smallest_set_holding_the_mass() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    rng = np.random.default_rng(9)
+    draws = {sample_token(logits, SamplingParams(temperature=1.0, top_p=0.75), rng)
+             for _ in range(500)}
+    assert draws == {0, 1}
+
+
+def test_top_p_on_a_flat_distribution_reaches_past_the_head() -> None:
+    logits = np.zeros(5000, dtype=np.float32)  # uniform: the nucleus needs 4500 tokens
+    rng = np.random.default_rng(3)
+    draws = {sample_token(logits, SamplingParams(temperature=1.0, top_p=0.9), rng)
+             for _ in range(400)}
+    assert max(draws) >= 1024 or len(draws) > 300

@@ -37,10 +37,11 @@ def test_queue_full_retry_after_is_backlog_over_rate() -> None:
 def test_queue_full_retry_after_is_clamped() -> None:
     fast = policy().decide(queue_depth=10, completions_per_s=100.0, now=0.0)
     slow = policy().decide(queue_depth=1000, completions_per_s=0.5, now=0.0)
-    unknown = policy().decide(queue_depth=10, completions_per_s=0.0, now=0.0)
+    unknown = policy().decide(queue_depth=13, completions_per_s=0.0, now=0.0)
     assert fast is not None and fast.retry_after_s == 1.0
     assert slow is not None and slow.retry_after_s == 60.0
-    assert unknown is not None and unknown.retry_after_s == 60.0
+    # no measured rate yet: one completion a second is assumed (4 too many → 4 s)
+    assert unknown is not None and unknown.retry_after_s == 4.0
 
 
 def test_draining_comes_first() -> None:
@@ -135,6 +136,6 @@ def test_retry_after_for_backlog_stays_in_range(
     value = retry_after_for_backlog(excess, rate, lo, hi)
     assert lo <= value <= hi
     if rate <= 0:
-        assert value == hi
+        assert value == min(hi, max(lo, max(0, excess) * 1.0))
     elif lo <= max(0, excess) / rate <= hi:
         assert value == max(0, excess) / rate
