@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,7 +57,19 @@ PROMPTS = [
 ]
 
 
-def sluice_toml(gguf: Path, mode: str) -> str:
+SYSTEM_PREFIX = (
+    "You are a helpful assistant for a public library. Answer questions about opening "
+    "hours, membership, borrowing rules, events and the catalogue. Be accurate and brief. "
+    "The library opens at nine in the morning and closes at eight in the evening on "
+    "weekdays, and at five on Saturdays; it is closed on Sundays and public holidays. "
+    "Members may borrow up to twelve items for three weeks and renew twice online. "
+    "Children's story time is on Wednesday mornings; the reading club meets on the first "
+    "Thursday of each month. Printing costs ten cents a page. Quiet study rooms can be "
+    "booked for two hours at a time at the front desk or on the website. "
+) * 2
+
+
+def sluice_toml(gguf: Path, mode: str, prefix_reuse: bool = True) -> str:
     return f"""
 [server]
 default_model = "{MODEL}"
@@ -69,6 +84,7 @@ mode = "{mode}"
 max_batch_tokens = 512
 prefill_chunk_tokens = 256
 static_max_wait_ms = 50
+prefix_reuse = {"true" if prefix_reuse else "false"}
 [[models]]
 id = "{MODEL}"
 kind = "generative"
@@ -92,25 +108,40 @@ def run_phase(base_url: str, plan: dict[str, Any]) -> dict[str, Any]:
     return {**plan, **summary}
 
 
-def bench_system(name: str, cmd: list[str], ready: str, base_url: str,
-                 plans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out = []
-    with running(cmd, ready, log_path=RESULTS / f"llm_bench_{name}.log"):
-        # one warm-up request so model load / first allocation is not measured
-        asyncio.run(closed_loop(base_url, MODEL, PROMPTS, concurrency=1, n_requests=1,
-                                max_tokens=8))
-        for plan in plans:
-            row = run_phase(base_url, plan)
-            row["system"] = name
-            out.append(row)
-            print(f"  {name:18s} {plan['label']:>10s}: {row['tokens_per_s']:7.1f} tok/s  "
-                  f"ttft p95 {_ms(row['ttft_p95_s'])}  tpot p50 {_ms(row['tpot_p50_s'])}  "
-                  f"errors {row['errors']}", flush=True)
-    return out
+def measure_phase(name: str, base_url: str, plan: dict[str, Any]) -> dict[str, Any]:
+    row = run_phase(base_url, plan)
+    row["system"] = name
+    print(f"  {name:18s} {plan['label']:>6s}: {row['tokens_per_s']:7.1f} tok/s  "
+          f"ttft p50 {_ms(row['ttft_p50_s'])} p95 {_ms(row['ttft_p95_s'])}  "
+          f"tpot p50 {_ms(row['tpot_p50_s'])}  errors {row['errors']}", flush=True)
+    return row
 
 
 def _ms(v: float | None) -> str:
     return "   -   " if v is None else f"{v * 1000:6.0f}ms"
+
+
+def raw_ceiling(gguf: Path, batch: int = N_SLOTS, steps: int = 48) -> float:
+    """Tokens/s of bare ``forward`` calls on the backend (no engine, no HTTP), in a
+    subprocess so its memory is gone before the servers run: the ceiling to compare to."""
+    code = f"""
+import time
+from sluice.backends.base import ForwardChunk, ModelSpec
+from sluice.backends.llamacpp import LlamaCppBackend
+spec = ModelSpec("g", "generative", "llamacpp", 1, options={{"path": "{gguf}",
+    "n_ctx": {N_CTX}, "n_seq_max": {N_SLOTS}, "n_threads": {THREADS}}})
+m = LlamaCppBackend().load(spec)
+toks = m.tokenize("Once upon a time there was a", add_bos=True)
+m.forward([ForwardChunk(s, tuple(toks), 0, True) for s in range({batch})])
+pos = len(toks)
+t = time.perf_counter()
+for i in range({steps}):
+    m.forward([ForwardChunk(s, (toks[-1],), pos + i, True) for s in range({batch})])
+print({batch} * {steps} / (time.perf_counter() - t))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -120,10 +151,10 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     gguf = default_gguf_path()
     server_bin = build_llama_server()
-    levels = [1, 8] if args.quick else [1, 2, 4, 8, 16]
-    per_level = (lambda c: max(2, c)) if args.quick else (lambda c: max(4, 2 * c))
-    closed = [{"kind": "closed", "label": f"c={c}", "concurrency": c,
-               "n_requests": per_level(c)} for c in levels]
+    t_start = time.time()
+    ceiling = raw_ceiling(gguf)
+    print(f"raw backend ceiling at batch {N_SLOTS}: {ceiling:.1f} tok/s", flush=True)
+
     systems: dict[str, tuple[list[str], str, str]] = {}
     for mode in ("continuous", "static", "serial"):
         port = free_port()
@@ -136,33 +167,66 @@ def main() -> int:
                          threads=THREADS),
         f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
     )
+    levels = [1, 8] if args.quick else [1, 2, 4, 8, 16]
     rows: list[dict[str, Any]] = []
-    t_start = time.time()
-    print("closed loop", flush=True)
-    for name, (cmd, ready, base) in systems.items():
-        rows += bench_system(name, cmd, ready, base, closed)
-    cap = next(r for r in rows if r["system"] == "sluice-continuous"
-               and r["concurrency"] == 8)["requests_per_s"]
-    factors = [0.5, 1.3] if args.quick else [0.5, 0.8, 1.0, 1.3]
-    n_open = 8 if args.quick else 24
-    opened = [{"kind": "open", "label": f"{f}x", "load_factor": f, "rate_per_s": f * cap,
-               "n_requests": n_open, "seed": 7} for f in factors]
-    print(f"open loop (capacity {cap:.3f} req/s)", flush=True)
-    for name in ("sluice-continuous", "sluice-static", "llama-server"):
-        cmd, ready, base = systems[name]
-        rows += bench_system(name, cmd, ready, base, opened)
+    with contextlib.ExitStack() as stack:
+        # All servers stay up (idle ones sleep); each level runs every system back to
+        # back, so slow drift of this shared host hits all of them alike.
+        for name, (cmd, ready, base) in systems.items():
+            stack.enter_context(running(cmd, ready, log_path=RESULTS / f"llm_bench_{name}.log"))
+            asyncio.run(closed_loop(base, MODEL, PROMPTS, concurrency=1, n_requests=1,
+                                    max_tokens=8))  # warm-up, not measured
+        print("closed loop", flush=True)
+        for c in levels:
+            n = (max(2, c) if args.quick else (4 if c < 4 else 2 * c))
+            for name, (_, _, base) in systems.items():
+                n_sys = min(n, 8) if name == "sluice-serial" else n
+                plan = {"kind": "closed", "label": f"c={c}", "concurrency": c,
+                        "n_requests": n_sys}
+                rows.append(measure_phase(name, base, plan))
+        cap = next(r for r in rows if r["system"] == "sluice-continuous"
+                   and r["concurrency"] == 8)["requests_per_s"]
+        factors = [0.5, 1.3] if args.quick else [0.5, 0.8, 1.0, 1.3]
+        n_open = 8 if args.quick else 20
+        print(f"open loop (capacity {cap:.3f} req/s)", flush=True)
+        for f in factors:
+            plan = {"kind": "open", "label": f"{f}x", "load_factor": f,
+                    "rate_per_s": f * cap, "n_requests": n_open, "seed": 7}
+            for name in ("sluice-continuous", "sluice-static", "llama-server"):
+                rows.append(measure_phase(name, systems[name][2], plan))
+
+    print("shared system prompt: prefix reuse on vs off (sluice continuous)", flush=True)
+    prefixed = [SYSTEM_PREFIX + f"Question {i}: " + p for i, p in enumerate(PROMPTS)]
+    prefix_rows = []
+    for reuse in (True, False):
+        port = free_port()
+        cmd, _ = sluice_cmd(sluice_toml(gguf, "continuous", prefix_reuse=reuse), port)
+        base = f"http://127.0.0.1:{port}"
+        with running(cmd, f"{base}/ready"):
+            asyncio.run(closed_loop(base, MODEL, prefixed, concurrency=1, n_requests=1,
+                                    max_tokens=4))
+            samples, wall = asyncio.run(closed_loop(
+                base, MODEL, prefixed, concurrency=4, n_requests=8 if args.quick else 16,
+                max_tokens=32))
+        row = {"prefix_reuse": reuse, **summarize(samples, wall, ttft_slo_s=TTFT_SLO_S,
+                                                   tpot_slo_s=TPOT_SLO_S)}
+        prefix_rows.append(row)
+        print(f"  prefix_reuse={reuse!s:5s}: ttft p50 {_ms(row['ttft_p50_s'])} "
+              f"p95 {_ms(row['ttft_p95_s'])}  {row['tokens_per_s']:.1f} tok/s", flush=True)
     result = {
         "benchmark": "llm_bench",
         "quick": args.quick,
         "model": f"{MODEL} (Gemma 3 270M Q4_K_M)",
         "n_ctx": N_CTX, "slots": N_SLOTS, "threads": THREADS, "max_tokens": MAX_TOKENS,
         "ttft_slo_s": TTFT_SLO_S, "tpot_slo_s": TPOT_SLO_S,
+        "raw_backend_ceiling_tokens_per_s": ceiling,
         "capacity_requests_per_s": cap,
-        "machine": {"cpus": 2, "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
         "duration_s": round(time.time() - t_start, 1),
         "rows": rows,
         "ratios": ratios(rows),
+        "prefix_reuse": prefix_rows,
     }
     name = "llm_bench_quick" if args.quick else "llm_bench"
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))

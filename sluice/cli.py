@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +42,11 @@ def _load(args: argparse.Namespace) -> Config:
         "workers": {"count": args.workers},
         "engine": {"mode": args.mode},
     }
+    # A Redis URL (flag or env) means the quotas are shared through it.
+    redis_url = args.redis_url or env("SLUICE_REDIS_URL")
+    replicas = args.replicas or env("SLUICE_QUOTA_REPLICAS")
+    overrides["quota"] = {"redis_url": redis_url, "backend": "redis" if redis_url else None,
+                          "replicas": int(replicas) if replicas else None}
     return with_overrides(config, overrides)
 
 
@@ -55,6 +61,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, help="number of workers")
     p.add_argument("--mode", choices=["continuous", "static", "serial"],
                    help="generative batching mode")
+    p.add_argument("--redis-url", help="share tenant quotas through this Redis "
+                   "(or $SLUICE_REDIS_URL)")
+    p.add_argument("--replicas", type=int, help="replicas sharing the quotas; each enforces "
+                   "1/replicas while Redis is unreachable (or $SLUICE_QUOTA_REPLICAS)")
     p.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "info"))
 
 
@@ -72,7 +82,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         open connections within the drain timeout."""
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            runtime.begin_drain()
+            if not runtime.draining:
+                runtime.begin_drain()
+                # Ends what is still running at the drain timeout with a terminal error
+                # (503 ``shutdown``, or an error event on a stream), before uvicorn's own
+                # graceful timeout (one second later) would cut the connections.
+                threading.Thread(target=runtime.stop, args=(config.server.drain_timeout_s,),
+                                 name="sluice-drain", daemon=True).start()
             super().handle_exit(sig, frame)
             # uvicorn re-raises the captured signal after shutdown, so the process would
             # die by SIGTERM; a completed graceful drain is a clean exit (status 0).
@@ -134,6 +150,46 @@ def cmd_chat(args: argparse.Namespace) -> int:
         runtime.stop(drain_timeout_s=1.0)
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluice.prepare import main as prepare_main
+
+    return prepare_main(Path(args.cache) if args.cache else None, full=args.full,
+                        limit=args.limit, threads=args.threads)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from sluice import prepare
+    from sluice.config import Config
+    from sluice.profile import PROFILE, ProfileMismatch, run_profile
+
+    cache = Path(args.cache) if args.cache else None
+    manifest = prepare.load_manifest(cache)
+    if args.config:
+        config = load_config(args.config)
+    else:
+        config = Config.model_validate(prepare.config_dict(manifest, threads=args.threads))
+    out = Path(args.out) if args.out else Path(manifest["cache_dir"]) / PROFILE
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    try:
+        result = run_profile(config, manifest, batch_sizes=sizes, repeats=args.repeats, out=out)
+    except ProfileMismatch as exc:
+        print(f"PROFILE FAILED: {exc}", file=sys.stderr)
+        return 1
+    for name, v in result["variants"].items():
+        times = "  ".join(f"b{b}={ms:.1f}ms" for b, ms in v["batch_ms"].items())
+        print(f"{name:<14} acc={v['accuracy']}  {times}")
+    print(f"cross-check ok: {', '.join(result['cross_check'])}")
+    if not args.config:
+        prepare.write_config(manifest, Path(manifest["cache_dir"]) / "sluice.toml",
+                             profile=result)
+    print(f"profile: {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,6 +206,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat.add_argument("--max-tokens", type=int, default=128)
     chat.add_argument("--temperature", type=float, default=0.7)
     chat.set_defaults(func=cmd_chat)
+    prep = sub.add_parser("prepare", help="build the ONNX model variants and their accuracy")
+    prep.add_argument("--cache",
+                      help="cache folder (default $SLUICE_CACHE or ~/.cache/sluice/variants)")
+    prep.add_argument("--full", action="store_true",
+                      help="also export MiniLM FP32 and mpnet FP32/INT8 (needs torch)")
+    prep.add_argument("--limit", type=int, help="use only this many labelled snippets")
+    prep.add_argument("--threads", type=int, default=2)
+    prep.add_argument("--log-level", default="warning")
+    prep.set_defaults(func=cmd_prepare)
+    prof = sub.add_parser("profile", help="measure variants through the serving path and "
+                                          "cross-check their outputs")
+    prof.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
+    prof.add_argument("--config", "-c", help="serve these models instead of the manifest's")
+    prof.add_argument("--batch-sizes", default="1,2,4,8")
+    prof.add_argument("--repeats", type=int, default=20)
+    prof.add_argument("--threads", type=int, default=1, help="ONNX threads per variant")
+    prof.add_argument("--out", help="where to write the profile JSON")
+    prof.add_argument("--log-level", default="warning")
+    prof.set_defaults(func=cmd_profile)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

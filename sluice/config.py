@@ -17,7 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from sluice.backends.base import ModelSpec
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
+from sluice.engine.variants import GroupSpec
 from sluice.engine.worker import WorkerConfig
+from sluice.policy.planner import PlannerConfig
+from sluice.policy.quota import QuotaLimits
 
 
 class _Strict(BaseModel):
@@ -45,6 +48,23 @@ class ModelConfig(_Strict):
             task=self.task,
             options=dict(self.options),
         )
+
+
+class GroupConfig(_Strict):
+    """A model group: one-shot variants of one task, most accurate preferred; a request
+    naming the group is served by the variant the planner picks (see docs/planner.md)."""
+
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+    variants: list[str] = Field(min_length=1)
+    """Model ids; each variant's accuracy is its ``options.accuracy``."""
+    policy: Literal["adaptive", "accurate", "fastest"] = "adaptive"
+    """``adaptive`` plans per request; ``accurate`` / ``fastest`` are the baselines."""
+    default_deadline_ms: float | None = Field(default=None, gt=0)
+    """Deadline for requests of the group that bring none (after the tenant's default)."""
+    pessimism: float = Field(default=1.0, gt=0, le=100)
+    """Multiplies predicted waits and service times (>= 1 is safer)."""
+    low_load_utilization: float = Field(default=0.5, ge=0, le=1)
+    """Below this utilization the most accurate variant is taken without prediction."""
 
 
 class WorkersConfig(_Strict):
@@ -84,14 +104,72 @@ class SchedulingConfig(_Strict):
     queue_capacity: int = Field(default=64, ge=1)
 
 
+class TenantLimits(_Strict):
+    """A tenant's quotas; a limit left out is not enforced (see ``sluice.server.quota``)."""
+
+    requests_per_s: float | None = Field(default=None, gt=0)
+    """Sustained requests per second; one HTTP request counts once."""
+    burst: float | None = Field(default=None, ge=1)
+    """Requests admitted at once from a full bucket (default: max(1, requests_per_s))."""
+    tokens_per_min: float | None = Field(default=None, gt=0)
+    """Prompt + generated tokens per minute; the bucket holds one minute's worth, so it is
+    also the largest single request."""
+    max_concurrent: int | None = Field(default=None, ge=1)
+    """Requests of the tenant admitted and not yet finished."""
+
+    @model_validator(mode="after")
+    def _burst_needs_rate(self) -> TenantLimits:
+        if self.burst is not None and self.requests_per_s is None:
+            raise ValueError(f"limits.burst ({self.burst}) needs limits.requests_per_s")
+        return self
+
+    def quota_limits(self) -> QuotaLimits:
+        """The limits as the quota policy takes them (per second)."""
+        rate = self.requests_per_s
+        return QuotaLimits(
+            requests_per_s=rate,
+            request_burst=self.burst if self.burst is not None else max(1.0, rate or 1.0),
+            tokens_per_s=None if self.tokens_per_min is None else self.tokens_per_min / 60.0,
+            token_capacity=self.tokens_per_min or 1.0,
+            max_concurrent=self.max_concurrent,
+        )
+
+
 class TenantConfig(_Strict):
-    """A tenant: its API keys (plain in the file, hashed in memory), weight and priority."""
+    """A tenant: its API keys (plain in the file, hashed in memory), weight, priority,
+    default deadline and quotas."""
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     api_keys: list[str] = Field(default_factory=list)
     weight: float = Field(default=1.0, gt=0)
+    """Share of served tokens under the ``wfq`` scheduler, relative to other tenants."""
     priority: int = Field(default=5, ge=0, le=9)
+    """Default priority class (0 most urgent) when a request names none."""
     default_deadline_ms: float | None = Field(default=None, gt=0)
+    limits: TenantLimits = Field(default_factory=TenantLimits)
+
+
+class QuotaConfig(_Strict):
+    """Where tenant quotas live: this process (``memory``) or a Redis shared by replicas."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None
+    """e.g. ``redis://127.0.0.1:6379/0``; also ``$SLUICE_REDIS_URL`` (which selects redis)."""
+    replicas: int = Field(default=1, ge=1, le=10_000)
+    """Replicas sharing the quotas: while Redis is unreachable each enforces 1/replicas."""
+    key_prefix: str = Field(default="sluice", pattern=r"^[A-Za-z0-9._:-]{1,64}$")
+    timeout_ms: float = Field(default=250.0, gt=0, le=60_000)
+    """Longest wait for one Redis call before falling back to local buckets."""
+    reconnect_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    """How often a replica in fallback probes Redis."""
+    lease_s: float = Field(default=600.0, gt=0)
+    """How long a concurrency slot outlives a replica that died holding it."""
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> QuotaConfig:
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("quota.redis_url is required when quota.backend = 'redis'")
+        return self
 
 
 class ServerConfig(_Strict):
@@ -118,6 +196,8 @@ class Config(_Strict):
     engine: EngineSection = Field(default_factory=EngineSection)
     models: list[ModelConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(default_factory=list)
+    groups: list[GroupConfig] = Field(default_factory=list)
+    quota: QuotaConfig = Field(default_factory=QuotaConfig)
 
     @field_validator("models")
     @classmethod
@@ -135,6 +215,18 @@ class Config(_Strict):
             raise ValueError(
                 f"server.default_model {self.server.default_model!r} is not a configured model"
             )
+        by_id = {m.id: m for m in self.models}
+        for g in self.groups:
+            if g.id in by_id:
+                raise ValueError(f"groups: {g.id!r} is also a model id")
+            members = [by_id.get(v) for v in g.variants]
+            missing = [v for v, m in zip(g.variants, members, strict=True) if m is None]
+            if missing:
+                raise ValueError(f"groups[{g.id!r}].variants: unknown models {missing}")
+            shapes = {(m.kind, m.task) for m in members if m is not None}
+            if len(shapes) != 1 or any(kind != "oneshot" for kind, _ in shapes):
+                raise ValueError(f"groups[{g.id!r}].variants must be one-shot models of one "
+                                 f"task, got {sorted(shapes)}")
         keys = [k for t in self.tenants for k in t.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("tenants: an API key is listed for more than one tenant")
@@ -174,6 +266,20 @@ class Config(_Strict):
             router=self.scheduling.router,
             queue_capacity=self.scheduling.queue_capacity,
             tenant_weights={t.id: t.weight for t in self.tenants},
+            groups=tuple(
+                GroupSpec(
+                    group_id=g.id,
+                    variants=tuple(g.variants),
+                    planner=PlannerConfig(
+                        policy=g.policy, pessimism=g.pessimism,
+                        low_load_utilization=g.low_load_utilization,
+                        max_batch_size=self.batching.max_batch_size,
+                    ),
+                    default_deadline_s=None if g.default_deadline_ms is None
+                    else g.default_deadline_ms / 1000.0,
+                )
+                for g in self.groups
+            ),
         )
 
 

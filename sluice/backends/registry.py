@@ -18,7 +18,9 @@ def make_backend(name: str) -> Backend:
 
         return LlamaCppBackend()
     if name == "onnx":
-        raise ValueError("the onnx backend is not available in this build yet")
+        from sluice.backends.onnx import OnnxBackend
+
+        return OnnxBackend()
     raise ValueError(f"unknown backend {name!r}; expected synthetic, llamacpp or onnx")
 
 

@@ -270,6 +270,13 @@ class ContinuousEngine:
 
     def _accept(self, seq: _Sequence, token: int, now: float) -> None:
         params = seq.req.params
+        deadline = seq.req.deadline_s
+        if deadline is not None and now >= deadline:
+            # The pass ended past the deadline: its token is not delivered, so a request
+            # either completes in time or ends expired, never completes late.
+            self._retire(seq, RequestStatus.EXPIRED, now, error="deadline passed while running",
+                         error_code="deadline")
+            return
         if token in self.model.eos_token_ids and not params.ignore_eos:
             self._retire(seq, RequestStatus.COMPLETED, now, finish_reason="stop")
             return

@@ -22,6 +22,13 @@ class Observer:
     def batch(self, worker_id: int, model_id: str, size: int) -> None:
         """A one-shot batch or a decode step ran with ``size`` members."""
 
+    def batch_done(self, worker_id: int, model_id: str, size: int, seconds: float) -> None:
+        """A one-shot batch of ``size`` completed in ``seconds``."""
+
+    def planned(self, group_id: str, variant: str | None, reason: str) -> None:
+        """The variant planner chose ``variant`` for a request of ``group_id`` (``None``:
+        rejected, ``reason`` ``deadline_infeasible``)."""
+
     def model_loaded(self, worker_id: int, model_id: str, seconds: float) -> None:
         """A worker loaded a model."""
 

@@ -27,8 +27,14 @@ from typing import Any
 from sluice.backends.base import Backend, ModelSpec, Tokenizer
 from sluice.engine.observer import Observer
 from sluice.engine.request import Event, Final, Request, RequestStatus, SamplingParams
+from sluice.engine.variants import GroupSpec, PlannerObserver, VariantPlanner
 from sluice.engine.worker import Worker, WorkerConfig, WorkerState
-from sluice.policy.admission import AdmissionConfig, AdmissionPolicy, Rejection
+from sluice.policy.admission import (
+    AdmissionConfig,
+    AdmissionPolicy,
+    Rejection,
+    clamp_retry_after,
+)
 from sluice.policy.rates import RateMeter
 from sluice.policy.router import NoRoute, make_router
 from sluice.policy.scheduler import make_scheduler
@@ -50,6 +56,8 @@ class RuntimeConfig:
     """``round_robin``, ``least_loaded`` or ``residency_aware``."""
     queue_capacity: int = 32
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    groups: tuple[GroupSpec, ...] = ()
+    """Model groups whose requests the variant planner routes to a variant."""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -120,13 +128,18 @@ class Runtime:
         self._router = make_router(config.router)
         self._deadlines: list[tuple[float, int]] = []
         self._live: dict[int, Request] = {}
+        self._charged: dict[int, int] = {}
+        """Dispatched requests → the tokens their pop charged to their tenant's fair share."""
         self._ids = itertools.count(1)
         self._completions = RateMeter(window_s=10.0)
         self._tokenizers: dict[str, Tokenizer] = {}
+        self.variants = VariantPlanner(config.groups, self.specs,
+                                       [w.budget_bytes for w in config.workers])
+        worker_observer: Any = PlannerObserver(self.observer, self.variants)
         self._draining = False
         self._stopped = False
         self.workers = [
-            Worker(w, self.specs, backends, clock, self.observer, self._notify)
+            Worker(w, self.specs, backends, clock, worker_observer, self._notify)
             for w in config.workers
         ]
         self._thread = threading.Thread(target=self._dispatch_loop, name="sluice-dispatch",
@@ -150,11 +163,12 @@ class Runtime:
             left = list(self._live.values())
             now = self.clock()
             for req in left:
-                if self._scheduler.remove(req.request_id) is not None:
-                    req.finish(RequestStatus.CANCELLED, now, error="server shutting down",
-                               error_code="shutdown")
-                else:
-                    req.cancel_requested = True
+                # Queued or running, the client is told why (``shutdown``); a running one's
+                # worker frees its slot at its next step (first terminal state wins).
+                self._scheduler.remove(req.request_id)
+                req.cancel_requested = True
+                req.finish(RequestStatus.CANCELLED, now, error="server shutting down",
+                           error_code="shutdown")
             self._stopped = True
             self._cv.notify_all()
         for w in self.workers:
@@ -198,8 +212,9 @@ class Runtime:
         priority: int = 5,
         deadline_s: float | None = None,
     ) -> Request:
-        """A request with a fresh id, not yet submitted (attach listeners, then submit)."""
-        spec = self.specs.get(model_id)
+        """A request with a fresh id, not yet submitted (attach listeners, then submit).
+        ``model_id`` may name a model group: the planner picks the variant at submission."""
+        spec = self.spec_for(model_id)
         if spec is None:
             raise KeyError(model_id)
         return Request(
@@ -220,9 +235,10 @@ class Runtime:
         now = self.clock()
         req.listeners.append(self._on_event(req))
         with self._cv:
-            rejection = self._admission_check(req, now)
+            rejection = self._plan(req, now) or self._admission_check(req, now)
             if rejection is None:
                 self._enqueue(req, now)
+                self.variants.admitted(req)
         if rejection is not None:
             self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
             req.finish(RequestStatus.REJECTED, now, error=rejection.message,
@@ -324,6 +340,35 @@ class Runtime:
     def _queue_depth(self) -> int:
         return len(self._scheduler)
 
+    def spec_for(self, name: str) -> ModelSpec | None:
+        """A model's spec; for a model group, its first variant's (kind and task)."""
+        spec = self.specs.get(name)
+        if spec is None and name in self.variants.groups:
+            spec = self.variants.lead_spec(name)
+        return spec
+
+    def _plan(self, req: Request, now: float) -> Rejection | None:
+        """Choose the variant of a group request (rewrites ``req.model_id``), or reject
+        it now when no variant is predicted to meet its deadline."""
+        group_id = req.model_id
+        choice = self.variants.plan(req, now)
+        if choice is None:
+            return None
+        if group_id in self.variants.groups:
+            self.observer.planned(group_id, choice.variant, choice.reason)
+        if choice.variant is not None:
+            return None
+        best = min(choice.predictions, key=lambda p: p.sojourn_s)
+        limits = self._admission.config
+        return Rejection(
+            "deadline_infeasible",
+            clamp_retry_after(choice.retry_after_s, limits.min_retry_after_s,
+                              limits.max_retry_after_s),
+            f"deadline infeasible for group {group_id}: the soonest prediction is "
+            f"{best.variant} finishing in {best.sojourn_s:.3g} s (wait {best.wait_s:.3g} s + "
+            f"service {best.service_s:.3g} s), {(req.deadline_s or now) - now:.3g} s left",
+        )
+
     def _admission_check(self, req: Request, now: float) -> Rejection | None:
         return self._admission.decide(
             queue_depth=self._queue_depth(),
@@ -357,8 +402,10 @@ class Runtime:
             if not isinstance(event, Final):
                 return
             now = self.clock()
+            self.variants.finished(req)
             with self._cv:
                 self._live.pop(req.request_id, None)
+                self._settle_share(req, event)
                 if event.status == RequestStatus.COMPLETED:
                     self._completions.record(now)
                 self._cv.notify_all()
@@ -415,10 +462,24 @@ class Runtime:
                 self._put_back(item)
                 break
             req.route_reason = decision.reason
+            self._charged[req.request_id] = item.cost_tokens
             moved = True
         if moved:
             self._cv.notify_all()  # submitters waiting for room
         return moved
+
+    def _settle_share(self, req: Request, final: Final) -> None:
+        """Correct the fair-share charge of a dispatched request to the tokens it was really
+        served (none if it never ran). Under ``self._cv``."""
+        charged = self._charged.pop(req.request_id, None)
+        if charged is None:
+            return
+        served = 0
+        if req.times.started_s is not None:
+            served = (final.prompt_tokens + final.completion_tokens
+                      if req.kind == "generative" else 1)
+        if served != charged:
+            self._scheduler.on_served(req.tenant_id, served - charged)
 
     def _put_back(self, item: QueueItem) -> None:
         """Undo a pop: the request keeps its place; its fair-share charge is refunded."""

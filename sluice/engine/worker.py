@@ -340,8 +340,13 @@ class Worker:
                 )
         else:
             done = self._clock()
+            self._observer.batch_done(self.config.worker_id, spec.model_id, len(live), done - now)
             for r, out in zip(live, outputs, strict=True):
-                r.finish(RequestStatus.COMPLETED, done, result=out)
+                if r.deadline_s is not None and done >= r.deadline_s:  # never complete late
+                    r.finish(RequestStatus.EXPIRED, done, error="deadline passed while running",
+                             error_code="deadline")
+                else:
+                    r.finish(RequestStatus.COMPLETED, done, result=out)
         finally:
             self._batch_active = 0
             self._residency.release(spec.model_id, self._clock())
@@ -463,7 +468,10 @@ class Worker:
         engines = self._engines.values()
         waiting = sum(len(e.waiting) for e in engines)
         with self._cv:
+            freed = waiting < self._engine_waiting
             self._engine_waiting = waiting
+        if freed:  # an engine took a waiting request: the inbox has room for the next one
+            self._on_capacity()
         self.state = WorkerState(
             worker_id=self.config.worker_id,
             budget_bytes=self.config.budget_bytes,

@@ -29,6 +29,7 @@ from sluice.server.auth import Auth
 from sluice.server.errors import APIError
 from sluice.server.metrics import PrometheusObserver, SnapshotCollector
 from sluice.server.middleware import GuardMiddleware
+from sluice.server.quota import QuotaCollector, QuotaGate
 from sluice.server.routes import admin_router, api_router
 from sluice.server.status import STATUS_PAGE, status_json
 
@@ -43,6 +44,7 @@ class AppContext:
     runtime: Runtime
     auth: Auth
     registry: CollectorRegistry
+    quota: QuotaGate
     preloaded: bool = False
     """The default model loaded at start-up (``/ready`` turns 200)."""
 
@@ -55,11 +57,14 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
         backends = make_backends(m.backend for m in config.models)
     runtime = Runtime(config.runtime_config(), backends, observer=observer)
     registry.register(SnapshotCollector(runtime.snapshot))
+    quota = QuotaGate(config.quota, config.tenants, observer)
+    registry.register(QuotaCollector(quota))
     ctx = AppContext(
         config=config,
         runtime=runtime,
         auth=Auth(config.tenants, config.server.admin_key),
         registry=registry,
+        quota=quota,
     )
 
     @asynccontextmanager
@@ -67,7 +72,10 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
         runtime.start()
         for spec in runtime.specs.values():
             if spec.kind == "generative":
-                await asyncio.to_thread(runtime.tokenizer, spec.model_id)
+                try:  # a bad model file must not keep the other models from serving
+                    await asyncio.to_thread(runtime.tokenizer, spec.model_id)
+                except Exception as exc:
+                    log.error("model %s: tokenizer failed to load: %s", spec.model_id, exc)
         try:  # load the default model now, so /ready means "can serve it"
             await asyncio.to_thread(runtime.call_on_workers, config.default_model, "load")
             ctx.preloaded = True
@@ -80,6 +88,7 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
         finally:
             cancelled = await asyncio.to_thread(runtime.stop, config.server.drain_timeout_s)
             log.info("sluice stopped; %d request(s) cancelled at shutdown", cancelled)
+            await quota.aclose()
 
     app = FastAPI(title="sluice", version="0.1.0", lifespan=lifespan,
                   summary="An adaptive inference server")

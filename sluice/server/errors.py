@@ -145,6 +145,9 @@ async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
         exc.status_code)
+    if exc.status_code == 400:
+        # FastAPI's body parser: not UTF-8, nested too deep, an integer too long, ...
+        return APIError(400, "Request body is not valid JSON", code="invalid_json").response()
     return APIError(exc.status_code, str(exc.detail), code=code).response()
 
 

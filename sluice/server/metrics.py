@@ -67,6 +67,15 @@ class PrometheusObserver(Observer):
             "sluice_batch_size", "Members of each one-shot batch or decode step",
             ["model"], buckets=BATCH_BUCKETS, registry=registry,
         )
+        self.variant_choices = Counter(
+            "sluice_variant_choices", "Variants the planner chose for group requests",
+            ["group", "variant", "reason"], registry=registry,
+        )
+        self.planner_rejections = Counter(
+            "sluice_planner_rejections",
+            "Group requests rejected at once because no variant could meet the deadline",
+            ["group"], registry=registry,
+        )
         self.loads = Counter(
             "sluice_model_loads", "Model loads", ["worker", "model"], registry=registry
         )
@@ -78,6 +87,12 @@ class PrometheusObserver(Observer):
             "sluice_model_evictions", "Models unloaded to make room or on request",
             ["worker", "model"], registry=registry,
         )
+
+    def planned(self, group_id: str, variant: str | None, reason: str) -> None:
+        if variant is None:
+            self.planner_rejections.labels(group_id).inc()
+        else:
+            self.variant_choices.labels(group_id, variant, reason).inc()
 
     def admitted(self, req: Request) -> None:
         self.admitted_total.labels(req.model_id, req.tenant_id).inc()

@@ -65,7 +65,7 @@ Tenant = Annotated[TenantConfig, Depends(_tenant)]
 
 
 def _spec(ctx: AppContext, model: str, kind: str) -> ModelSpec:
-    spec = ctx.runtime.specs.get(model)
+    spec = ctx.runtime.spec_for(model)
     if spec is None:
         raise unknown_model(model)
     if spec.kind != kind:
@@ -73,6 +73,17 @@ def _spec(ctx: AppContext, model: str, kind: str) -> ModelSpec:
         raise bad_param("model", f"The model '{model}' is not {want} model",
                         code="model_kind_mismatch")
     return spec
+
+
+def _tokenizer(ctx: AppContext, model: str) -> Tokenizer:
+    """The model's tokenizer; a model file that cannot even be read (missing, corrupt,
+    truncated) is the model failing to load: 500 ``model_load_failed``."""
+    try:
+        return ctx.runtime.tokenizer(model)
+    except Exception as exc:
+        log.error("model %s: tokenizer failed to load: %s", model, exc)
+        raise APIError(500, "The model could not be loaded.", type="server_error",
+                       code="model_load_failed") from None
 
 
 def _header_int(request: Request, name: str, lo: float, hi: float) -> float | None:
@@ -180,6 +191,25 @@ def _open(ctx: AppContext, req: RtRequest) -> AsyncHandle:
         raise rejection_error(exc.rejection) from None
 
 
+async def _admit(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
+    """The tenant's quota (429), then runtime admission (503), for the runtime requests of
+    one HTTP request. On a refusal the ones already submitted are cancelled and the rest
+    ended, so the quota reservation is given back."""
+    await ctx.quota.admit(reqs)
+    handles: list[AsyncHandle] = []
+    try:
+        for r in reqs:
+            handles.append(_open(ctx, r))
+    except APIError:
+        for h in handles:
+            h.cancel()
+        now = ctx.runtime.clock()
+        for r in reqs[len(handles) + 1:]:
+            r.finish(RequestStatus.CANCELLED, now, error="not submitted")
+        raise
+    return handles
+
+
 def _sse(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
@@ -198,7 +228,7 @@ async def _run_generative(
     include_usage: bool,
 ) -> Response:
     ctx = _ctx(request)
-    handle = _open(ctx, req)
+    [handle] = await _admit(ctx, [req])
     if not stream:
         final = await _race_disconnect(request, handle.result())
         if final is None:
@@ -266,7 +296,7 @@ async def _generative_request(
 ) -> RtRequest:
     ctx = _ctx(request)
     _spec(ctx, model, "generative")
-    tok = ctx.runtime.tokenizer(model)
+    tok = _tokenizer(ctx, model)
     if token_ids is not None:
         bad = [t for t in token_ids if not 0 <= t < tok.vocab_size]
         if bad:
@@ -305,7 +335,7 @@ async def chat_completions(
     """OpenAI chat completions; ``stream`` gives SSE chunks ending with ``[DONE]``."""
     ctx = _ctx(request)
     _spec(ctx, body.model, "generative")
-    tok = ctx.runtime.tokenizer(body.model)
+    tok = _tokenizer(ctx, body.model)
     prompt = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.messages])
     req = await _generative_request(
         request, body.model, tenant, text=prompt, token_ids=None,
@@ -350,14 +380,7 @@ async def _one_shot(
                                 deadline_s=deadline_s)
         for x in inputs
     ]
-    handles: list[AsyncHandle] = []
-    try:
-        for r in reqs:
-            handles.append(_open(ctx, r))
-    except APIError:
-        for h in handles:
-            h.cancel()
-        raise
+    handles = await _admit(ctx, reqs)
     finals = await _race_disconnect(request, asyncio.gather(*(h.result() for h in handles)))
     if finals is None:
         for h in handles:
@@ -407,7 +430,7 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
             raise APIError(403, "tenant_id does not match the API key's tenant",
                            type="permission_error", param="tenant_id", code="tenant_mismatch")
         tenant = TenantConfig(id=body.tenant_id)
-    spec = ctx.runtime.specs.get(body.model)
+    spec = ctx.runtime.spec_for(body.model)
     if spec is None:
         raise unknown_model(body.model)
     if spec.kind == "oneshot":
@@ -417,7 +440,7 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
                                        body.deadline_ms)
         shape = InferShape(f"infer-{reqs[0].request_id}", body.model)
         return JSONResponse(shape.full(finals[0]), headers=_decision_headers(reqs[0]))
-    tok = ctx.runtime.tokenizer(body.model)
+    tok = _tokenizer(ctx, body.model)
     if isinstance(body.input, str):
         text = body.input
     else:
@@ -455,6 +478,10 @@ async def list_models(request: Request, tenant: Tenant) -> dict[str, Any]:
             "resident_on": resident_on,
             "status": "failed" if failed and not resident_on else "available",
         })
+    for group_id, group in ctx.runtime.variants.groups.items():
+        data.append({"id": group_id, "object": "model", "created": 0, "owned_by": "sluice",
+                     "kind": "group", "task": ctx.runtime.variants.lead_spec(group_id).task,
+                     "variants": list(group.variants), "policy": group.planner.policy})
     return {"object": "list", "data": data}
 
 

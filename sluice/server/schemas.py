@@ -15,6 +15,19 @@ DeadlineMs = Annotated[float, Field(gt=0, le=86_400_000)]
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _encodable(cls, v: Any) -> Any:
+        """JSON's ``\\ud800`` escapes decode to lone surrogates, which no tokenizer or
+        response encoder can take: refuse them here, naming the field."""
+        for s in ([v] if isinstance(v, str) else v if isinstance(v, list) else ()):
+            if isinstance(s, str):
+                try:
+                    s.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+        return v
+
 
 class StreamOptions(_Body):
     include_usage: bool = False

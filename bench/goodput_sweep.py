@@ -1,0 +1,324 @@
+"""Goodput sweep of the variant planner: open-loop Poisson arrivals of real labelled text
+against the ``sentiment`` group, at ρ × the measured capacity of the accurate-only pool,
+with a stated deadline, for three policies in one run — ``accurate`` (always the most
+accurate variant), ``fastest`` (always the fastest) and ``adaptive`` (the planner).
+
+Per point it reports goodput (requests answered 200 within the deadline, per second of
+offered load), the accuracy of the traffic actually served (answers checked against the
+human labels), p95 latency, the variant mix, rejections/expiries, and compute cost (CPU
+seconds the server process used per request answered in time). Each (policy, ρ) runs in
+a fresh server; ``--repeats`` runs the whole grid again to show the run-to-run spread.
+
+    flock /tmp/sluice-heavy.lock .venv/bin/python bench/goodput_sweep.py
+
+Needs ``sluice prepare`` (and ideally ``sluice profile``) first. Writes
+``bench/results/goodput_sweep.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.servers import free_port, running  # noqa: E402
+from sluice import prepare  # noqa: E402
+
+POLICIES = ("accurate", "fastest", "adaptive")
+RESULTS = ROOT / "bench" / "results"
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load_texts(manifest: dict[str, Any], seed: int) -> list[tuple[str, str]]:
+    rows = [json.loads(line) for line in Path(manifest["test_file"]).read_text().splitlines()]
+    pairs = [(r["text"], r["label"]) for r in rows]
+    random.Random(seed).shuffle(pairs)
+    return pairs
+
+
+async def one(client: httpx.AsyncClient, model: str, text: str, label: str,
+              deadline_ms: float | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "input": text}
+    if deadline_ms is not None:
+        body["deadline_ms"] = deadline_ms
+    t0 = time.perf_counter()
+    try:
+        r = await client.post("/v1/infer", json=body, timeout=60.0)
+    except httpx.HTTPError as exc:
+        return {"status": 0, "latency_s": time.perf_counter() - t0, "error": type(exc).__name__}
+    out: dict[str, Any] = {"status": r.status_code, "latency_s": time.perf_counter() - t0,
+                           "variant": r.headers.get("x-sluice-variant")}
+    if r.status_code == 200:
+        probs = r.json()["output"]
+        out["correct"] = max(probs, key=probs.get) == label
+        out["predicted_wait_ms"] = float(r.headers.get("x-sluice-predicted-wait-ms", "nan"))
+        out["queue_wait_ms"] = float(r.headers.get("x-sluice-queue-wait-ms", "nan"))
+    else:
+        try:
+            out["code"] = r.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            out["code"] = None
+    return out
+
+
+async def open_loop(url: str, model: str, texts: list[tuple[str, str]], rate_per_s: float,
+                    duration_s: float, deadline_ms: float | None, seed: int
+                    ) -> tuple[list[dict[str, Any]], float]:
+    """Poisson arrivals at absolute times (no drift from late wake-ups)."""
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+    async with httpx.AsyncClient(base_url=url, limits=limits) as client:
+        tasks = []
+        t0 = time.perf_counter()
+        at = 0.0
+        i = 0
+        while True:
+            at += rng.expovariate(rate_per_s)
+            if at > duration_s:
+                break
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            text, label = texts[i % len(texts)]
+            i += 1
+            tasks.append(asyncio.create_task(one(client, model, text, label, deadline_ms)))
+        samples = await asyncio.gather(*tasks)
+        return list(samples), duration_s
+
+
+async def closed_loop(url: str, model: str, texts: list[tuple[str, str]], concurrency: int,
+                      duration_s: float) -> float:
+    """Completions per second with ``concurrency`` requests always outstanding."""
+    done = 0
+    end = time.perf_counter() + duration_s
+    async with httpx.AsyncClient(base_url=url) as client:
+        async def user(k: int) -> None:
+            nonlocal done
+            i = k
+            while time.perf_counter() < end:
+                text, label = texts[i % len(texts)]
+                i += concurrency
+                if (await one(client, model, text, label, None))["status"] == 200:
+                    done += 1
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user(k) for k in range(concurrency)))
+        return done / (time.perf_counter() - t0)
+
+
+def summarize(samples: list[dict[str, Any]], duration_s: float, deadline_ms: float,
+              cpu_s: float) -> dict[str, Any]:
+    ok = [s for s in samples if s["status"] == 200]
+    good = [s for s in ok if s["latency_s"] * 1000 <= deadline_ms]
+    lat = sorted(s["latency_s"] for s in ok)
+    mix: dict[str, int] = {}
+    for s in ok:
+        mix[s["variant"]] = mix.get(s["variant"], 0) + 1
+    codes: dict[str, int] = {}
+    for s in samples:
+        if s["status"] != 200:
+            key = f"{s['status']}:{s.get('code') or s.get('error')}"
+            codes[key] = codes.get(key, 0) + 1
+    p95 = lat[min(len(lat) - 1, int(0.95 * len(lat)))] * 1000 if lat else None
+    return {
+        "sent": len(samples), "ok": len(ok), "good": len(good),
+        "goodput_per_s": len(good) / duration_s,
+        "served_accuracy": (sum(1 for s in ok if s["correct"]) / len(ok)) if ok else None,
+        "good_accuracy": (sum(1 for s in good if s["correct"]) / len(good)) if good else None,
+        "p50_ms": lat[len(lat) // 2] * 1000 if lat else None, "p95_ms": p95,
+        "variant_mix": mix, "failures": codes,
+        "cpu_s_per_good": cpu_s / len(good) if good else None, "cpu_s": cpu_s,
+    }
+
+
+def serve(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
+          profile: dict[str, Any] | None, tag: str) -> tuple[Any, str, Path]:
+    scratch = Path(tempfile.gettempdir()) / "sluice-goodput"
+    scratch.mkdir(exist_ok=True)
+    cfg = scratch / f"{tag}.toml"
+    prepare.write_config(manifest, cfg, variants=args.variants, threads=args.threads,
+                         workers=args.workers, policy=policy, profile=profile,
+                         max_batch_size=args.max_batch, max_wait_ms=args.max_wait_ms,
+                         queue_capacity=args.queue_capacity, pessimism=args.pessimism)
+    port = free_port()
+    cmd = [sys.executable, "-m", "sluice.cli", "serve", "-c", str(cfg), "--port", str(port),
+           "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    return running(cmd, f"{url}/ready", scratch / f"{tag}.log"), url, cfg
+
+
+def warm(url: str, variants: list[str]) -> None:
+    """Load every variant before measuring, through the admin API: warm-up requests would
+    count as arrivals and skew the planner's measured rate at the start of the run."""
+    with httpx.Client(base_url=url, timeout=120.0) as client:
+        for v in variants:
+            client.post(f"/admin/models/sentiment-{v}/load").raise_for_status()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
+    p.add_argument("--variants", nargs="*", help="variants (default: all, by accuracy)")
+    p.add_argument("--rhos", default="0.4,0.8,0.95,1.3")
+    p.add_argument("--deadline-ms", type=float,
+                   help="default: 1.5 × the accurate variant's profiled full-batch time")
+    p.add_argument("--duration-s", type=float, default=15.0)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--queue-capacity", type=int, default=256)
+    p.add_argument("--pessimism", type=float, default=1.0)
+    p.add_argument("--capacity-s", type=float, default=10.0)
+    p.add_argument("--out", default=str(RESULTS / "goodput_sweep.json"))
+    p.add_argument("--table", help="print the markdown table of an earlier result and exit")
+    args = p.parse_args()
+    if args.table:
+        print(markdown(json.loads(Path(args.table).read_text())))
+        return 0
+    cache = Path(args.cache) if args.cache else None
+    manifest = prepare.load_manifest(cache)
+    args.variants = args.variants or prepare.by_accuracy(manifest)
+    prof_path = Path(manifest["cache_dir"]) / "profile.json"
+    profile = json.loads(prof_path.read_text()) if prof_path.is_file() else None
+    if args.deadline_ms is None:
+        full = (profile or {}).get("variants", {}).get(args.variants[0], {}).get("batch_ms", {})
+        top = full.get(str(args.max_batch))
+        args.deadline_ms = round(1.5 * float(top) / 10) * 10 if top else 100.0
+    print(f"deadline {args.deadline_ms:.0f} ms", flush=True)
+    texts = load_texts(manifest, seed=7)
+    rhos = [float(x) for x in args.rhos.split(",")]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+
+    # 1. Capacity of the accurate-only pool: closed loop, enough outstanding to fill batches.
+    ctx, url, _ = serve(manifest, "accurate", args, profile, "capacity")
+    with ctx:
+        warm(url, args.variants[:1])
+        capacity = asyncio.run(closed_loop(url, "sentiment", texts, 4 * args.max_batch,
+                                           args.capacity_s))
+    print(f"accurate-only capacity: {capacity:.1f} req/s ({args.variants[0]})", flush=True)
+
+    points = []
+    for rep in range(args.repeats):
+        for rho in rhos:
+            for policy in POLICIES:
+                ctx, url, _ = serve(manifest, policy, args, profile, f"{policy}")
+                with ctx as proc:
+                    warm(url, args.variants)
+                    cpu0 = cpu_seconds(proc.pid)
+                    samples, dur = asyncio.run(open_loop(
+                        url, "sentiment", texts, rho * capacity, args.duration_s,
+                        args.deadline_ms, seed=1000 * rep + int(rho * 100)))
+                    cpu = cpu_seconds(proc.pid) - cpu0
+                point = {"repeat": rep, "rho": rho, "policy": policy,
+                         "offered_per_s": rho * capacity,
+                         **summarize(samples, dur, args.deadline_ms, cpu)}
+                points.append(point)
+                print(f"rep {rep} ρ={rho:<4} {policy:<8} goodput {point['goodput_per_s']:7.1f}/s"
+                      f"  acc {point['served_accuracy'] or 0:.3f}  p95 {point['p95_ms'] or 0:7.1f}"
+                      f" ms  mix {point['variant_mix']}  fail {point['failures']}", flush=True)
+
+    table = []
+    for rho in rhos:
+        for policy in POLICIES:
+            mine = [q for q in points if q["rho"] == rho and q["policy"] == policy]
+            gp = [q["goodput_per_s"] for q in mine]
+            acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
+            p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
+            cost = [q["cpu_s_per_good"] for q in mine if q["cpu_s_per_good"] is not None]
+            table.append({
+                "rho": rho, "policy": policy, "goodput_mean": statistics.fmean(gp),
+                "goodput_min": min(gp), "goodput_max": max(gp),
+                "served_accuracy": statistics.fmean(acc) if acc else None,
+                "p95_ms": statistics.fmean(p95) if p95 else None,
+                "cpu_ms_per_good": statistics.fmean(cost) * 1000 if cost else None,
+            })
+    result = {
+        "variants": {v: manifest["variants"][v]["accuracy"] for v in args.variants},
+        "capacity_per_s": capacity, "deadline_ms": args.deadline_ms,
+        "duration_s": args.duration_s, "repeats": args.repeats, "threads": args.threads,
+        "workers": args.workers, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
+        "pessimism": args.pessimism, "cores": len(os.sched_getaffinity(0)),
+        "table": table, "points": points,
+    }
+    out = Path(args.out)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, out.with_suffix(".png"))
+    print(markdown(result))
+    print(f"wrote {out} and {out.with_suffix('.png')}")
+    return 0
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The summary table (mean over repeats; goodput as mean [min-max])."""
+    lines = ["| ρ | policy | goodput /s | served accuracy | p95 ms | CPU ms per good answer |"
+             " variant mix (all repeats) |", "|---|---|---|---|---|---|---|"]
+    for row in result["table"]:
+        mix: dict[str, int] = {}
+        for q in result["points"]:
+            if q["rho"] == row["rho"] and q["policy"] == row["policy"]:
+                for k, n in q["variant_mix"].items():
+                    short = k.removeprefix("sentiment-")
+                    mix[short] = mix.get(short, 0) + n
+        total = sum(mix.values()) or 1
+        mix_s = ", ".join(f"{k} {100 * n / total:.0f}%" for k, n in
+                          sorted(mix.items(), key=lambda kv: -kv[1]))
+        def f(x: float | None, fmt: str) -> str:
+            return "–" if x is None else format(x, fmt)
+        lines.append(
+            f"| {row['rho']} | {row['policy']} | {row['goodput_mean']:.1f} "
+            f"[{row['goodput_min']:.1f}–{row['goodput_max']:.1f}] | "
+            f"{f(row['served_accuracy'], '.3f')} | {f(row['p95_ms'], '.0f')} | "
+            f"{f(row['cpu_ms_per_good'], '.1f')} | {mix_s} |")
+    return "\n".join(lines)
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for policy in POLICIES:
+        rows = [r for r in result["table"] if r["policy"] == policy]
+        x = [r["rho"] for r in rows]
+        y = [r["goodput_mean"] for r in rows]
+        err = [[r["goodput_mean"] - r["goodput_min"] for r in rows],
+               [r["goodput_max"] - r["goodput_mean"] for r in rows]]
+        a.errorbar(x, y, yerr=err, marker="o", capsize=3, label=policy)
+        b.plot(x, [r["served_accuracy"] or 0 for r in rows], marker="o", label=policy)
+    a.set_xlabel("offered load ρ (× accurate-only capacity)")
+    a.set_ylabel(f"goodput (answers within {result['deadline_ms']:.0f} ms, /s)")
+    a.legend()
+    a.grid(alpha=0.3)
+    b.set_xlabel("offered load ρ")
+    b.set_ylabel("accuracy of the traffic served")
+    b.grid(alpha=0.3)
+    b.legend()
+    fig.suptitle(f"sentiment group: {', '.join(result['variants'])}; "
+                 f"capacity {result['capacity_per_s']:.0f}/s, {result['cores']} cores")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""Shared by the overload and soak runs: one request's outcome as the client saw it,
+classified into exactly one of ok / rejected / expired / failed / cancelled / transport
+/ other, a Poisson driver, and the server's ``/metrics`` counters to reconcile against.
+
+The reconciliation is the point: every request sent is counted once by the client, and
+the server's ``sluice_requests_total{state}`` must account for the same requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+KINDS = ("ok", "rejected", "expired", "failed", "cancelled", "transport", "other")
+SERVER_STATES = ("completed", "rejected", "expired", "failed", "cancelled")
+
+
+@dataclass
+class Outcome:
+    """One request: its class, HTTP status, error code, and times (s from run start)."""
+
+    kind: str
+    status: int
+    code: str | None
+    start_s: float
+    latency_s: float
+    deadline_s: float | None
+    retry_after: str | None = None
+    tokens: int = 0
+
+
+async def one_request(
+    client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int, *,
+    deadline_ms: float | None, t_base: float, cancel_after_s: float | None = None,
+) -> Outcome:
+    """A streaming ``/v1/completions``; with ``cancel_after_s`` the client walks away that
+    long after its first token (so the server has surely admitted it)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "stream": True, "ignore_eos": True}
+    headers = {} if deadline_ms is None else {"x-sluice-deadline-ms": f"{deadline_ms:.0f}"}
+    t0 = time.perf_counter()
+    deadline_s = None if deadline_ms is None else deadline_ms / 1000.0
+
+    def done(kind: str, status: int, code: str | None = None, retry: str | None = None,
+             tokens: int = 0) -> Outcome:
+        return Outcome(kind, status, code, t0 - t_base, time.perf_counter() - t0, deadline_s,
+                       retry, tokens)
+
+    try:
+        async with client.stream("POST", f"{base_url}/v1/completions", json=body,
+                                 headers=headers) as resp:
+            if resp.status_code != 200:
+                await resp.aread()
+                code = None
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    code = resp.json()["error"]["code"]
+                return done(_kind_of(resp.status_code), resp.status_code, code,
+                            resp.headers.get("retry-after"))
+            tokens = 0
+            cancel_at: float | None = None
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    break
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    code = chunk["error"].get("code")
+                    kind = "expired" if code == "deadline" else "failed"
+                    return done(kind, 200, code, tokens=tokens)
+                tokens += 1
+                if cancel_after_s is not None:
+                    now = time.perf_counter()
+                    if cancel_at is None:
+                        cancel_at = now + cancel_after_s
+                    elif now >= cancel_at:
+                        return done("cancelled", 200, "client_cancel", tokens=tokens)
+            return done("ok", 200, tokens=tokens)
+    except httpx.TransportError as exc:
+        return done("transport", 0, f"{type(exc).__name__}: {exc}"[:200])
+
+
+def _kind_of(status: int) -> str:
+    if status in (429, 503):
+        return "rejected"
+    if status == 504:
+        return "expired"
+    if status >= 500:
+        return "failed"
+    if status == 499:
+        return "cancelled"
+    return "other"
+
+
+async def poisson(
+    base_url: str, model: str, prompts: Sequence[str], *, rate_per_s: float, duration_s: float,
+    max_tokens: int, deadline_ms: float | None, seed: int, cancel_fraction: float = 0.0,
+    cancel_after_s: tuple[float, float] = (0.05, 1.0),
+) -> list[Outcome]:
+    """Open loop: Poisson arrivals at ``rate_per_s`` for ``duration_s``; every request
+    is awaited to its end (nothing is left in flight)."""
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+    timeout = httpx.Timeout(600.0, connect=30.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        tasks: list[asyncio.Task[Outcome]] = []
+        t_base = time.perf_counter()
+        next_s = 0.0
+        i = 0
+        while True:
+            next_s += rng.expovariate(rate_per_s)
+            if next_s >= duration_s:
+                break
+            delay = t_base + next_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            cancel = (rng.uniform(*cancel_after_s) if rng.random() < cancel_fraction
+                      else None)
+            tasks.append(asyncio.create_task(one_request(
+                client, base_url, model, prompts[i % len(prompts)], max_tokens,
+                deadline_ms=deadline_ms, t_base=t_base, cancel_after_s=cancel)))
+            i += 1
+        return list(await asyncio.gather(*tasks))
+
+
+async def closed(
+    base_url: str, model: str, prompts: Sequence[str], *, concurrency: int, duration_s: float,
+    max_tokens: int,
+) -> list[Outcome]:
+    """Closed loop for ``duration_s``: ``concurrency`` clients back to back (capacity)."""
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(limits=limits, timeout=600.0) as client:
+        t_base = time.perf_counter()
+        out: list[Outcome] = []
+
+        async def user(u: int) -> None:
+            i = u
+            while time.perf_counter() - t_base < duration_s:
+                out.append(await one_request(client, base_url, model,
+                                             prompts[i % len(prompts)], max_tokens,
+                                             deadline_ms=None, t_base=t_base))
+                i += concurrency
+
+        await asyncio.gather(*(user(u) for u in range(concurrency)))
+        return out
+
+
+def server_counts(base_url: str, model: str) -> dict[str, float]:
+    """``sluice_requests_total`` by state, goodput and rejections with a reason, for one
+    model, summed over tenants."""
+    text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    out: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("model") != model:
+                continue
+            if s.name == "sluice_requests_total":
+                out[s.labels["state"]] += s.value
+            elif s.name == "sluice_goodput_total":
+                out["goodput"] += s.value
+            elif s.name == "sluice_admitted_total":
+                out["admitted"] += s.value
+    return {k: out.get(k, 0.0) for k in (*SERVER_STATES, "goodput", "admitted")}
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, int]:
+    return {k: round(after[k] - before.get(k, 0.0)) for k in after}
+
+
+def tally(outcomes: Sequence[Outcome]) -> dict[str, int]:
+    counts = Counter(o.kind for o in outcomes)
+    return {k: counts.get(k, 0) for k in KINDS}
+
+
+def rss_kib(pid: int) -> int | None:
+    """Resident set size of a process, from /proc (KiB)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def dump(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    return [asdict(o) for o in outcomes]

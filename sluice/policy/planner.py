@@ -1,0 +1,365 @@
+"""The variant planner: per request, the most accurate variant of a model group whose
+predicted sojourn time meets the request's deadline. Pure: numbers in, a plain
+``VariantChoice`` out; time, rates and backlog are arguments.
+
+The queueing model, and the assumptions it rests on:
+
+* The variants of a group share one pool of ``c`` workers (every worker can hold every
+  variant), served first come first served. Arrivals are Poisson and service times
+  exponential (M/M/c): the closed-form Erlang-C waiting time is exact only then. Real
+  traffic is burstier and batch service times are nearly deterministic, so the two
+  errors pull in opposite directions; ``pessimism`` (>= 1 is safer) multiplies every
+  predicted wait and service time to cover what the model leaves out.
+* A request that names the group is predicted twice and the larger wait kept:
+  (1) the steady state: Erlang-C M/M/c waiting time if the group's measured arrival rate
+  ran at this variant's per-item service time; (2) the present: the work already in
+  the pool (each request in the system at its variant's per-item time) drained by
+  ``c`` workers. (1) sees overload before a queue has formed; (2) sees a burst the
+  rate has not caught up with.
+* Dynamic batching makes per-item service time depend on the batch size. The batch a
+  request will run in is the larger of the backlog ahead of it per worker (+1) and the
+  smallest batch size at which the workers keep up with the arrival rate (under steady
+  load the queue grows until batches are that big); ``max_batch_size`` at most. Its
+  service time is the whole batch's time: every member finishes when the batch does.
+* Below ``low_load_utilization`` (0.5 by default) of the most accurate variant's
+  capacity (at its most efficient batch size, as a saturated pool runs), the planner
+  picks the most accurate variant without further prediction, so at light load it
+  behaves exactly like the accurate-only baseline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+PlannerPolicy = Literal["adaptive", "accurate", "fastest"]
+POLICIES: tuple[PlannerPolicy, ...] = ("adaptive", "accurate", "fastest")
+
+
+# -- queueing math --------------------------------------------------------------------------
+
+
+def erlang_c(servers: int, offered_load: float) -> float:
+    """Probability that an arrival waits in an M/M/c queue (Erlang's C formula).
+
+    ``offered_load`` is ``a = λ/μ`` in Erlangs. Computed through the Erlang-B recursion,
+    which stays finite for large ``c``. Returns 1.0 when ``a >= c`` (no steady state:
+    every arrival waits).
+    """
+    if servers < 1:
+        raise ValueError(f"servers must be >= 1, got {servers}")
+    if not offered_load >= 0 or math.isnan(offered_load):
+        raise ValueError(f"offered_load must be >= 0, got {offered_load!r}")
+    if offered_load == 0:
+        return 0.0
+    if offered_load >= servers:
+        return 1.0
+    blocking = 1.0
+    for k in range(1, servers + 1):
+        blocking = offered_load * blocking / (k + offered_load * blocking)
+    return servers * blocking / (servers - offered_load * (1.0 - blocking))
+
+
+def mmc_wait_s(arrival_per_s: float, service_s: float, servers: int) -> float:
+    """Mean time in queue (before service) of an M/M/c queue: ``C(c, a) / (cμ - λ)``.
+
+    ``math.inf`` when the queue is unstable (``λ >= cμ``); 0 with no arrivals.
+    """
+    if not arrival_per_s >= 0:
+        raise ValueError(f"arrival_per_s must be >= 0, got {arrival_per_s!r}")
+    if not service_s > 0:
+        raise ValueError(f"service_s must be > 0, got {service_s!r}")
+    if arrival_per_s == 0:
+        return 0.0
+    offered = arrival_per_s * service_s
+    if offered >= servers:
+        return math.inf
+    return erlang_c(servers, offered) * service_s / (servers - offered)
+
+
+# -- online service-time estimation -----------------------------------------------------------
+
+
+class Ewma:
+    """An exponentially weighted moving average: ``v ← (1 - α) v + α x``.
+
+    Invariant: ``value`` is ``None`` until the first sample, then the first sample, then
+    the weighted average; after a step change the error shrinks by ``(1 - α)`` per sample.
+    """
+
+    def __init__(self, alpha: float, initial: float | None = None) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        self.alpha = alpha
+        self.value = initial
+        self.samples = 0
+
+    def update(self, sample: float) -> float:
+        """Fold in one sample; returns the new value."""
+        if not math.isfinite(sample):
+            raise ValueError(f"sample must be finite, got {sample!r}")
+        self.samples += 1
+        if self.value is None:
+            self.value = sample
+        else:
+            self.value += self.alpha * (sample - self.value)
+        return self.value
+
+
+class ServiceEstimator:
+    """Batch service time as a function of batch size: a profiled curve × an online
+    drift factor.
+
+    The profile (``{batch_size: seconds}``, from ``sluice profile``) gives the shape; each
+    completed batch updates an EWMA of ``observed / profiled`` so the whole curve follows
+    drift (a slower machine, a noisy neighbour) while keeping the batching shape.
+    Between profiled sizes the curve is interpolated linearly; past the largest size it
+    grows by the last per-item slope.
+    """
+
+    def __init__(self, profile_s: Mapping[int, float], alpha: float = 0.1) -> None:
+        points = sorted((int(b), float(s)) for b, s in profile_s.items())
+        if not points:
+            raise ValueError("profile_s must have at least one batch size")
+        for b, s in points:
+            if b < 1 or not s > 0 or not math.isfinite(s):
+                raise ValueError(f"profile_s[{b}] must be a batch size >= 1 with seconds > 0")
+        self._points = points
+        self.drift = Ewma(alpha, initial=1.0)
+
+    def profiled_batch_s(self, batch_size: int) -> float:
+        """The profile's batch time at ``batch_size`` (no drift)."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        pts = self._points
+        if len(pts) == 1:
+            b0, s0 = pts[0]
+            return s0 * batch_size / b0 if batch_size > b0 else s0
+        if batch_size <= pts[0][0]:
+            return pts[0][1]
+        for (b0, s0), (b1, s1) in itertools.pairwise(pts):
+            if batch_size <= b1:
+                return s0 + (s1 - s0) * (batch_size - b0) / (b1 - b0)
+        (b0, s0), (b1, s1) = pts[-2], pts[-1]
+        slope = max((s1 - s0) / (b1 - b0), 0.0)
+        return s1 + slope * (batch_size - b1)
+
+    def batch_s(self, batch_size: int) -> float:
+        """Predicted time of one batch of ``batch_size``."""
+        drift = self.drift.value if self.drift.value is not None else 1.0
+        return self.profiled_batch_s(batch_size) * drift
+
+    def per_item_s(self, batch_size: int) -> float:
+        """Predicted time per request when batches hold ``batch_size``."""
+        return self.batch_s(batch_size) / batch_size
+
+    def observe(self, batch_size: int, seconds: float) -> None:
+        """Fold in one completed batch."""
+        if batch_size < 1 or not seconds > 0:
+            return
+        self.drift.update(seconds / self.profiled_batch_s(batch_size))
+
+
+# -- the choice ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VariantState:
+    """What the planner knows about one variant at the moment of a decision."""
+
+    name: str
+    accuracy: float
+    """Measured accuracy on held-out data (0..1); higher is preferred."""
+    servers: int
+    """``c``: workers that can serve it."""
+    in_system: int
+    """Requests for this variant admitted and not finished (queued or running)."""
+    batch_s: Mapping[int, float]
+    """Predicted batch service time by batch size, for the sizes 1..max_batch_size."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    """Knobs of one group's planner."""
+
+    policy: PlannerPolicy = "adaptive"
+    """``adaptive`` (this planner), or the baselines ``accurate`` / ``fastest``."""
+    pessimism: float = 1.0
+    """Multiplies every predicted wait and service time (>= 1 is safer)."""
+    low_load_utilization: float = 0.5
+    """Below this utilization of the most accurate variant, pick it without prediction."""
+    max_batch_size: int = 8
+    """The dynamic batcher's limit."""
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if not self.pessimism > 0 or not math.isfinite(self.pessimism):
+            raise ValueError(f"pessimism must be a finite number > 0, got {self.pessimism!r}")
+        if not 0 <= self.low_load_utilization <= 1:
+            raise ValueError(
+                f"low_load_utilization must be in [0, 1], got {self.low_load_utilization!r}"
+            )
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """The numbers behind one variant's predicted sojourn time (seconds)."""
+
+    variant: str
+    accuracy: float
+    batch_size: int
+    """The batch it is expected to run in."""
+    service_s: float
+    erlang_wait_s: float
+    """Steady-state M/M/c wait at the group's arrival rate."""
+    backlog_wait_s: float
+    """Time for the pool to drain the work already in it."""
+    wait_s: float
+    """``pessimism × max(erlang_wait_s, backlog_wait_s)``."""
+    sojourn_s: float
+    """``wait_s + pessimism × service_s``."""
+    meets_deadline: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VariantChoice:
+    """The planner's decision: a variant, or ``None`` to reject the request now."""
+
+    variant: str | None
+    reason: str
+    """``low_load``, ``no_deadline``, ``meets_deadline``, ``policy_accurate``,
+    ``policy_fastest`` or ``deadline_infeasible``."""
+    predicted_wait_s: float
+    predicted_sojourn_s: float
+    utilization: float
+    """The group's arrival rate over the most accurate variant's capacity."""
+    arrival_per_s: float
+    predictions: tuple[Prediction, ...]
+    retry_after_s: float = 0.0
+    """For a rejection: when the best variant's backlog should have drained."""
+
+
+def settled_batch_size(v: VariantState, arrival_per_s: float, max_batch_size: int) -> int:
+    """The smallest batch size at which ``v``'s workers keep up with ``arrival_per_s``
+    (``λ · S(b) / b < c``): under steady load the queue grows until batches are this big.
+    ``max_batch_size`` when none keeps up."""
+    for b in range(1, max_batch_size + 1):
+        if arrival_per_s * v.batch_s[b] / b < v.servers:
+            return b
+    return max_batch_size
+
+
+def capacity_per_s(v: VariantState, max_batch_size: int) -> float:
+    """Requests per second ``v``'s workers complete at their most efficient batch size
+    (what a saturated pool approaches, and how the accurate-only capacity is measured)."""
+    return v.servers * max(b / v.batch_s[b] for b in range(1, max_batch_size + 1))
+
+
+def _by_accuracy(variants: Sequence[VariantState]) -> list[VariantState]:
+    """Most accurate first; ties → faster at batch 1 first, then name."""
+    return sorted(variants, key=lambda v: (-v.accuracy, v.batch_s[1], v.name))
+
+
+def predict(
+    variants: Sequence[VariantState],
+    *,
+    arrival_per_s: float,
+    time_left_s: float | None,
+    config: PlannerConfig,
+) -> list[Prediction]:
+    """Predicted sojourn of a new request on each variant (most accurate first)."""
+    k = config.pessimism
+    ordered = _by_accuracy(variants)
+    servers = max((v.servers for v in ordered), default=1)
+    max_b = config.max_batch_size
+    # Work already in the pool, each request at its own variant's per-item time.
+    in_pool = sum(v.in_system for v in ordered)
+    backlog_work_s = 0.0
+    for v in ordered:
+        b = min(max_b, max(1, math.ceil(v.in_system / v.servers)))
+        backlog_work_s += v.in_system * v.batch_s[b] / b
+    out = []
+    for v in ordered:
+        batch = max(min(max_b, 1 + in_pool // max(1, servers)),
+                    settled_batch_size(v, arrival_per_s, max_b))
+        service_s = v.batch_s[batch]
+        per_item_s = service_s / batch
+        erlang_s = mmc_wait_s(arrival_per_s, per_item_s, v.servers)
+        backlog_s = backlog_work_s / servers
+        wait_s = k * max(erlang_s, backlog_s)
+        sojourn_s = wait_s + k * service_s
+        meets = time_left_s is None or sojourn_s <= time_left_s
+        out.append(Prediction(v.name, v.accuracy, batch, service_s, erlang_s, backlog_s,
+                              wait_s, sojourn_s, meets))
+    return out
+
+
+def choose_variant(
+    variants: Sequence[VariantState],
+    *,
+    arrival_per_s: float,
+    time_left_s: float | None,
+    config: PlannerConfig,
+) -> VariantChoice:
+    """Pick a variant for one request of a group.
+
+    ``arrival_per_s`` is the group's measured arrival rate; ``time_left_s`` the time to the
+    request's deadline (``None``: no deadline). The baselines ignore the prediction:
+    ``accurate`` always takes the most accurate variant, ``fastest`` the fastest at batch
+    size 1. ``adaptive`` takes the most accurate variant below ``low_load_utilization``;
+    otherwise the most accurate whose predicted sojourn fits ``time_left_s``; if none fits,
+    ``variant`` is ``None`` (reject now) with a Retry-After from the best prediction.
+    """
+    if not variants:
+        raise ValueError("a group needs at least one variant")
+    if not arrival_per_s >= 0:
+        raise ValueError(f"arrival_per_s must be >= 0, got {arrival_per_s!r}")
+    preds = predict(variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s,
+                    config=config)
+    best = _by_accuracy(variants)[0]
+    utilization = arrival_per_s / capacity_per_s(best, config.max_batch_size)
+
+    def pick(p: Prediction, reason: str) -> VariantChoice:
+        return VariantChoice(p.variant, reason, p.wait_s, p.sojourn_s, utilization,
+                             arrival_per_s, tuple(preds))
+
+    if config.policy == "accurate":
+        return pick(preds[0], "policy_accurate")
+    if config.policy == "fastest":
+        fastest = min(preds, key=lambda p: (p.service_s / p.batch_size, -p.accuracy))
+        return pick(fastest, "policy_fastest")
+    if utilization < config.low_load_utilization:
+        return pick(preds[0], "low_load")
+    if time_left_s is None:
+        return pick(preds[0], "no_deadline")
+    for p in preds:
+        if p.meets_deadline:
+            return pick(p, "meets_deadline")
+    soonest = min(preds, key=lambda p: p.sojourn_s)
+    retry_s = soonest.backlog_wait_s if math.isfinite(soonest.backlog_wait_s) else 0.0
+    return VariantChoice(None, "deadline_infeasible", soonest.wait_s, soonest.sojourn_s,
+                         utilization, arrival_per_s, tuple(preds), retry_after_s=retry_s)
+
+
+__all__ = [
+    "POLICIES",
+    "Ewma",
+    "PlannerConfig",
+    "PlannerPolicy",
+    "Prediction",
+    "ServiceEstimator",
+    "VariantChoice",
+    "VariantState",
+    "capacity_per_s",
+    "choose_variant",
+    "erlang_c",
+    "mmc_wait_s",
+    "predict",
+    "settled_batch_size",
+]

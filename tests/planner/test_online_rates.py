@@ -1,0 +1,88 @@
+"""The runtime feeds the planner: completed batches move the service-time estimate
+(EWMA), the group's arrivals and backlog move the choice."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sluice.backends.base import ModelSpec
+from sluice.backends.synthetic import SyntheticBackend
+from sluice.engine.runtime import Runtime, RuntimeConfig
+from sluice.engine.variants import GroupSpec
+from sluice.engine.worker import WorkerConfig
+from sluice.policy.planner import PlannerConfig
+from tests.server.live import wait_for
+
+
+def spec(model_id: str, accuracy: float, profiled_ms: float, actual_s: float) -> ModelSpec:
+    return ModelSpec(model_id, "oneshot", "synthetic", 10_000_000, task="classification",
+                     options={"accuracy": accuracy, "batch_fixed_s": actual_s,
+                              "per_item_s": 0.0, "load_s": 0.0,
+                              "service_ms": {"1": profiled_ms, "8": profiled_ms}})
+
+
+def runtime(low_load: float = 0.0) -> Runtime:
+    models = (spec("big", 0.9, 5.0, 0.030), spec("small", 0.8, 1.0, 0.001))
+    group = GroupSpec("g", ("big", "small"),
+                      PlannerConfig(low_load_utilization=low_load, max_batch_size=8))
+    cfg = RuntimeConfig(models=models, workers=(WorkerConfig(0, 10**9, max_wait_s=0.0),),
+                        groups=(group,))
+    return Runtime(cfg, {"synthetic": SyntheticBackend()})
+
+
+def test_completed_batches_correct_a_wrong_profile() -> None:
+    rt = runtime()
+    rt.start()
+    try:
+        async def run() -> None:
+            for _ in range(25):  # the profile says 5 ms; each batch really takes 30 ms
+                final = await rt.infer("big", "x")
+                assert final.error is None
+        asyncio.run(run())
+        est = rt.variants.service["big"]
+        assert 0.020 < est.batch_s(1) < 0.040
+        assert est.drift.samples == 25
+        # With the corrected estimate a 20 ms deadline no longer fits "big".
+        req = rt.new_request("g", input="x", deadline_s=rt.clock() + 0.020)
+        assert rt.try_submit(req) is None
+        assert req.variant == "small"
+        assert rt.variants.last_choice["g"].predictions[0].service_s > 0.020
+    finally:
+        rt.stop(drain_timeout_s=2.0)
+
+
+def test_backlog_in_the_system_is_counted_and_released() -> None:
+    rt = runtime()
+    rt.start()
+    try:
+        async def run() -> None:
+            handles = [rt.open(rt.new_request("big", input=str(i))) for i in range(6)]
+            assert rt.variants.snapshot()["big"]["in_system"] >= 1
+            for h in handles:
+                await h.result()
+        asyncio.run(run())
+        # the runtime's listener runs on the worker thread, after the client's
+        wait_for(lambda: rt.variants.snapshot()["big"]["in_system"] == 0)
+    finally:
+        rt.stop(drain_timeout_s=2.0)
+
+
+def test_fastest_baseline_ranks_by_the_profile_alone() -> None:
+    models = (spec("big", 0.9, 5.0, 0.001), spec("small", 0.8, 1.0, 0.030))
+    group = GroupSpec("g", ("big", "small"), PlannerConfig(policy="fastest"))
+    cfg = RuntimeConfig(models=models, workers=(WorkerConfig(0, 10**9, max_wait_s=0.0),),
+                        groups=(group,))
+    rt = Runtime(cfg, {"synthetic": SyntheticBackend()})
+    rt.start()
+    try:
+        async def run() -> None:
+            for _ in range(10):  # measured: "small" is now the slower one
+                await rt.infer("small", "x")
+                await rt.infer("big", "x")
+            final = await rt.open(rt.new_request("g", input="x")).result()
+            assert final.error is None
+        asyncio.run(run())
+        assert rt.variants.service["small"].batch_s(1) > rt.variants.service["big"].batch_s(1)
+        assert rt.variants.last_choice["g"].variant == "small"
+    finally:
+        rt.stop(drain_timeout_s=2.0)

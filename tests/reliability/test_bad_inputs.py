@@ -1,0 +1,247 @@
+"""The bad-input table (docs/reliability.md): every row is one malformed, hostile or
+impossible request against a running server with API keys and an admin key configured.
+Each gets its documented status and, where the app answers, exactly the OpenAI error
+body; none is a 500; and the server answers ``/health`` 200 after every one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.reliability.rawhttp import RawResponse, http_bytes, raw_request
+from tests.server.live import (
+    ERROR_KEYS,
+    LiveServer,
+    assert_error,
+    config_with,
+    synth_chat,
+    synth_embed,
+    wait_for,
+)
+
+KEY = "sk-table-acme"
+ADMIN = "adm-table-secret"
+AUTH = {"authorization": f"Bearer {KEY}"}
+CHAT = "synth-chat"
+MSG = [{"role": "user", "content": "hello"}]
+CHAT_BODY: dict[str, Any] = {"model": CHAT, "messages": MSG, "max_tokens": 2}
+JSON = {"content-type": "application/json", **AUTH}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One row: how to send it, and what must come back."""
+
+    name: str
+    send: Callable[[LiveServer], httpx.Response | RawResponse]
+    status: int
+    code: str | None = None
+    param: str | None = None
+    openai_body: bool = True
+    """False where uvicorn answers before the app sees the request (no JSON body)."""
+
+
+def chat(change: dict[str, Any], headers: dict[str, str] | None = None,
+         path: str = "/v1/chat/completions") -> Callable[[LiveServer], httpx.Response]:
+    def send(live: LiveServer) -> httpx.Response:
+        with live.client() as c:
+            return c.post(path, json={**CHAT_BODY, **change},
+                          headers=AUTH if headers is None else headers)
+    return send
+
+
+def body(raw: bytes, path: str = "/v1/chat/completions",
+         headers: dict[str, str] | None = None) -> Callable[[LiveServer], httpx.Response]:
+    def send(live: LiveServer) -> httpx.Response:
+        with live.client() as c:
+            return c.post(path, content=raw, headers=JSON if headers is None else headers)
+    return send
+
+
+def post(path: str, json_body: dict[str, Any] | None = None,
+         headers: dict[str, str] | None = None) -> Callable[[LiveServer], httpx.Response]:
+    def send(live: LiveServer) -> httpx.Response:
+        with live.client() as c:
+            return c.post(path, json=json_body, headers=headers or {})
+    return send
+
+
+def raw(data: bytes) -> Callable[[LiveServer], RawResponse]:
+    def send(live: LiveServer) -> RawResponse:
+        return raw_request(live.url, data)
+    return send
+
+
+def admin_raw(target: str) -> Callable[[LiveServer], RawResponse]:
+    return raw(http_bytes("POST", target, headers={"x-admin-key": ADMIN}))
+
+
+def _twice(live: LiveServer, headers: dict[str, str]) -> httpx.Response:
+    """The first request uses the tenant's only token; the second is over quota."""
+    with live.client() as c:
+        first = c.post("/v1/chat/completions", json=CHAT_BODY, headers=headers)
+        assert first.status_code == 200, first.text
+        return c.post("/v1/chat/completions", json=CHAT_BODY, headers=headers)
+
+
+CASES = [
+    # -- the body is not what it claims to be ----------------------------------------
+    Case("malformed JSON", body(b'{"model": "synth-chat", "messages": ['), 400, "invalid_json"),
+    Case("invalid UTF-8 in the body", body(
+        b'{"model": "synth-chat", "messages": [{"role": "user", "content": "\xff\xfe\xc3"}]}'),
+        400, "invalid_json"),
+    Case("lone UTF-16 surrogate escape in a string", body(
+        b'{"model": "synth-chat", "messages": [{"role": "user", "content": "a \\ud800 b"}]}'),
+        400, "invalid_value", "messages.0.content"),
+    Case("JSON that is not an object", body(b"[1, 2, 3]"), 400, "invalid_json"),
+    Case("JSON nested 100 000 deep", body(b'{"model": ' + b"[" * 100_000 + b"]" * 100_000
+                                          + b"}"), 400, "invalid_json"),
+    Case("NaN where a number is expected", body(
+        b'{"model": "synth-chat", "messages": [{"role": "user", "content": "x"}], '
+        b'"temperature": NaN}'), 400, "invalid_value", "temperature"),
+    Case("integer with 5000 digits", body(
+        b'{"model": "synth-chat", "messages": [], "max_tokens": ' + b"9" * 5000 + b"}"),
+        400, "invalid_json"),
+    Case("body sent as text/plain", body(json.dumps(CHAT_BODY).encode(),
+                                         headers={"content-type": "text/plain", **AUTH}),
+         400, "invalid_json"),
+    Case("body over max_body_bytes", body(json.dumps(
+        {"model": CHAT, "prompt": "w " * 600_000}).encode(), "/v1/completions"), 413,
+        "body_too_large"),
+    # -- fields of the wrong type or out of range -------------------------------------
+    Case("wrong type (temperature is a string)", chat({"temperature": "hot"}), 400,
+         "invalid_value", "temperature"),
+    Case("negative max_tokens", chat({"max_tokens": -5}), 400, "invalid_value", "max_tokens"),
+    Case("huge max_tokens (10^9)", chat({"max_tokens": 10**9}), 400, "invalid_value",
+         "max_tokens"),
+    Case("max_tokens past the context", chat({"max_tokens": 100_000}), 400,
+         "context_length_exceeded", "max_tokens"),
+    Case("temperature out of range", chat({"temperature": 3.5}), 400, "invalid_value",
+         "temperature"),
+    Case("empty messages", chat({"messages": []}), 400, "invalid_value", "messages"),
+    Case("unknown role", chat({"messages": [{"role": "robot", "content": "x"}]}), 400,
+         "invalid_value", "messages.0.role"),
+    Case("prompt longer than the context", chat(
+        {"messages": [{"role": "user", "content": "w " * 600}]}), 400,
+        "context_length_exceeded", "messages"),
+    Case("token id outside the vocabulary", post(
+        "/v1/completions", {"model": CHAT, "prompt": [5, 99_999]}, AUTH), 400,
+        "invalid_value", "prompt"),
+    Case("n > 1", chat({"n": 3}), 400, "invalid_value", "n"),
+    Case("unsupported parameter (logprobs: true)", chat({"logprobs": True}), 400,
+         "invalid_value", "logprobs"),
+    Case("unsupported parameter (presence_penalty)", chat({"presence_penalty": 0.7}), 400,
+         "invalid_value", "presence_penalty"),
+    Case("unsupported parameter (tools)", chat({"tools": [{"type": "function"}]}), 400,
+         "invalid_value", "tools"),
+    Case("five stop strings", chat({"stop": ["a", "b", "c", "d", "e"]}), 400,
+         "invalid_value", "stop"),
+    Case("bad x-sluice-deadline-ms header", chat({}, {**AUTH, "x-sluice-deadline-ms": "soon"}),
+         400, "invalid_value", "x-sluice-deadline-ms"),
+    # -- models ---------------------------------------------------------------------------
+    Case("unknown model", chat({"model": "gpt-7"}), 404, "model_not_found", "model"),
+    Case("model of the wrong kind (chat on an encoder)", chat({"model": "synth-a"}), 400,
+         "model_kind_mismatch", "model"),
+    # -- keys -----------------------------------------------------------------------------
+    Case("missing API key", chat({}, {}), 401, "invalid_api_key"),
+    Case("wrong API key", chat({}, {"authorization": "Bearer sk-guess"}), 401,
+         "invalid_api_key"),
+    Case("revoked API key (no longer in the config)",
+         chat({}, {"authorization": "Bearer sk-table-revoked"}), 401, "invalid_api_key"),
+    Case("API key in the wrong scheme", chat({}, {"authorization": f"Basic {KEY}"}), 401,
+         "invalid_api_key"),
+    Case("tenant_id of another tenant", post(
+        "/v1/infer", {"model": CHAT, "input": "x", "tenant_id": "other"}, AUTH), 403,
+        "tenant_mismatch", "tenant_id"),
+    Case("tenant quota exceeded (second request in a 1-request burst)",
+         lambda live: _twice(live, {"authorization": "Bearer sk-table-limited"}), 429,
+         "quota"),
+    # -- deadlines --------------------------------------------------------------------------
+    Case("impossible deadline (1 µs)", chat({"deadline_ms": 0.001}), 503,
+         "deadline_infeasible"),
+    Case("deadline of zero", chat({"deadline_ms": 0}), 400, "invalid_value", "deadline_ms"),
+    # -- admin API --------------------------------------------------------------------------
+    Case("admin call without the admin key", post(f"/admin/models/{CHAT}/load"), 401,
+         "invalid_admin_key"),
+    Case("admin call with a tenant's API key", post(f"/admin/models/{CHAT}/load",
+                                                    headers=AUTH), 401, "invalid_admin_key"),
+    Case("admin path traversal (../../etc/passwd)",
+         admin_raw("/admin/models/../../etc/passwd/load"), 404, "not_found"),
+    Case("admin path traversal (%2e%2e%2f encoded)",
+         admin_raw("/admin/models/%2e%2e%2f%2e%2e%2fetc%2fpasswd/load"), 404, "not_found"),
+    Case("admin model id '..'", admin_raw("/admin/models/../load"), 400, "invalid_value",
+         "path.model_id"),
+    Case("admin model id with a NUL byte", admin_raw("/admin/models/synth-a%00/load"), 400,
+         "invalid_value", "path.model_id"),
+    # -- HTTP itself ------------------------------------------------------------------------
+    Case("wrong method", lambda live: httpx.get(f"{live.url}/v1/chat/completions"), 405,
+         "method_not_allowed"),
+    Case("unknown path", lambda live: httpx.post(f"{live.url}/v1/engines/x/completions"), 404,
+         "not_found"),
+    Case("request head over uvicorn's limit (200 KB header)", raw(http_bytes(
+        "POST", "/v1/chat/completions", b"{}", {"x-padding": "p" * 200_000})), 400,
+        openai_body=False),
+    Case("not HTTP at all", raw(b"\x16\x03\x01\x02\x00 hello\r\n\r\n"), 400, openai_body=False),
+]
+
+
+@pytest.fixture(scope="module")
+def table_server(serve_module: Callable[..., LiveServer]) -> LiveServer:
+    return serve_module(config_with(
+        models=[synth_chat(), synth_embed()],
+        workers={"count": 1},
+        tenants=[{"id": "acme", "api_keys": [KEY]}, {"id": "other", "api_keys": ["sk-other"]},
+                 {"id": "limited", "api_keys": ["sk-table-limited"],
+                  "limits": {"requests_per_s": 0.001, "burst": 1}}],
+        server={"admin_key": ADMIN, "default_model": CHAT},
+    ))
+
+
+def test_the_table_has_at_least_25_distinct_cases() -> None:
+    assert len({c.name for c in CASES}) == len(CASES) >= 25
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input_gets_its_status_and_the_server_stays_healthy(
+    table_server: LiveServer, case: Case
+) -> None:
+    r = case.send(table_server)
+    if isinstance(r, httpx.Response) and case.openai_body:
+        err = assert_error(r, case.status, code=case.code, param=case.param)
+    else:
+        status = r.status_code if isinstance(r, httpx.Response) else r.status
+        content = r.content if isinstance(r, httpx.Response) else r.body
+        assert status == case.status, (status, content)
+        err = None
+        if case.openai_body:
+            assert isinstance(r, RawResponse)
+            assert r.headers.get("x-request-id")
+            payload = r.json()
+            assert set(payload) == {"error"} and set(payload["error"]) == ERROR_KEYS, payload
+            err = payload["error"]
+            assert err["code"] == case.code, err
+            if case.param is not None:
+                assert err["param"] == case.param, err
+    if err is not None:
+        assert KEY not in err["message"] and ADMIN not in err["message"]
+    assert case.status != 500  # never a 500
+    if case.status in (429, 503):
+        assert int(r.headers["retry-after"]) >= 1
+    with table_server.client() as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        wait_for(lambda: c.get("/status.json").json()["live_requests"] == 0)
+
+
+def test_a_good_request_is_served_after_the_whole_table(table_server: LiveServer) -> None:
+    with table_server.client() as c:
+        r = c.post("/v1/chat/completions", json=CHAT_BODY, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 2
+        state = table_server.runtime.workers[0].call(
+            table_server.runtime.workers[0].integrity).result(timeout=10)
+        assert all(free == total for free, total in state.values())

@@ -1,0 +1,220 @@
+"""The Redis store against a real redis-server: the Lua script decides exactly as the pure
+rule does, state is shared between store instances (replicas), leases free dead slots, and
+the failover store falls back, logs once, and reconnects by itself."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sluice.policy.quota import QuotaLimits
+from sluice.server.quota import (
+    FailoverQuotaStore,
+    MemoryQuotaStore,
+    QuotaBackendError,
+    RedisQuotaStore,
+    redact_url,
+)
+from tests.tenants.redisproc import RedisProcess, free_port, redis_binary
+
+LIMITS = QuotaLimits(requests_per_s=2.0, request_burst=3.0, tokens_per_s=50.0,
+                     token_capacity=300.0, max_concurrent=2)
+_members = itertools.count()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_redact_url() -> None:
+    assert redact_url("redis://:secret@host:6379/0") == "redis://:***@host:6379/0"
+    assert redact_url("redis://host:1/0") == "redis://host:1/0"
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(
+    st.tuples(st.floats(0.0, 1.5), st.sampled_from(["reserve", "reserve", "release"]),
+              st.integers(1, 320), st.booleans()),
+    min_size=1, max_size=40,
+))
+def test_lua_script_decides_like_the_pure_rule(
+    redis: RedisProcess, ops: list[tuple[float, str, int, bool]]
+) -> None:
+    """The same operations at the same (injected) times give the same decisions and levels
+    from Redis and from memory."""
+    redis.client().flushall()
+
+    async def run() -> None:
+        clock = _Clock()
+        shared = RedisQuotaStore(redis.url, key_prefix="parity", clock=clock)
+        local = MemoryQuotaStore(clock)
+        held: list[Any] = []
+        try:
+            for gap, op, tokens, ran in ops:
+                clock.now += gap
+                if op == "release":
+                    if not held:
+                        continue
+                    hold_r, hold_m = held.pop(0)
+                    refund = hold_m.charged_tokens * (0.3 if ran else 1.0)
+                    await shared.release(hold_r, refund_request=not ran, refund_tokens=refund)
+                    await local.release(hold_m, refund_request=not ran, refund_tokens=refund)
+                    continue
+                member = f"m{next(_members)}"
+                got = await shared.reserve("t", LIMITS, float(tokens), member, 3600.0)
+                want = await local.reserve("t", LIMITS, float(tokens), member, 3600.0)
+                assert (got.ok, got.limit) == (want.ok, want.limit)
+                assert got.retry_after_s == pytest.approx(want.retry_after_s, rel=1e-9,
+                                                          abs=1e-9)
+                assert got.remaining_requests == pytest.approx(want.remaining_requests,
+                                                               rel=1e-12, abs=1e-9)
+                assert got.remaining_tokens == pytest.approx(want.remaining_tokens,
+                                                             rel=1e-12, abs=1e-9)
+                assert got.in_flight == want.in_flight
+                if got.ok:
+                    held.append((got.hold, want.hold))
+        finally:
+            await shared.aclose()
+
+    asyncio.run(run())
+
+
+def test_two_stores_share_one_quota_on_redis_time(redis: RedisProcess) -> None:
+    """Two replicas' stores (no injected clock: Redis's TIME) draw from one bucket; the key
+    expires once the bucket would be full again."""
+    limits = QuotaLimits(requests_per_s=0.5, request_burst=4.0)
+
+    async def run() -> None:
+        a = RedisQuotaStore(redis.url, key_prefix="shared")
+        b = RedisQuotaStore(redis.url, key_prefix="shared")
+        try:
+            results = []
+            for i in range(6):
+                store = a if i % 2 == 0 else b
+                results.append(await store.reserve("acme", limits, 1.0, f"m{i}", 60.0))
+            assert [r.ok for r in results] == [True] * 4 + [False] * 2
+            refused = results[-1]
+            assert refused.limit == "requests"
+            assert 1.5 < refused.retry_after_s <= 2.0  # (1 - ~0) / 0.5, less time passed
+            bucket, _ = a.keys("acme")
+            assert bucket == "shared:quota:{acme}:bucket"
+            ttl_ms = redis.client().pttl(bucket)
+            assert 8_000 < ttl_ms <= 9_000  # 4 requests at 0.5/s + 1 s
+        finally:
+            await a.aclose()
+            await b.aclose()
+
+    asyncio.run(run())
+
+
+def test_concurrency_slots_are_leased(redis: RedisProcess) -> None:
+    limits = QuotaLimits(max_concurrent=1)
+
+    async def run() -> None:
+        store = RedisQuotaStore(redis.url, key_prefix="lease")
+        try:
+            first = await store.reserve("t", limits, 1.0, "dead-replica:1", 0.3)
+            assert first.ok and first.in_flight == 1
+            refused = await store.reserve("t", limits, 1.0, "r:2", 60.0)
+            assert not refused.ok and refused.limit == "concurrent"
+            await asyncio.sleep(0.4)  # the holder never released: its lease ran out
+            second = await store.reserve("t", limits, 1.0, "r:3", 60.0)
+            assert second.ok
+            assert second.hold is not None
+            await store.release(second.hold, refund_request=False, refund_tokens=0.0)
+            _, inflight = store.keys("t")
+            assert redis.client().zcard(inflight) == 0
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+
+
+def test_unreachable_redis_raises_quickly() -> None:
+    async def run() -> None:
+        store = RedisQuotaStore(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.2)
+        t0 = time.monotonic()
+        with pytest.raises(QuotaBackendError):
+            await store.reserve("t", LIMITS, 1.0, "m", 1.0)
+        assert time.monotonic() - t0 < 1.0
+        await store.aclose()
+
+    asyncio.run(run())
+
+
+@pytest.mark.skipif(redis_binary() is None, reason="redis-server is not installed")
+def test_failover_logs_once_serves_locally_and_reconnects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis gone: local buckets at 1/replicas, one warning however many calls; Redis back
+    on that port: the store returns to it by itself. Redis stalled (CLIENT PAUSE, data
+    kept): a release owed while it stalled is replayed once it answers."""
+    binary = redis_binary()
+    assert binary is not None
+    proc = RedisProcess(binary)
+    limits = QuotaLimits(requests_per_s=0.01, request_burst=4.0, max_concurrent=4)
+
+    async def wait_shared(store: FailoverQuotaStore) -> None:
+        for _ in range(100):
+            if not store.in_fallback:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the store did not return to Redis")
+
+    async def run() -> None:
+        store = FailoverQuotaStore(
+            RedisQuotaStore(proc.url, key_prefix="fo", timeout_s=0.2),
+            MemoryQuotaStore(clamp_to_capacity=True), share=0.5, reconnect_interval_s=0.1)
+        try:
+            proc.start()
+            shared = await store.reserve("t", limits, 1.0, "m-shared", 60.0)
+            assert shared.ok and shared.shared and not store.in_fallback
+            proc.stop()
+            local = [await store.reserve("t", limits, 1.0, f"m{i}", 60.0) for i in range(4)]
+            assert store.in_fallback
+            # Half of burst 4 locally: two admitted, then refusals from the local bucket.
+            assert [c.ok for c in local] == [True, True, False, False]
+            assert not any(c.shared for c in local)
+            assert local[2].limits == limits.scaled(0.5)
+            for check in local[:2]:  # local reservations settle locally
+                assert check.hold is not None
+                await store.release(check.hold, refund_request=True, refund_tokens=0.0)
+            proc.start()
+            await wait_shared(store)
+            assert store.outages == 1
+
+            held = await store.reserve("t", limits, 1.0, "m-held", 60.0)
+            assert held.ok and held.shared and held.hold is not None
+            bucket, inflight = store.shared.keys("t")
+            client = proc.client()
+            assert client.zcard(inflight) == 1
+            level = float(client.hget(bucket, "rt"))
+            client.execute_command("CLIENT", "PAUSE", "800", "ALL")
+            stalled = await store.reserve("t", limits, 1.0, "m-stalled", 60.0)
+            assert store.in_fallback and stalled.ok and not stalled.shared
+            await store.release(held.hold, refund_request=True, refund_tokens=0.0)
+            await wait_shared(store)
+            assert client.zcard(inflight) == 0  # the owed release was replayed
+            assert float(client.hget(bucket, "rt")) == pytest.approx(level + 1, abs=0.05)
+            assert store.outages == 2
+        finally:
+            await store.aclose()
+            proc.stop()
+
+    with caplog.at_level(logging.WARNING, logger="sluice.quota"):
+        asyncio.run(run())
+    down = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    up = [r for r in caplog.records if "reachable again" in r.getMessage()]
+    assert len(down) == 2 and len(up) == 2  # once per outage, however many calls
