@@ -426,16 +426,28 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
                 )
             planned[c.seq_slot] = end
             n_wanted += c.want_logits
+        # llama.cpp (non-unified KV) splits a batch whose sequence ids are not ascending
+        # into one micro-batch per sequence: measured 3.5x slower at batch 8. Feed the
+        # chunks in slot order and hand the logits rows back in the caller's order.
+        order = sorted(range(len(chunks)), key=lambda i: chunks[i].seq_slot)
+        in_order = order == list(range(len(chunks)))
+        fed = chunks if in_order else [chunks[i] for i in order]
         out = np.empty((n_wanted, self.vocab_size), dtype=np.float32)
         try:
-            self._run(chunks, out)
+            self._run(fed, out)
         except BaseException:
             for slot in planned:
                 self._release(slot)
             raise
         for slot, length in planned.items():
             self.slot_len[slot] = length
-        return out
+        if in_order:
+            return out
+        # row k of ``out`` belongs to the k-th wanted chunk in slot order
+        wanted_sorted = [i for i in order if chunks[i].want_logits]
+        row_of = {chunk_index: row for row, chunk_index in enumerate(wanted_sorted)}
+        rows = [row_of[i] for i in range(len(chunks)) if chunks[i].want_logits]
+        return out[rows]
 
     def _run(self, chunks: Sequence[ForwardChunk], out: np.ndarray) -> None:
         """Fill the batch chunk by chunk, decoding whenever it is full; rows in order."""
@@ -471,13 +483,18 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
         rc = lib.llama_decode(self._ctx, self._batch.struct)
         if rc != 0:
             raise BackendError(f"{self.spec.model_id}: llama_decode failed with code {rc}")
-        for index in pending_rows:
-            ptr = lib.llama_get_logits_ith(self._ctx, index)
-            if not ptr:
-                raise BackendError(f"{self.spec.model_id}: no logits for batch index {index}")
-            out[row] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))
-            row += 1
-        return row
+        if not pending_rows:
+            return row
+        # One call for every output row (in batch order), not one per sequence: each
+        # ctypes call hands the GIL away, and getting it back from a busy event loop can
+        # cost a switch interval per call (measured: the step time grew ~10 ms per
+        # sequence with the HTTP streams running).
+        ptr = lib.llama_get_logits(self._ctx)
+        if not ptr:
+            raise BackendError(f"{self.spec.model_id}: no logits after decode")
+        n = len(pending_rows)
+        out[row : row + n] = np.ctypeslib.as_array(ptr, shape=(n, self.vocab_size))
+        return row + n
 
     def _release(self, slot: int) -> None:
         self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)

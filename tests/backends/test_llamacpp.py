@@ -445,3 +445,22 @@ def test_default_gguf_path_assembles_once(tmp_path: Path, monkeypatch: pytest.Mo
     assert default_gguf_path(tmp_path, progress=False) == path
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path))
     assert default_gguf_path(progress=False) == path
+
+
+def test_chunks_in_any_slot_order_give_rows_in_chunk_order(model: LlamaCppGenerative) -> None:
+    """The backend feeds chunks in slot order (llama.cpp is much slower otherwise) but
+    must return each chunk's logits in the order the chunks were given."""
+    prompts = [model.tokenize(t, add_bos=True) for t in ("The sky is", "Two plus two is")]
+    for slot in (0, 1):
+        model.release_sequence(slot)
+    forward_rows = model.forward([ForwardChunk(0, tuple(prompts[0]), 0, True),
+                                  ForwardChunk(1, tuple(prompts[1]), 0, True)])
+    for slot in (0, 1):
+        model.release_sequence(slot)
+    reversed_rows = model.forward([ForwardChunk(1, tuple(prompts[1]), 0, True),
+                                   ForwardChunk(0, tuple(prompts[0]), 0, True)])
+    assert int(np.argmax(reversed_rows[0])) == int(np.argmax(forward_rows[1]))
+    assert int(np.argmax(reversed_rows[1])) == int(np.argmax(forward_rows[0]))
+    assert np.allclose(reversed_rows[0], forward_rows[1], atol=1e-3)
+    for slot in (0, 1):
+        model.release_sequence(slot)
