@@ -117,3 +117,33 @@ def test_profile_cli_fails_loudly_on_a_wrong_file(
                "--batch-sizes", "1", "--repeats", "1", "--out", str(tmp_path / "p.json")])
     assert rc == 1
     assert "PROFILE FAILED" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_corrupt_onnx_file_is_a_clear_load_error_and_others_still_serve(
+    small_manifest: dict[str, Any], tmp_path: Path, damage: str,
+    serve: Callable[..., LiveServer],
+) -> None:
+    from sluice.backends.base import ModelLoadError, ModelSpec
+    from sluice.backends.onnx import OnnxBackend
+
+    good = small_manifest["variants"]["l3-fp32"]
+    broken = tmp_path / "broken.onnx"
+    raw = Path(good["path"]).read_bytes()
+    broken.write_bytes(raw[: len(raw) // 3] if damage == "truncated" else b"not onnx" * 512)
+    spec = ModelSpec("broken", "oneshot", "onnx", 1, task="embedding",
+                     options={"path": str(broken), "tokenizer": good["tokenizer"]})
+    with pytest.raises(ModelLoadError, match="broken"):
+        OnnxBackend().load(spec)
+
+    cfg = config(small_manifest).model_dump()
+    cfg["models"].append({"id": "broken", "kind": "oneshot", "backend": "onnx",
+                          "task": "embedding", "memory_bytes": 1_000_000,
+                          "options": {"path": str(broken), "tokenizer": good["tokenizer"]}})
+    live = serve(Config.model_validate(cfg))
+    with live.client() as c:
+        r = c.post("/v1/embeddings", json={"model": "broken", "input": "hello"})
+        assert r.status_code == 500 and r.json()["error"]["code"] == "model_load_failed"
+        ok = c.post("/v1/embeddings", json={"model": "embed-l3-fp32", "input": "hello"})
+        assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) > 0
+        assert c.get("/health").status_code == 200
