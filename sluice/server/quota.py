@@ -174,7 +174,7 @@ class MemoryQuotaStore:
 # take one request, ``need`` tokens and a slot, or nothing; a refusal names the limit with
 # the longest wait. A limit of 0 means "not limited". Numbers cross as %.17g strings, since
 # Redis truncates Lua numbers in replies to integers.
-RESERVE_LUA = """
+_LUA_PRELUDE = """
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])
@@ -183,9 +183,6 @@ else
   now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 end
 local req_rate, req_cap = tonumber(ARGV[2]), tonumber(ARGV[3])
-local tok_rate, tok_cap, need = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local conc_cap, member, lease = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
-local conc_retry = tonumber(ARGV[10])
 local function fmt(x) return string.format('%.17g', x) end
 local function refill(tokens, updated, rate, cap)
   if not tokens then return cap, now end
@@ -193,6 +190,14 @@ local function refill(tokens, updated, rate, cap)
   if now - updated <= 0 then return math.min(tokens, cap), updated end
   return math.min(cap, tokens + rate * (now - updated)), now
 end
+"""
+"""Shared by both scripts: the clock (an injected ``now`` for tests, else Redis's own
+``TIME``), the request-bucket limits, number formatting and the refill rule."""
+
+RESERVE_LUA = _LUA_PRELUDE + """
+local tok_rate, tok_cap, need = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local conc_cap, member, lease = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local conc_retry = tonumber(ARGV[10])
 local function wait(tokens, updated, rate, amount)
   return math.max(0, math.max(now, updated) + (amount - tokens) / rate - now)
 end
@@ -245,24 +250,9 @@ end
 return {limit == '' and 1 or 0, limit, fmt(retry), fmt(rt or -1), fmt(tt or -1), in_flight}
 """
 
-RELEASE_LUA = """
-local now
-if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-local req_rate, req_cap = tonumber(ARGV[2]), tonumber(ARGV[3])
+RELEASE_LUA = _LUA_PRELUDE + """
 local tok_rate, tok_cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local refund_req, refund_tok = tonumber(ARGV[6]), tonumber(ARGV[7])
-local function fmt(x) return string.format('%.17g', x) end
-local function refill(tokens, updated, rate, cap)
-  if not tokens then return cap, now end
-  tokens, updated = tonumber(tokens), tonumber(updated)
-  if now - updated <= 0 then return math.min(tokens, cap), updated end
-  return math.min(cap, tokens + rate * (now - updated)), now
-end
 redis.call('ZREM', KEYS[2], ARGV[8])
 local s = redis.call('HMGET', KEYS[1], 'rt', 'ru', 'tt', 'tu')
 local fields, full_in = {}, 0
