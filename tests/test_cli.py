@@ -4,16 +4,15 @@ SIGTERM (in-flight requests finish, the process exits 0)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
+
+from tests.procs import free_port, start_serve
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOW_CHAT = """
@@ -62,31 +61,14 @@ def test_chat_streams_a_reply(tmp_path: Path) -> None:
     assert len(out.stdout.split()) == 5 and out.stdout.strip().startswith("w")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_sigterm_drains_in_flight_requests_and_exits_zero(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(SLOW_CHAT)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.cli", "serve", "-c", str(cfg), "--port", str(port),
-         "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    port = free_port()
+    proc = start_serve(cfg, port)
     base = f"http://127.0.0.1:{port}"
     try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end and proc.poll() is None, "server did not start"
-            time.sleep(0.1)
         results: list[tuple[int, list[str]]] = []
         first_token = threading.Barrier(5)
 

@@ -6,11 +6,7 @@ timeout end with a terminal error (never a cut connection) and the process exits
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +15,8 @@ from typing import Any
 
 import httpx
 
+from tests.procs import free_port, start_serve
 from tests.server.live import LiveServer, assert_error, config_with, synth_chat
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_draining_refuses_new_work_and_finishes_what_is_in_flight(
@@ -73,34 +68,17 @@ options = { step_fixed_s = 0.03, n_seq_max = 4, n_ctx_per_seq = 512, load_s = 0.
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def test_sigterm_ends_requests_past_the_drain_timeout_with_an_error_and_exits_zero(
     tmp_path: Path,
 ) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(DRAIN_TOML)
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.cli", "serve", "-c", str(cfg), "--port", str(port),
-         "--log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = start_serve(cfg, port)
     results: list[tuple[int, list[str], str | None]] = []
     try:
-        end = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < end and proc.poll() is None, "server did not start"
-            time.sleep(0.1)
         first_token = threading.Barrier(4)
 
         def stream() -> None:
