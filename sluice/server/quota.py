@@ -190,9 +190,16 @@ local function refill(tokens, updated, rate, cap)
   if now - updated <= 0 then return math.min(tokens, cap), updated end
   return math.min(cap, tokens + rate * (now - updated)), now
 end
+local fields, full_in = {}, 0
+local function keep(tokens_key, updated_key, tokens, updated, cap, rate)
+  fields[#fields + 1] = tokens_key; fields[#fields + 1] = fmt(tokens)
+  fields[#fields + 1] = updated_key; fields[#fields + 1] = fmt(updated)
+  full_in = math.max(full_in, (cap - tokens) / rate)
+end
 """
 """Shared by both scripts: the clock (an injected ``now`` for tests, else Redis's own
-``TIME``), the request-bucket limits, number formatting and the refill rule."""
+``TIME``), the request-bucket limits, number formatting, the refill rule, and ``keep``,
+which stages a bucket's new level for HSET and tracks when every bucket is full again."""
 
 RESERVE_LUA = _LUA_PRELUDE + """
 local tok_rate, tok_cap, need = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -229,17 +236,8 @@ if limit == '' then
     in_flight = in_flight + 1
   end
 end
-local fields, full_in = {}, 0
-if req_rate > 0 then
-  fields[#fields + 1] = 'rt'; fields[#fields + 1] = fmt(rt)
-  fields[#fields + 1] = 'ru'; fields[#fields + 1] = fmt(ru)
-  full_in = math.max(full_in, (req_cap - rt) / req_rate)
-end
-if tok_rate > 0 then
-  fields[#fields + 1] = 'tt'; fields[#fields + 1] = fmt(tt)
-  fields[#fields + 1] = 'tu'; fields[#fields + 1] = fmt(tu)
-  full_in = math.max(full_in, (tok_cap - tt) / tok_rate)
-end
+if req_rate > 0 then keep('rt', 'ru', rt, ru, req_cap, req_rate) end
+if tok_rate > 0 then keep('tt', 'tu', tt, tu, tok_cap, tok_rate) end
 if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
   if ARGV[1] == '' then
@@ -255,20 +253,13 @@ local tok_rate, tok_cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local refund_req, refund_tok = tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZREM', KEYS[2], ARGV[8])
 local s = redis.call('HMGET', KEYS[1], 'rt', 'ru', 'tt', 'tu')
-local fields, full_in = {}, 0
 if req_rate > 0 and refund_req > 0 and s[1] then
   local rt, ru = refill(s[1], s[2], req_rate, req_cap)
-  rt = math.min(req_cap, rt + refund_req)
-  fields[#fields + 1] = 'rt'; fields[#fields + 1] = fmt(rt)
-  fields[#fields + 1] = 'ru'; fields[#fields + 1] = fmt(ru)
-  full_in = math.max(full_in, (req_cap - rt) / req_rate)
+  keep('rt', 'ru', math.min(req_cap, rt + refund_req), ru, req_cap, req_rate)
 end
 if tok_rate > 0 and refund_tok > 0 and s[3] then
   local tt, tu = refill(s[3], s[4], tok_rate, tok_cap)
-  tt = math.min(tok_cap, tt + refund_tok)
-  fields[#fields + 1] = 'tt'; fields[#fields + 1] = fmt(tt)
-  fields[#fields + 1] = 'tu'; fields[#fields + 1] = fmt(tu)
-  full_in = math.max(full_in, (tok_cap - tt) / tok_rate)
+  keep('tt', 'tu', math.min(tok_cap, tt + refund_tok), tu, tok_cap, tok_rate)
 end
 if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
