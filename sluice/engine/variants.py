@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from sluice.policy.planner import (
     VariantState,
     choose_variant,
 )
+from sluice.policy.rates import RateMeter
 
 DEFAULT_SERVICE_S = 0.02
 """Batch-1 service time assumed for a variant with no profile, until batches are seen."""
@@ -61,28 +61,6 @@ def service_profile(spec: ModelSpec) -> dict[int, float]:
     return {1: DEFAULT_SERVICE_S}
 
 
-class _Rate:
-    """Arrivals per second over a sliding window."""
-
-    def __init__(self, window_s: float) -> None:
-        self.window_s = window_s
-        self._times: deque[float] = deque()
-        self._first_s: float | None = None
-
-    def record(self, now: float) -> None:
-        if self._first_s is None:
-            self._first_s = now
-        self._times.append(now)
-
-    def per_s(self, now: float) -> float:
-        while self._times and self._times[0] < now - self.window_s:
-            self._times.popleft()
-        if self._first_s is None:
-            return 0.0
-        span = max(MIN_RATE_SPAN_S, min(self.window_s, now - self._first_s))
-        return len(self._times) / span
-
-
 class VariantPlanner:
     """Measurements and choices for every configured group. Thread-safe."""
 
@@ -95,7 +73,7 @@ class VariantPlanner:
         for g in groups:
             for v in g.variants:
                 self._group_of[v] = g.group_id
-        self._arrivals = {g: _Rate(ARRIVAL_WINDOW_S) for g in self.groups}
+        self._arrivals = {g: RateMeter(ARRIVAL_WINDOW_S, MIN_RATE_SPAN_S) for g in self.groups}
         self._in_system = dict.fromkeys(self._group_of, 0)
         self._counted: set[int] = set()
         self.service = {v: ServiceEstimator(service_profile(specs[v])) for v in self._group_of}
@@ -138,7 +116,7 @@ class VariantPlanner:
             req.deadline_s = req.arrival_s + group.default_deadline_s
         with self._lock:
             self._arrivals[group_id].record(now)
-            rate = self._arrivals[group_id].per_s(now)
+            rate = self._arrivals[group_id].rate_per_s(now)
             states = self._states(group)
             if name != group_id:  # a variant named directly: predict it alone
                 states = [s for s in states if s.name == name]

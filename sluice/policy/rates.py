@@ -10,13 +10,17 @@ class RateMeter:
     """Events per second over the last ``window_s`` seconds.
 
     Invariant: holds only event times within ``window_s`` of the latest ``now`` seen, so
-    memory is bounded by the peak rate times the window.
+    memory is bounded by the peak rate times the window. The rate is never divided by
+    less than ``min_span_s``, so a first burst does not read as a huge rate.
     """
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 10.0, min_span_s: float = 1e-3) -> None:
         if window_s <= 0:
             raise ValueError(f"window_s must be > 0, got {window_s}")
+        if not 0 < min_span_s <= window_s:
+            raise ValueError(f"min_span_s must be in (0, window_s], got {min_span_s}")
         self.window_s = window_s
+        self.min_span_s = min_span_s
         self._times: deque[float] = deque()
         self._first_s: float | None = None
 
@@ -32,7 +36,7 @@ class RateMeter:
         self._prune(now)
         if self._first_s is None or not self._times:
             return 0.0
-        span = min(self.window_s, max(now - self._first_s, 1e-3))
+        span = min(self.window_s, max(now - self._first_s, self.min_span_s))
         return len(self._times) / span
 
     def _prune(self, now: float) -> None:
