@@ -1,0 +1,79 @@
+"""The report arithmetic of the benchmark scripts (they measure on a quiet machine; what
+they compute from the measurements is checked here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.frontier import frontier
+from bench.goodput_sweep import ratios, summarize
+
+
+def row(policy: str, goodput: float, cpu_ms: float | None, acc: float | None,
+        share: float | None = None) -> dict[str, Any]:
+    return {"rho": 0.95, "policy": policy, "goodput_mean": goodput, "cpu_ms_per_good": cpu_ms,
+            "served_accuracy": acc, "share_on_best": share}
+
+
+def test_ratios_divide_adaptive_by_each_accurate_baseline() -> None:
+    table = [row("accurate", 2.0, 400.0, 0.89), row("accurate_expiry", 5.0, 200.0, 0.88),
+             row("fastest", 12.0, 20.0, 0.76), row("adaptive", 10.0, 50.0, 0.87, 0.1)]
+    [r] = ratios(table, "mpnet-fp32")
+    assert r["goodput_vs_accurate"] == pytest.approx(5.0)
+    assert r["goodput_vs_accurate_expiry"] == pytest.approx(2.0)
+    assert r["cost_vs_accurate"] == pytest.approx(0.125)
+    assert r["accuracy_points_vs_accurate"] == pytest.approx(2.0)
+    assert r["adaptive_share_on_best"] == 0.1
+
+
+def test_a_baseline_with_no_good_answers_has_no_ratio() -> None:
+    table = [row("accurate", 0.0, None, None), row("accurate_expiry", 1.0, 300.0, 0.9),
+             row("fastest", 12.0, 20.0, 0.76), row("adaptive", 10.0, 50.0, 0.87)]
+    [r] = ratios(table, "mpnet-fp32")
+    assert r["goodput_vs_accurate"] is None
+    assert r["cost_vs_accurate"] is None
+    assert r["accuracy_points_vs_accurate"] is None
+
+
+def test_goodput_counts_only_answers_within_the_deadline() -> None:
+    samples = [
+        {"status": 200, "latency_s": 0.10, "variant": "a", "correct": True},
+        {"status": 200, "latency_s": 0.35, "variant": "a", "correct": False},  # late
+        {"status": 200, "latency_s": 0.20, "variant": "b", "correct": False},
+        {"status": 503, "latency_s": 0.01, "code": "deadline_infeasible"},
+        {"status": 0, "latency_s": 1.0, "error": "ConnectError"},
+    ]
+    s = summarize(samples, duration_s=2.0, deadline_ms=300.0, cpu_s=1.0)
+    assert (s["sent"], s["ok"], s["good"]) == (5, 3, 2)
+    assert s["goodput_per_s"] == pytest.approx(1.0)
+    assert s["served_accuracy"] == pytest.approx(1 / 3)
+    assert s["good_accuracy"] == pytest.approx(0.5)
+    assert s["variant_mix"] == {"a": 2, "b": 1}
+    assert s["failures"] == {"503:deadline_infeasible": 1, "0:ConnectError": 1}
+    assert s["cpu_s_per_good"] == pytest.approx(0.5)
+
+
+def manifest_and_profile(ok: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:
+    manifest = {"data": {"n_train": 8, "n_test": 2}, "variants": {
+        "big": {"accuracy": 0.9, "precision": "fp32", "family": "f", "bytes": 4e8},
+        "small": {"accuracy": 0.8, "precision": "int8", "family": "f", "bytes": 1e8},
+    }}
+    timing = {"batch_ms": {"1": 10.0}, "p50_ms": {"1": 9.0}, "p95_ms": {"1": 12.0},
+              "samples": {"1": 8}, "threads": 1}
+    profile = {"variants": {"big": timing, "small": timing},
+               "cross_check": {"big": {"ok": True}, "small": {"ok": ok}}}
+    return manifest, profile
+
+
+def test_frontier_joins_manifest_and_profile_most_accurate_first() -> None:
+    result = frontier(*manifest_and_profile())
+    assert list(result["variants"]) == ["big", "small"]
+    assert result["variants"]["small"]["mb"] == 100.0
+    assert result["variants"]["big"]["batch_ms"] == {"1": 10.0}
+
+
+def test_frontier_refuses_a_failed_cross_check() -> None:
+    with pytest.raises(ValueError, match="cross-check"):
+        frontier(*manifest_and_profile(ok=False))
