@@ -1,7 +1,14 @@
 """Goodput sweep of the variant planner: open-loop Poisson arrivals of real labelled text
 against the ``sentiment`` group, at ρ × the measured capacity of the accurate-only pool,
-with a stated deadline, for three policies in one run — ``accurate`` (always the most
-accurate variant), ``fastest`` (always the fastest) and ``adaptive`` (the planner).
+with a stated deadline, for four policies in one run:
+
+* ``accurate``: always the most accurate variant, on a server that is not told the
+  deadline: it serves every request, late or not, first come first served (what a server
+  without deadlines does, and the baseline of the seed's result);
+* ``accurate_expiry``: always the most accurate variant, the deadline sent: sluice drops
+  a request still queued at its deadline (504) instead of serving it late;
+* ``fastest``: always the fastest variant (deadline sent);
+* ``adaptive``: the planner (deadline sent).
 
 Per point it reports goodput (requests answered 200 within the deadline, per second of
 offered load), the accuracy of the traffic actually served (answers checked against the
@@ -37,7 +44,13 @@ sys.path.insert(0, str(ROOT))
 from bench.servers import free_port, running  # noqa: E402
 from sluice import prepare  # noqa: E402
 
-POLICIES = ("accurate", "fastest", "adaptive")
+POLICIES = ("accurate", "accurate_expiry", "fastest", "adaptive")
+SERVER_POLICY = {"accurate": "accurate", "accurate_expiry": "accurate", "fastest": "fastest",
+                 "adaptive": "adaptive"}
+"""The planner policy each sweep policy runs the server with."""
+SENDS_DEADLINE = {"accurate": False, "accurate_expiry": True, "fastest": True,
+                  "adaptive": True}
+"""Whether the server is told the request's deadline (goodput always counts it)."""
 RESULTS = ROOT / "bench" / "results"
 
 
@@ -154,7 +167,7 @@ def serve(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
     scratch.mkdir(exist_ok=True)
     cfg = scratch / f"{tag}.toml"
     prepare.write_config(manifest, cfg, variants=args.variants, threads=args.threads,
-                         workers=args.workers, policy=policy, profile=profile,
+                         workers=args.workers, policy=SERVER_POLICY[policy], profile=profile,
                          max_batch_size=args.max_batch, max_wait_ms=args.max_wait_ms,
                          queue_capacity=args.queue_capacity, pessimism=args.pessimism)
     port = free_port()
@@ -192,7 +205,10 @@ def main() -> int:
     p.add_argument("--table", help="print the markdown table of an earlier result and exit")
     args = p.parse_args()
     if args.table:
-        print(markdown(json.loads(Path(args.table).read_text())))
+        earlier = json.loads(Path(args.table).read_text())
+        print(markdown(earlier))
+        if "ratios" in earlier:
+            print(ratio_lines(earlier))
         return 0
     cache = Path(args.cache) if args.cache else None
     manifest = prepare.load_manifest(cache)
@@ -226,7 +242,8 @@ def main() -> int:
                     cpu0 = cpu_seconds(proc.pid)
                     samples, dur = asyncio.run(open_loop(
                         url, "sentiment", texts, rho * capacity, args.duration_s,
-                        args.deadline_ms, seed=1000 * rep + int(rho * 100)))
+                        args.deadline_ms if SENDS_DEADLINE[policy] else None,
+                        seed=1000 * rep + int(rho * 100)))
                     cpu = cpu_seconds(proc.pid) - cpu0
                 point = {"repeat": rep, "rho": rho, "policy": policy,
                          "offered_per_s": rho * capacity,
@@ -244,14 +261,18 @@ def main() -> int:
             acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
             p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
             cost = [q["cpu_s_per_good"] for q in mine if q["cpu_s_per_good"] is not None]
+            on_best = sum(q["variant_mix"].get(f"sentiment-{args.variants[0]}", 0) for q in mine)
+            served = sum(sum(q["variant_mix"].values()) for q in mine)
             table.append({
                 "rho": rho, "policy": policy, "goodput_mean": statistics.fmean(gp),
                 "goodput_min": min(gp), "goodput_max": max(gp),
                 "served_accuracy": statistics.fmean(acc) if acc else None,
                 "p95_ms": statistics.fmean(p95) if p95 else None,
                 "cpu_ms_per_good": statistics.fmean(cost) * 1000 if cost else None,
+                "share_on_best": on_best / served if served else None,
             })
     result = {
+        "ratios": ratios(table, args.variants[0]),
         "variants": {v: manifest["variants"][v]["accuracy"] for v in args.variants},
         "capacity_per_s": capacity, "deadline_ms": args.deadline_ms,
         "duration_s": args.duration_s, "repeats": args.repeats, "threads": args.threads,
@@ -263,8 +284,38 @@ def main() -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out.with_suffix(".png"))
     print(markdown(result))
+    print(ratio_lines(result))
     print(f"wrote {out} and {out.with_suffix('.png')}")
     return 0
+
+
+def fmt_num(x: float | None, fmt: str) -> str:
+    """``x`` formatted, or a dash for a missing number."""
+    return "–" if x is None else format(x, fmt)
+
+
+def ratios(table: list[dict[str, Any]], best: str) -> list[dict[str, Any]]:
+    """Per ρ: adaptive's goodput and CPU per good answer over each accurate-only
+    baseline's, and the accuracy it gave up."""
+    out = []
+    for rho in sorted({r["rho"] for r in table}):
+        row = {r["policy"]: r for r in table if r["rho"] == rho}
+        ada = row["adaptive"]
+        entry: dict[str, Any] = {"rho": rho}
+        for base in ("accurate", "accurate_expiry"):
+            ref = row[base]
+            entry[f"goodput_vs_{base}"] = (ada["goodput_mean"] / ref["goodput_mean"]
+                                           if ref["goodput_mean"] else None)
+            entry[f"cost_vs_{base}"] = (ada["cpu_ms_per_good"] / ref["cpu_ms_per_good"]
+                                        if ada["cpu_ms_per_good"] and ref["cpu_ms_per_good"]
+                                        else None)
+            entry[f"accuracy_points_vs_{base}"] = (
+                100 * (ref["served_accuracy"] - ada["served_accuracy"])
+                if ada["served_accuracy"] is not None and ref["served_accuracy"] is not None
+                else None)
+        entry["adaptive_share_on_best"] = ada.get("share_on_best")
+        out.append(entry)
+    return out
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -281,13 +332,27 @@ def markdown(result: dict[str, Any]) -> str:
         total = sum(mix.values()) or 1
         mix_s = ", ".join(f"{k} {100 * n / total:.0f}%" for k, n in
                           sorted(mix.items(), key=lambda kv: -kv[1]))
-        def f(x: float | None, fmt: str) -> str:
-            return "–" if x is None else format(x, fmt)
         lines.append(
             f"| {row['rho']} | {row['policy']} | {row['goodput_mean']:.1f} "
             f"[{row['goodput_min']:.1f}–{row['goodput_max']:.1f}] | "
-            f"{f(row['served_accuracy'], '.3f')} | {f(row['p95_ms'], '.0f')} | "
-            f"{f(row['cpu_ms_per_good'], '.1f')} | {mix_s} |")
+            f"{fmt_num(row['served_accuracy'], '.3f')} | {fmt_num(row['p95_ms'], '.0f')} | "
+            f"{fmt_num(row['cpu_ms_per_good'], '.1f')} | {mix_s} |")
+    return "\n".join(lines)
+
+
+def ratio_lines(result: dict[str, Any]) -> str:
+    """The headline ratios as a markdown table."""
+    lines = ["| ρ | adaptive goodput ÷ accurate | ÷ accurate_expiry | CPU per good answer ÷ "
+             "accurate | accuracy points given up vs accurate | adaptive on the best variant |",
+             "|---|---|---|---|---|---|"]
+    for e in result["ratios"]:
+        share = e["adaptive_share_on_best"]
+        lines.append(
+            f"| {e['rho']} | {fmt_num(e['goodput_vs_accurate'], '.2f')}× | "
+            f"{fmt_num(e['goodput_vs_accurate_expiry'], '.2f')}× | "
+            f"{fmt_num(e['cost_vs_accurate'], '.2f')} | "
+            f"{fmt_num(e['accuracy_points_vs_accurate'], '.2f')} | "
+            f"{fmt_num(None if share is None else 100 * share, '.0f')}% |")
     return "\n".join(lines)
 
 
