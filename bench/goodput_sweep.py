@@ -190,6 +190,9 @@ def main() -> int:
     p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
     p.add_argument("--variants", nargs="*", help="variants (default: all, by accuracy)")
     p.add_argument("--rhos", default="0.4,0.8,0.95,1.3")
+    p.add_argument("--policies", default=",".join(POLICIES),
+                   help="a subset of the policies to run (adaptive and both accurate-only "
+                        "baselines are needed for the ratios)")
     p.add_argument("--deadline-ms", type=float,
                    help="default: 1.5 × the accurate variant's profiled full-batch time")
     p.add_argument("--duration-s", type=float, default=15.0)
@@ -202,13 +205,12 @@ def main() -> int:
     p.add_argument("--pessimism", type=float, default=1.0)
     p.add_argument("--capacity-s", type=float, default=10.0)
     p.add_argument("--out", default=str(RESULTS / "goodput_sweep.json"))
-    p.add_argument("--table", help="print the markdown table of an earlier result and exit")
+    p.add_argument("--render", metavar="JSON",
+                   help="recompute an earlier result's tables from its points, rewrite its "
+                        "JSON and PNG, print the tables and exit")
     args = p.parse_args()
-    if args.table:
-        earlier = json.loads(Path(args.table).read_text())
-        print(markdown(earlier))
-        if "ratios" in earlier:
-            print(ratio_lines(earlier))
+    if args.render:
+        write(report(json.loads(Path(args.render).read_text())), Path(args.render))
         return 0
     cache = Path(args.cache) if args.cache else None
     manifest = prepare.load_manifest(cache)
@@ -222,6 +224,10 @@ def main() -> int:
     print(f"deadline {args.deadline_ms:.0f} ms", flush=True)
     texts = load_texts(manifest, seed=7)
     rhos = [float(x) for x in args.rhos.split(",")]
+    policies = [x for x in args.policies.split(",") if x]
+    unknown = set(policies) - set(POLICIES)
+    if unknown:
+        p.error(f"unknown policies {sorted(unknown)}; choose from {POLICIES}")
     RESULTS.mkdir(parents=True, exist_ok=True)
 
     # 1. Capacity of the accurate-only pool: closed loop, enough outstanding to fill batches.
@@ -235,7 +241,7 @@ def main() -> int:
     points = []
     for rep in range(args.repeats):
         for rho in rhos:
-            for policy in POLICIES:
+            for policy in policies:
                 ctx, url, _ = serve(manifest, policy, args, profile, f"{policy}")
                 with ctx as proc:
                     warm(url, args.variants)
@@ -253,56 +259,84 @@ def main() -> int:
                       f"  acc {point['served_accuracy'] or 0:.3f}  p95 {point['p95_ms'] or 0:7.1f}"
                       f" ms  mix {point['variant_mix']}  fail {point['failures']}", flush=True)
 
-    table = []
-    for rho in rhos:
-        for policy in POLICIES:
-            mine = [q for q in points if q["rho"] == rho and q["policy"] == policy]
-            gp = [q["goodput_per_s"] for q in mine]
-            acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
-            p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
-            cost = [q["cpu_s_per_good"] for q in mine if q["cpu_s_per_good"] is not None]
-            on_best = sum(q["variant_mix"].get(f"sentiment-{args.variants[0]}", 0) for q in mine)
-            served = sum(sum(q["variant_mix"].values()) for q in mine)
-            table.append({
-                "rho": rho, "policy": policy, "goodput_mean": statistics.fmean(gp),
-                "goodput_min": min(gp), "goodput_max": max(gp),
-                "served_accuracy": statistics.fmean(acc) if acc else None,
-                "p95_ms": statistics.fmean(p95) if p95 else None,
-                "cpu_ms_per_good": statistics.fmean(cost) * 1000 if cost else None,
-                "share_on_best": on_best / served if served else None,
-            })
-    result = {
-        "ratios": ratios(table, args.variants[0]),
+    result = report({
         "variants": {v: manifest["variants"][v]["accuracy"] for v in args.variants},
         "capacity_per_s": capacity, "deadline_ms": args.deadline_ms,
         "duration_s": args.duration_s, "repeats": args.repeats, "threads": args.threads,
         "workers": args.workers, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
         "pessimism": args.pessimism, "cores": len(os.sched_getaffinity(0)),
-        "table": table, "points": points,
-    }
-    out = Path(args.out)
+        "points": points,
+    })
+    write(result, Path(args.out))
+    return 0
+
+
+def write(result: dict[str, Any], out: Path) -> None:
+    """The JSON and PNG of a result, and its tables on stdout."""
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot(result, out.with_suffix(".png"))
     print(markdown(result))
     print(ratio_lines(result))
     print(f"wrote {out} and {out.with_suffix('.png')}")
-    return 0
 
 
 def fmt_num(x: float | None, fmt: str) -> str:
-    """``x`` formatted, or a dash for a missing number."""
-    return "–" if x is None else format(x, fmt)
+    """``x`` formatted (a trailing ``×`` in ``fmt`` is kept as a suffix), or a dash for a
+    missing number."""
+    if x is None:
+        return "–"
+    return format(x, fmt.removesuffix("×")) + ("×" if fmt.endswith("×") else "")
 
 
-def ratios(table: list[dict[str, Any]], best: str) -> list[dict[str, Any]]:
+def report(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with its ``table`` and ``ratios`` (re)computed from its ``points``."""
+    accuracy: dict[str, float] = result["variants"]
+    best = next(iter(accuracy))
+    rhos = sorted({q["rho"] for q in result["points"]})
+    table = []
+    for rho in rhos:
+        for policy in POLICIES:
+            mine = [q for q in result["points"] if q["rho"] == rho and q["policy"] == policy]
+            if not mine:
+                continue
+            gp = [q["goodput_per_s"] for q in mine]
+            acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
+            p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
+            cost = [q["cpu_s_per_good"] for q in mine if q["cpu_s_per_good"] is not None]
+            mix: dict[str, int] = {}
+            for q in mine:
+                for model, n in q["variant_mix"].items():
+                    v = model.removeprefix("sentiment-")
+                    mix[v] = mix.get(v, 0) + n
+            served = sum(mix.values())
+            table.append({
+                "rho": rho, "policy": policy, "goodput_mean": statistics.fmean(gp),
+                "goodput_min": min(gp), "goodput_max": max(gp),
+                "served_accuracy": statistics.fmean(acc) if acc else None,
+                "mix_accuracy": (sum(accuracy[v] * n for v, n in mix.items()) / served
+                                 if served else None),
+                "p95_ms": statistics.fmean(p95) if p95 else None,
+                "cpu_ms_per_good": statistics.fmean(cost) * 1000 if cost else None,
+                "share_on_best": mix.get(best, 0) / served if served else None,
+                "mix": mix,
+            })
+    return {**result, "table": table, "ratios": ratios(table)}
+
+
+def ratios(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per ρ: adaptive's goodput and CPU per good answer over each accurate-only
-    baseline's, and the accuracy it gave up."""
+    baseline's, and the accuracy it gave up (measured on what was served, and expected
+    from the variant mix and the frontier: the latter without sampling noise)."""
     out = []
     for rho in sorted({r["rho"] for r in table}):
         row = {r["policy"]: r for r in table if r["rho"] == rho}
+        if "adaptive" not in row:
+            continue
         ada = row["adaptive"]
         entry: dict[str, Any] = {"rho": rho}
         for base in ("accurate", "accurate_expiry"):
+            if base not in row:
+                continue
             ref = row[base]
             entry[f"goodput_vs_{base}"] = (ada["goodput_mean"] / ref["goodput_mean"]
                                            if ref["goodput_mean"] else None)
@@ -312,6 +346,10 @@ def ratios(table: list[dict[str, Any]], best: str) -> list[dict[str, Any]]:
             entry[f"accuracy_points_vs_{base}"] = (
                 100 * (ref["served_accuracy"] - ada["served_accuracy"])
                 if ada["served_accuracy"] is not None and ref["served_accuracy"] is not None
+                else None)
+            entry[f"mix_accuracy_points_vs_{base}"] = (
+                100 * (ref["mix_accuracy"] - ada["mix_accuracy"])
+                if ada.get("mix_accuracy") is not None and ref.get("mix_accuracy") is not None
                 else None)
         entry["adaptive_share_on_best"] = ada.get("share_on_best")
         out.append(entry)
@@ -323,12 +361,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = ["| ρ | policy | goodput /s | served accuracy | p95 ms | CPU ms per good answer |"
              " variant mix (all repeats) |", "|---|---|---|---|---|---|---|"]
     for row in result["table"]:
-        mix: dict[str, int] = {}
-        for q in result["points"]:
-            if q["rho"] == row["rho"] and q["policy"] == row["policy"]:
-                for k, n in q["variant_mix"].items():
-                    short = k.removeprefix("sentiment-")
-                    mix[short] = mix.get(short, 0) + n
+        mix = row["mix"]
         total = sum(mix.values()) or 1
         mix_s = ", ".join(f"{k} {100 * n / total:.0f}%" for k, n in
                           sorted(mix.items(), key=lambda kv: -kv[1]))
@@ -343,15 +376,20 @@ def markdown(result: dict[str, Any]) -> str:
 def ratio_lines(result: dict[str, Any]) -> str:
     """The headline ratios as a markdown table."""
     lines = ["| ρ | adaptive goodput ÷ accurate | ÷ accurate_expiry | CPU per good answer ÷ "
-             "accurate | accuracy points given up vs accurate | adaptive on the best variant |",
+             "accurate | accuracy points given up: measured / expected from the mix | "
+             "adaptive on the best variant |",
              "|---|---|---|---|---|---|"]
     for e in result["ratios"]:
+        e = {**dict.fromkeys(("goodput_vs_accurate", "goodput_vs_accurate_expiry",
+                              "cost_vs_accurate", "accuracy_points_vs_accurate",
+                              "mix_accuracy_points_vs_accurate")), **e}
         share = e["adaptive_share_on_best"]
         lines.append(
-            f"| {e['rho']} | {fmt_num(e['goodput_vs_accurate'], '.2f')}× | "
-            f"{fmt_num(e['goodput_vs_accurate_expiry'], '.2f')}× | "
+            f"| {e['rho']} | {fmt_num(e['goodput_vs_accurate'], '.2f×')} | "
+            f"{fmt_num(e['goodput_vs_accurate_expiry'], '.2f×')} | "
             f"{fmt_num(e['cost_vs_accurate'], '.2f')} | "
-            f"{fmt_num(e['accuracy_points_vs_accurate'], '.2f')} | "
+            f"{fmt_num(e['accuracy_points_vs_accurate'], '.2f')} / "
+            f"{fmt_num(e['mix_accuracy_points_vs_accurate'], '.2f')} | "
             f"{fmt_num(None if share is None else 100 * share, '.0f')}% |")
     return "\n".join(lines)
 
@@ -365,6 +403,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for policy in POLICIES:
         rows = [r for r in result["table"] if r["policy"] == policy]
+        if not rows:
+            continue
         x = [r["rho"] for r in rows]
         y = [r["goodput_mean"] for r in rows]
         err = [[r["goodput_mean"] - r["goodput_min"] for r in rows],

@@ -8,19 +8,19 @@ from typing import Any
 import pytest
 
 from bench.frontier import frontier
-from bench.goodput_sweep import ratios, summarize
+from bench.goodput_sweep import ratios, report, summarize
 
 
 def row(policy: str, goodput: float, cpu_ms: float | None, acc: float | None,
         share: float | None = None) -> dict[str, Any]:
     return {"rho": 0.95, "policy": policy, "goodput_mean": goodput, "cpu_ms_per_good": cpu_ms,
-            "served_accuracy": acc, "share_on_best": share}
+            "served_accuracy": acc, "mix_accuracy": acc, "share_on_best": share}
 
 
 def test_ratios_divide_adaptive_by_each_accurate_baseline() -> None:
     table = [row("accurate", 2.0, 400.0, 0.89), row("accurate_expiry", 5.0, 200.0, 0.88),
              row("fastest", 12.0, 20.0, 0.76), row("adaptive", 10.0, 50.0, 0.87, 0.1)]
-    [r] = ratios(table, "mpnet-fp32")
+    [r] = ratios(table)
     assert r["goodput_vs_accurate"] == pytest.approx(5.0)
     assert r["goodput_vs_accurate_expiry"] == pytest.approx(2.0)
     assert r["cost_vs_accurate"] == pytest.approx(0.125)
@@ -31,7 +31,7 @@ def test_ratios_divide_adaptive_by_each_accurate_baseline() -> None:
 def test_a_baseline_with_no_good_answers_has_no_ratio() -> None:
     table = [row("accurate", 0.0, None, None), row("accurate_expiry", 1.0, 300.0, 0.9),
              row("fastest", 12.0, 20.0, 0.76), row("adaptive", 10.0, 50.0, 0.87)]
-    [r] = ratios(table, "mpnet-fp32")
+    [r] = ratios(table)
     assert r["goodput_vs_accurate"] is None
     assert r["cost_vs_accurate"] is None
     assert r["accuracy_points_vs_accurate"] is None
@@ -77,3 +77,24 @@ def test_frontier_joins_manifest_and_profile_most_accurate_first() -> None:
 def test_frontier_refuses_a_failed_cross_check() -> None:
     with pytest.raises(ValueError, match="cross-check"):
         frontier(*manifest_and_profile(ok=False))
+
+
+def point(policy: str, rep: int, goodput: float, mix: dict[str, int]) -> dict[str, Any]:
+    return {"repeat": rep, "rho": 0.4, "policy": policy, "goodput_per_s": goodput,
+            "served_accuracy": 0.85, "p95_ms": 100.0, "cpu_s_per_good": 0.05,
+            "variant_mix": {f"sentiment-{v}": n for v, n in mix.items()}}
+
+
+def test_report_rebuilds_table_and_ratios_from_the_points() -> None:
+    points = [point(p, rep, 4.0 + rep, {"big": 3, "small": 1} if p == "adaptive" else
+                    {"big": 4})
+              for p in ("accurate", "accurate_expiry", "fastest", "adaptive") for rep in (0, 1)]
+    result = report({"variants": {"big": 0.9, "small": 0.8}, "points": points})
+    ada = next(r for r in result["table"] if r["policy"] == "adaptive")
+    assert (ada["goodput_min"], ada["goodput_mean"], ada["goodput_max"]) == (4.0, 4.5, 5.0)
+    assert ada["mix"] == {"big": 6, "small": 2}
+    assert ada["share_on_best"] == pytest.approx(0.75)
+    assert ada["mix_accuracy"] == pytest.approx(0.875)
+    [r] = result["ratios"]
+    assert r["mix_accuracy_points_vs_accurate"] == pytest.approx(2.5)
+    assert r["goodput_vs_accurate"] == pytest.approx(1.0)
