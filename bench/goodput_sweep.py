@@ -409,14 +409,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
         y = [r["goodput_mean"] for r in rows]
         err = [[r["goodput_mean"] - r["goodput_min"] for r in rows],
                [r["goodput_max"] - r["goodput_mean"] for r in rows]]
-        a.errorbar(x, y, yerr=err, marker="o", capsize=3, label=policy)
-        b.plot(x, [r["served_accuracy"] or 0 for r in rows], marker="o", label=policy)
+        line = a.errorbar(x, y, yerr=err, marker="o", capsize=3, label=policy)
+        color = line[0].get_color()
+        b.plot(x, [r["mix_accuracy"] for r in rows], marker="o", color=color, label=policy)
+        b.scatter(x, [r["served_accuracy"] for r in rows], marker="x", color=color, alpha=0.5)
     a.set_xlabel("offered load ρ (× accurate-only capacity)")
     a.set_ylabel(f"goodput (answers within {result['deadline_ms']:.0f} ms, /s)")
     a.legend()
     a.grid(alpha=0.3)
     b.set_xlabel("offered load ρ")
     b.set_ylabel("accuracy of the traffic served")
+    b.set_title("line: frontier accuracy × variant mix; ×: measured against labels",
+                fontsize=9)
     b.grid(alpha=0.3)
     b.legend()
     fig.suptitle(f"sentiment group: {', '.join(result['variants'])}; "
