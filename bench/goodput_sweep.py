@@ -300,9 +300,12 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
             if not mine:
                 continue
             gp = [q["goodput_per_s"] for q in mine]
+            # Good answers over requests sent: the repeats draw different arrivals (and so
+            # different counts), so the run-to-run spread is measured on this fraction.
+            frac = [q["good"] / q["sent"] for q in mine if q["sent"]]
             acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
             p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
-            cost = [q["cpu_s_per_good"] for q in mine if q["cpu_s_per_good"] is not None]
+            good = sum(q["good"] for q in mine)
             mix: dict[str, int] = {}
             for q in mine:
                 for model, n in q["variant_mix"].items():
@@ -312,21 +315,34 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
             table.append({
                 "rho": rho, "policy": policy, "goodput_mean": statistics.fmean(gp),
                 "goodput_min": min(gp), "goodput_max": max(gp),
+                "good_fraction": statistics.fmean(frac) if frac else None,
+                "good_fraction_spread": ((max(frac) - min(frac)) / statistics.fmean(frac)
+                                         if frac and statistics.fmean(frac) else None),
                 "served_accuracy": statistics.fmean(acc) if acc else None,
                 "mix_accuracy": (sum(accuracy[v] * n for v, n in mix.items()) / served
                                  if served else None),
                 "p95_ms": statistics.fmean(p95) if p95 else None,
-                "cpu_ms_per_good": statistics.fmean(cost) * 1000 if cost else None,
+                # Pooled over the repeats: one starved repeat does not dominate a mean.
+                "cpu_ms_per_good": (1000 * sum(q["cpu_s"] for q in mine) / good
+                                    if good else None),
                 "share_on_best": mix.get(best, 0) / served if served else None,
                 "mix": mix,
             })
-    return {**result, "table": table, "ratios": ratios(table)}
+    return {**result, "table": table, "ratios": ratios(table, result["points"])}
 
 
-def ratios(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def span(pair: list[float] | None) -> str:
+    """``[lo–hi]`` of a per-repeat range, or nothing."""
+    return "" if not pair else f"[{pair[0]:.2f}–{pair[1]:.2f}]"
+
+
+def ratios(table: list[dict[str, Any]], points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per ρ: adaptive's goodput and CPU per good answer over each accurate-only
-    baseline's, and the accuracy it gave up (measured on what was served, and expected
-    from the variant mix and the frontier: the latter without sampling noise)."""
+    baseline's (all repeats pooled; the policies of one repeat saw the same arrivals, so
+    the per-repeat ratios are paired and their range is given too), and the accuracy it
+    gave up (measured on what was served, and expected from the variant mix and the
+    frontier: the latter without sampling noise)."""
+    good = {(q["rho"], q["policy"], q["repeat"]): q["good"] for q in points}
     out = []
     for rho in sorted({r["rho"] for r in table}):
         row = {r["policy"]: r for r in table if r["rho"] == rho}
@@ -340,6 +356,9 @@ def ratios(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
             ref = row[base]
             entry[f"goodput_vs_{base}"] = (ada["goodput_mean"] / ref["goodput_mean"]
                                            if ref["goodput_mean"] else None)
+            paired = [good[k] / good[(rho, base, k[2])] for k in good
+                      if k[:2] == (rho, "adaptive") and good.get((rho, base, k[2]))]
+            entry[f"goodput_vs_{base}_range"] = [min(paired), max(paired)] if paired else None
             entry[f"cost_vs_{base}"] = (ada["cpu_ms_per_good"] / ref["cpu_ms_per_good"]
                                         if ada["cpu_ms_per_good"] and ref["cpu_ms_per_good"]
                                         else None)
@@ -358,16 +377,19 @@ def ratios(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def markdown(result: dict[str, Any]) -> str:
     """The summary table (mean over repeats; goodput as mean [min-max])."""
-    lines = ["| ρ | policy | goodput /s | served accuracy | p95 ms | CPU ms per good answer |"
-             " variant mix (all repeats) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| ρ | policy | goodput /s [min–max] | in deadline (spread) | served accuracy | "
+             "p95 ms | CPU ms per good answer | variant mix (all repeats) |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in result["table"]:
         mix = row["mix"]
+        spread = row.get("good_fraction_spread")
         total = sum(mix.values()) or 1
         mix_s = ", ".join(f"{k} {100 * n / total:.0f}%" for k, n in
                           sorted(mix.items(), key=lambda kv: -kv[1]))
         lines.append(
             f"| {row['rho']} | {row['policy']} | {row['goodput_mean']:.1f} "
             f"[{row['goodput_min']:.1f}–{row['goodput_max']:.1f}] | "
+            f"{fmt_num(row.get('good_fraction'), '.0%')} ({fmt_num(spread, '.0%')}) | "
             f"{fmt_num(row['served_accuracy'], '.3f')} | {fmt_num(row['p95_ms'], '.0f')} | "
             f"{fmt_num(row['cpu_ms_per_good'], '.1f')} | {mix_s} |")
     return "\n".join(lines)
@@ -381,12 +403,15 @@ def ratio_lines(result: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]
     for e in result["ratios"]:
         e = {**dict.fromkeys(("goodput_vs_accurate", "goodput_vs_accurate_expiry",
+                              "goodput_vs_accurate_range", "goodput_vs_accurate_expiry_range",
                               "cost_vs_accurate", "accuracy_points_vs_accurate",
                               "mix_accuracy_points_vs_accurate")), **e}
         share = e["adaptive_share_on_best"]
         lines.append(
-            f"| {e['rho']} | {fmt_num(e['goodput_vs_accurate'], '.2f×')} | "
-            f"{fmt_num(e['goodput_vs_accurate_expiry'], '.2f×')} | "
+            f"| {e['rho']} | {fmt_num(e['goodput_vs_accurate'], '.2f×')} "
+            f"{span(e['goodput_vs_accurate_range'])} | "
+            f"{fmt_num(e['goodput_vs_accurate_expiry'], '.2f×')} "
+            f"{span(e['goodput_vs_accurate_expiry_range'])} | "
             f"{fmt_num(e['cost_vs_accurate'], '.2f')} | "
             f"{fmt_num(e['accuracy_points_vs_accurate'], '.2f')} / "
             f"{fmt_num(e['mix_accuracy_points_vs_accurate'], '.2f')} | "

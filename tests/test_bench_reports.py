@@ -20,8 +20,13 @@ def row(policy: str, goodput: float, cpu_ms: float | None, acc: float | None,
 def test_ratios_divide_adaptive_by_each_accurate_baseline() -> None:
     table = [row("accurate", 2.0, 400.0, 0.89), row("accurate_expiry", 5.0, 200.0, 0.88),
              row("fastest", 12.0, 20.0, 0.76), row("adaptive", 10.0, 50.0, 0.87, 0.1)]
-    [r] = ratios(table)
+    points = [{"rho": 0.95, "policy": p, "repeat": rep, "good": g}
+              for p, goods in (("accurate", (2, 4)), ("accurate_expiry", (5, 5)),
+                               ("adaptive", (10, 10))) for rep, g in enumerate(goods)]
+    [r] = ratios(table, points)
     assert r["goodput_vs_accurate"] == pytest.approx(5.0)
+    assert r["goodput_vs_accurate_range"] == [2.5, 5.0]  # paired per repeat
+    assert r["goodput_vs_accurate_expiry_range"] == [2.0, 2.0]
     assert r["goodput_vs_accurate_expiry"] == pytest.approx(2.0)
     assert r["cost_vs_accurate"] == pytest.approx(0.125)
     assert r["accuracy_points_vs_accurate"] == pytest.approx(2.0)
@@ -31,8 +36,9 @@ def test_ratios_divide_adaptive_by_each_accurate_baseline() -> None:
 def test_a_baseline_with_no_good_answers_has_no_ratio() -> None:
     table = [row("accurate", 0.0, None, None), row("accurate_expiry", 1.0, 300.0, 0.9),
              row("fastest", 12.0, 20.0, 0.76), row("adaptive", 10.0, 50.0, 0.87)]
-    [r] = ratios(table)
+    [r] = ratios(table, [])
     assert r["goodput_vs_accurate"] is None
+    assert r["goodput_vs_accurate_range"] is None
     assert r["cost_vs_accurate"] is None
     assert r["accuracy_points_vs_accurate"] is None
 
@@ -80,8 +86,10 @@ def test_frontier_refuses_a_failed_cross_check() -> None:
 
 
 def point(policy: str, rep: int, goodput: float, mix: dict[str, int]) -> dict[str, Any]:
+    good = int(goodput * 10)
     return {"repeat": rep, "rho": 0.4, "policy": policy, "goodput_per_s": goodput,
-            "served_accuracy": 0.85, "p95_ms": 100.0, "cpu_s_per_good": 0.05,
+            "good": good, "sent": 50, "cpu_s": good * 0.05 * (1 + rep),
+            "served_accuracy": 0.85, "p95_ms": 100.0,
             "variant_mix": {f"sentiment-{v}": n for v, n in mix.items()}}
 
 
@@ -95,6 +103,10 @@ def test_report_rebuilds_table_and_ratios_from_the_points() -> None:
     assert ada["mix"] == {"big": 6, "small": 2}
     assert ada["share_on_best"] == pytest.approx(0.75)
     assert ada["mix_accuracy"] == pytest.approx(0.875)
+    assert ada["good_fraction"] == pytest.approx(0.9)  # (40 + 50) / 2 / 50
+    assert ada["good_fraction_spread"] == pytest.approx(0.2 / 0.9)
+    # CPU pooled over repeats: (40·0.05 + 50·0.1) / 90 s per good answer.
+    assert ada["cpu_ms_per_good"] == pytest.approx(1000 * 7.0 / 90)
     [r] = result["ratios"]
     assert r["mix_accuracy_points_vs_accurate"] == pytest.approx(2.5)
     assert r["goodput_vs_accurate"] == pytest.approx(1.0)
