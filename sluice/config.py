@@ -65,6 +65,8 @@ class GroupConfig(_Strict):
     """Multiplies predicted waits and service times (>= 1 is safer)."""
     low_load_utilization: float = Field(default=0.5, ge=0, le=1)
     """Below this utilization the most accurate variant is taken without prediction."""
+    low_load_confidence_z: float = Field(default=2.0, ge=0, le=10)
+    """Standard errors by which the measured arrival rate must exceed the low-load line."""
 
 
 class WorkersConfig(_Strict):
@@ -273,6 +275,7 @@ class Config(_Strict):
                     planner=PlannerConfig(
                         policy=g.policy, pessimism=g.pessimism,
                         low_load_utilization=g.low_load_utilization,
+                        low_load_confidence_z=g.low_load_confidence_z,
                         max_batch_size=self.batching.max_batch_size,
                     ),
                     default_deadline_s=None if g.default_deadline_ms is None

@@ -116,7 +116,7 @@ class VariantPlanner:
             req.deadline_s = req.arrival_s + group.default_deadline_s
         with self._lock:
             self._arrivals[group_id].record(now)
-            rate = self._arrivals[group_id].rate_per_s(now)
+            rate, rate_stderr = self._arrivals[group_id].rate_and_stderr(now)
             states = self._states(group)
             if name != group_id:  # a variant named directly: predict it alone
                 states = [s for s in states if s.name == name]
@@ -126,7 +126,8 @@ class VariantPlanner:
             else:
                 config = group.planner
         time_left = None if req.deadline_s is None else req.deadline_s - now
-        choice = choose_variant(states, arrival_per_s=rate, time_left_s=time_left, config=config)
+        choice = choose_variant(states, arrival_per_s=rate, arrival_stderr_per_s=rate_stderr,
+                                time_left_s=time_left, config=config)
         self.last_choice[group_id] = choice
         if choice.variant is not None:
             req.model_id = choice.variant

@@ -24,7 +24,11 @@ The queueing model, and the assumptions it rests on:
 * Below ``low_load_utilization`` (0.5 by default) of the most accurate variant's
   capacity (at its most efficient batch size, as a saturated pool runs), the planner
   picks the most accurate variant without further prediction, so at light load it
-  behaves exactly like the accurate-only baseline.
+  behaves exactly like the accurate-only baseline. The measured arrival rate is a
+  Poisson count over a short window, so it is noisy (±10 % at 10/s over 10 s, far more
+  in the first seconds): the planner leaves the accurate-only choice only when the rate
+  is above that line by ``low_load_confidence_z`` standard errors, so noise alone does
+  not send a light-load request to a cheaper variant.
 """
 
 from __future__ import annotations
@@ -191,6 +195,9 @@ class PlannerConfig:
     """Multiplies every predicted wait and service time (>= 1 is safer)."""
     low_load_utilization: float = 0.5
     """Below this utilization of the most accurate variant, pick it without prediction."""
+    low_load_confidence_z: float = 2.0
+    """Standard errors of the measured arrival rate by which it must exceed the low-load
+    line before the planner predicts (0: the point estimate alone decides)."""
     max_batch_size: int = 8
     """The dynamic batcher's limit."""
 
@@ -203,6 +210,9 @@ class PlannerConfig:
             raise ValueError(
                 f"low_load_utilization must be in [0, 1], got {self.low_load_utilization!r}"
             )
+        if not 0 <= self.low_load_confidence_z < math.inf:
+            raise ValueError(f"low_load_confidence_z must be a finite number >= 0, got "
+                             f"{self.low_load_confidence_z!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
 
@@ -306,24 +316,32 @@ def choose_variant(
     arrival_per_s: float,
     time_left_s: float | None,
     config: PlannerConfig,
+    arrival_stderr_per_s: float = 0.0,
 ) -> VariantChoice:
     """Pick a variant for one request of a group.
 
-    ``arrival_per_s`` is the group's measured arrival rate; ``time_left_s`` the time to the
-    request's deadline (``None``: no deadline). The baselines ignore the prediction:
-    ``accurate`` always takes the most accurate variant, ``fastest`` the fastest at batch
-    size 1. ``adaptive`` takes the most accurate variant below ``low_load_utilization``;
-    otherwise the most accurate whose predicted sojourn fits ``time_left_s``; if none fits,
-    ``variant`` is ``None`` (reject now) with a Retry-After from the best prediction.
+    ``arrival_per_s`` is the group's measured arrival rate and ``arrival_stderr_per_s``
+    its standard error; ``time_left_s`` the time to the request's deadline (``None``: no
+    deadline). The baselines ignore the prediction: ``accurate`` always takes the most
+    accurate variant, ``fastest`` the fastest at batch size 1. ``adaptive`` takes the most
+    accurate variant unless the arrival rate is above ``low_load_utilization`` of its
+    capacity by ``low_load_confidence_z`` standard errors; otherwise the most accurate
+    whose predicted sojourn fits ``time_left_s``; if none fits, ``variant`` is ``None``
+    (reject now) with a Retry-After from the best prediction.
     """
     if not variants:
         raise ValueError("a group needs at least one variant")
     if not arrival_per_s >= 0:
         raise ValueError(f"arrival_per_s must be >= 0, got {arrival_per_s!r}")
+    if not arrival_stderr_per_s >= 0:
+        raise ValueError(f"arrival_stderr_per_s must be >= 0, got {arrival_stderr_per_s!r}")
     preds = predict(variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s,
                     config=config)
     best = _by_accuracy(variants)[0]
-    utilization = arrival_per_s / capacity_per_s(best, config.max_batch_size)
+    best_capacity_per_s = capacity_per_s(best, config.max_batch_size)
+    utilization = arrival_per_s / best_capacity_per_s
+    surely_above_per_s = max(0.0, arrival_per_s
+                             - config.low_load_confidence_z * arrival_stderr_per_s)
 
     def pick(p: Prediction, reason: str) -> VariantChoice:
         return VariantChoice(p.variant, reason, p.wait_s, p.sojourn_s, utilization,
@@ -334,7 +352,8 @@ def choose_variant(
     if config.policy == "fastest":
         fastest = min(preds, key=lambda p: (p.service_s / p.batch_size, -p.accuracy))
         return pick(fastest, "policy_fastest")
-    if utilization < config.low_load_utilization:
+    low_load_line_per_s = config.low_load_utilization * best_capacity_per_s
+    if surely_above_per_s < low_load_line_per_s:  # never when the line is at 0
         return pick(preds[0], "low_load")
     if time_left_s is None:
         return pick(preds[0], "no_deadline")

@@ -3,6 +3,7 @@ predictions divide by. Pure: every call takes ``now``."""
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 
@@ -33,11 +34,19 @@ class RateMeter:
 
     def rate_per_s(self, now: float) -> float:
         """Events per second over the window (or since the first event, if sooner)."""
+        return self.rate_and_stderr(now)[0]
+
+    def rate_and_stderr(self, now: float) -> tuple[float, float]:
+        """The rate and its standard error as a Poisson count: ``n / T`` and ``√n / T``.
+
+        For deciding on a rate with known confidence (a burst of a few events over a short
+        span reads as a high rate with a large error)."""
         self._prune(now)
         if self._first_s is None or not self._times:
-            return 0.0
+            return 0.0, 0.0
         span = min(self.window_s, max(now - self._first_s, self.min_span_s))
-        return len(self._times) / span
+        n = len(self._times)
+        return n / span, math.sqrt(n) / span
 
     def _prune(self, now: float) -> None:
         horizon = now - self.window_s

@@ -123,6 +123,49 @@ def test_below_half_load_picks_what_accurate_only_picks(
     assert adaptive.reason == "low_load"
 
 
+@given(st.floats(0.0, 0.499), st.floats(0.0, 5.0))
+def test_a_noisy_rate_estimate_never_leaves_accurate_only_below_half_load(
+    utilization: float, stderr_per_s: float
+) -> None:
+    """Below the line, an uncertain rate changes nothing: the margin only ever keeps the
+    accurate choice longer."""
+    choice = choose_variant(variants({"mpnet": 40}), arrival_per_s=load(utilization),
+                            arrival_stderr_per_s=stderr_per_s, time_left_s=0.05, config=CFG)
+    assert (choice.variant, choice.reason) == ("mpnet", "low_load")
+
+
+def test_a_rate_just_above_half_load_must_be_sure_before_the_planner_predicts() -> None:
+    lam = load(0.55)
+    vs = variants({"mpnet": 8})
+    # From a handful of arrivals (large standard error) the planner stays accurate-only ...
+    unsure = choose_variant(vs, arrival_per_s=lam, arrival_stderr_per_s=0.1 * lam,
+                            time_left_s=0.25, config=CFG)
+    assert (unsure.variant, unsure.reason) == ("mpnet", "low_load")
+    # ... from many (small error) it predicts, and the backlog sends this one elsewhere.
+    sure = choose_variant(vs, arrival_per_s=lam, arrival_stderr_per_s=0.01 * lam,
+                          time_left_s=0.25, config=CFG)
+    assert sure.reason == "meets_deadline" and sure.variant != "mpnet"
+    # With z = 0 the point estimate alone decides.
+    point = choose_variant(vs, arrival_per_s=lam, arrival_stderr_per_s=0.1 * lam,
+                           time_left_s=0.25, config=PlannerConfig(low_load_confidence_z=0.0))
+    assert point.reason == "meets_deadline"
+
+
+def test_no_low_load_line_always_predicts() -> None:
+    cfg = PlannerConfig(low_load_utilization=0.0)
+    choice = choose_variant(variants({"mpnet": 40}), arrival_per_s=0.5,
+                            arrival_stderr_per_s=0.5, time_left_s=0.25, config=cfg)
+    assert choice.reason != "low_load"
+
+
+def test_bad_confidence_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="low_load_confidence_z"):
+        PlannerConfig(low_load_confidence_z=-1.0)
+    with pytest.raises(ValueError, match="arrival_stderr_per_s"):
+        choose_variant(variants(), arrival_per_s=1.0, arrival_stderr_per_s=-0.1,
+                       time_left_s=None, config=CFG)
+
+
 def test_high_load_degrades_to_a_faster_variant() -> None:
     lam = load(0.95)
     choice = choose_variant(variants(), arrival_per_s=lam, time_left_s=0.25, config=CFG)

@@ -56,3 +56,16 @@ def test_rate_counts_exactly_the_events_in_the_window(times: list[float], window
     inside = sum(1 for t in times if t >= now - window_s)
     span = min(window_s, max(now - times[0], 1e-3)) if times else 1.0
     assert m.rate_per_s(now) == pytest.approx(inside / span if times else 0.0)
+
+
+def test_stderr_is_that_of_a_poisson_count() -> None:
+    m = RateMeter(window_s=10.0, min_span_s=2.0)
+    m.record(0.0, count=100)
+    rate, stderr = m.rate_and_stderr(10.0)
+    assert rate == pytest.approx(10.0)
+    assert stderr == pytest.approx(1.0)  # √100 / 10 s
+    # A first burst: few events over the minimum span, so a wide error.
+    first = RateMeter(window_s=10.0, min_span_s=2.0)
+    first.record(0.0, count=4)
+    assert first.rate_and_stderr(0.0) == pytest.approx((2.0, 1.0))
+    assert RateMeter(10.0).rate_and_stderr(1.0) == (0.0, 0.0)
