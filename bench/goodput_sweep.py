@@ -312,6 +312,7 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
             # Good answers over requests sent: the repeats draw different arrivals (and so
             # different counts), so the run-to-run spread is measured on this fraction.
             frac = [q["good"] / q["sent"] for q in mine if q["sent"]]
+            frac_mean = statistics.fmean(frac) if frac else None
             acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
             p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
             good = sum(q["good"] for q in mine)
@@ -324,20 +325,27 @@ def report(result: dict[str, Any]) -> dict[str, Any]:
             table.append({
                 "rho": rho, "policy": policy, "goodput_mean": statistics.fmean(gp),
                 "goodput_min": min(gp), "goodput_max": max(gp),
-                "good_fraction": statistics.fmean(frac) if frac else None,
-                "good_fraction_spread": ((max(frac) - min(frac)) / statistics.fmean(frac)
-                                         if frac and statistics.fmean(frac) else None),
+                "good_fraction": frac_mean,
+                "good_fraction_spread": ratio(max(frac) - min(frac), frac_mean) if frac else None,
                 "served_accuracy": statistics.fmean(acc) if acc else None,
-                "mix_accuracy": (sum(accuracy[v] * n for v, n in mix.items()) / served
-                                 if served else None),
+                "mix_accuracy": ratio(sum(accuracy[v] * n for v, n in mix.items()), served),
                 "p95_ms": statistics.fmean(p95) if p95 else None,
                 # Pooled over the repeats: one starved repeat does not dominate a mean.
-                "cpu_ms_per_good": (1000 * sum(q["cpu_s"] for q in mine) / good
-                                    if good else None),
-                "share_on_best": mix.get(best, 0) / served if served else None,
+                "cpu_ms_per_good": ratio(1000 * sum(q["cpu_s"] for q in mine), good),
+                "share_on_best": ratio(mix.get(best, 0), served),
                 "mix": mix,
             })
     return {**result, "table": table, "ratios": ratios(table, result["points"])}
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den``, or ``None`` when either is missing or the denominator is 0."""
+    return None if num is None or not den else num / den
+
+
+def points_lost(ref: float | None, new: float | None) -> float | None:
+    """Accuracy points from ``ref`` down to ``new`` (both 0..1), or ``None``."""
+    return None if ref is None or new is None else 100 * (ref - new)
 
 
 def span(pair: list[float] | None) -> str:
@@ -363,22 +371,16 @@ def ratios(table: list[dict[str, Any]], points: list[dict[str, Any]]) -> list[di
             if base not in row:
                 continue
             ref = row[base]
-            entry[f"goodput_vs_{base}"] = (ada["goodput_mean"] / ref["goodput_mean"]
-                                           if ref["goodput_mean"] else None)
+            entry[f"goodput_vs_{base}"] = ratio(ada["goodput_mean"], ref["goodput_mean"])
             paired = [good[k] / good[(rho, base, k[2])] for k in good
                       if k[:2] == (rho, "adaptive") and good.get((rho, base, k[2]))]
             entry[f"goodput_vs_{base}_range"] = [min(paired), max(paired)] if paired else None
-            entry[f"cost_vs_{base}"] = (ada["cpu_ms_per_good"] / ref["cpu_ms_per_good"]
-                                        if ada["cpu_ms_per_good"] and ref["cpu_ms_per_good"]
-                                        else None)
-            entry[f"accuracy_points_vs_{base}"] = (
-                100 * (ref["served_accuracy"] - ada["served_accuracy"])
-                if ada["served_accuracy"] is not None and ref["served_accuracy"] is not None
-                else None)
-            entry[f"mix_accuracy_points_vs_{base}"] = (
-                100 * (ref["mix_accuracy"] - ada["mix_accuracy"])
-                if ada.get("mix_accuracy") is not None and ref.get("mix_accuracy") is not None
-                else None)
+            entry[f"cost_vs_{base}"] = ratio(ada["cpu_ms_per_good"] or None,
+                                             ref["cpu_ms_per_good"])
+            entry[f"accuracy_points_vs_{base}"] = points_lost(ref["served_accuracy"],
+                                                              ada["served_accuracy"])
+            entry[f"mix_accuracy_points_vs_{base}"] = points_lost(ref["mix_accuracy"],
+                                                                  ada["mix_accuracy"])
         entry["adaptive_share_on_best"] = ada.get("share_on_best")
         out.append(entry)
     return out
@@ -411,19 +413,16 @@ def ratio_lines(result: dict[str, Any]) -> str:
              "adaptive on the best variant |",
              "|---|---|---|---|---|---|"]
     for e in result["ratios"]:
-        e = {**dict.fromkeys(("goodput_vs_accurate", "goodput_vs_accurate_expiry",
-                              "goodput_vs_accurate_range", "goodput_vs_accurate_expiry_range",
-                              "cost_vs_accurate", "accuracy_points_vs_accurate",
-                              "mix_accuracy_points_vs_accurate")), **e}
-        share = e["adaptive_share_on_best"]
+        g = e.get  # a run without one of the baselines has no ratios against it
+        share = g("adaptive_share_on_best")
         lines.append(
-            f"| {e['rho']} | {fmt_num(e['goodput_vs_accurate'], '.2f×')} "
-            f"{span(e['goodput_vs_accurate_range'])} | "
-            f"{fmt_num(e['goodput_vs_accurate_expiry'], '.2f×')} "
-            f"{span(e['goodput_vs_accurate_expiry_range'])} | "
-            f"{fmt_num(e['cost_vs_accurate'], '.2f')} | "
-            f"{fmt_num(e['accuracy_points_vs_accurate'], '.2f')} / "
-            f"{fmt_num(e['mix_accuracy_points_vs_accurate'], '.2f')} | "
+            f"| {e['rho']} | {fmt_num(g('goodput_vs_accurate'), '.2f×')} "
+            f"{span(g('goodput_vs_accurate_range'))} | "
+            f"{fmt_num(g('goodput_vs_accurate_expiry'), '.2f×')} "
+            f"{span(g('goodput_vs_accurate_expiry_range'))} | "
+            f"{fmt_num(g('cost_vs_accurate'), '.2f')} | "
+            f"{fmt_num(g('accuracy_points_vs_accurate'), '.2f')} / "
+            f"{fmt_num(g('mix_accuracy_points_vs_accurate'), '.2f')} | "
             f"{fmt_num(None if share is None else 100 * share, '.0f')}% |")
     return "\n".join(lines)
 
