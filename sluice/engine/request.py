@@ -197,3 +197,22 @@ class Request:
 def total_tokens_estimate(prompt_tokens: Sequence[int], params: SamplingParams) -> int:
     """Tokens a generative request may hold in KV: prompt plus everything it may generate."""
     return len(prompt_tokens) + params.max_tokens
+
+
+def is_stopped(req: Request, now: float) -> bool:
+    """Whether ``req`` must not start: ended, cancelled, or past its deadline."""
+    return (
+        req.is_terminal
+        or req.cancel_requested
+        or (req.deadline_s is not None and now >= req.deadline_s)
+    )
+
+
+def end_stopped(req: Request, now: float, where: str) -> None:
+    """Give a request that must not run its terminal state (no-op if it has one);
+    ``where`` completes the message, e.g. ``"while queued at the worker"``."""
+    if req.cancel_requested:
+        req.finish(RequestStatus.CANCELLED, now, error=f"cancelled {where}")
+    elif req.deadline_s is not None and now >= req.deadline_s:
+        req.finish(RequestStatus.EXPIRED, now, error=f"deadline passed {where}",
+                   error_code="deadline")

@@ -1,5 +1,6 @@
-"""A worker: one execution thread that owns a resident set, its loaded models, and a
-continuous-batching engine per resident generative model.
+"""A worker: one execution thread that owns a resident set, its loaded models, a
+continuous-batching engine per resident generative model, and one one-shot executor
+(``sluice.engine.oneshot``) for its one-shot models.
 
 The control plane talks to it only through ``offer`` (a request for its inbox),
 ``call`` (run a closure on its thread: admin load/unload) and ``stop``; it reads back
@@ -20,8 +21,8 @@ from typing import Any, Literal
 from sluice.backends.base import Backend, GenerativeModel, ModelSpec, OneShotModel
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.observer import Observer
-from sluice.engine.request import Request, RequestStatus
-from sluice.policy.batcher import decide_batch
+from sluice.engine.oneshot import OneShotExecutor
+from sluice.engine.request import Request, RequestStatus, end_stopped, is_stopped
 from sluice.policy.residency import Residency
 from sluice.policy.types import WorkerView
 
@@ -114,8 +115,15 @@ class Worker:
         self._models: dict[str, OneShotModel | GenerativeModel] = {}
         self._engines: dict[str, ContinuousEngine] = {}
         self._failed: dict[str, str] = {}
-        self._batch_active = 0
-        self._batch_wakeup_s: float | None = None
+        self._oneshot = OneShotExecutor(
+            config.worker_id,
+            max_batch_size=config.max_batch_size,
+            max_wait_s=config.max_wait_s,
+            clock=clock,
+            observer=observer,
+            on_start=self._batch_started,
+            on_end=self._batch_ended,
+        )
         self.state = WorkerState(worker_id=config.worker_id, budget_bytes=config.budget_bytes)
         self.trace: list[tuple[str, tuple[int, ...]]] | None = None
         """When a list, every inbox change is appended (tests replay it): ``("offer",
@@ -239,8 +247,9 @@ class Worker:
     def _sleep(self) -> None:
         now = self._clock()
         wake = [now + IDLE_POLL_S]
-        if self._batch_wakeup_s is not None:
-            wake.append(self._batch_wakeup_s)
+        batch_wakeup_s = self._oneshot.next_wakeup_s()
+        if batch_wakeup_s is not None:
+            wake.append(batch_wakeup_s)
         for engine in self._engines.values():
             w = engine.next_wakeup_s(now)
             if w is not None:
@@ -254,25 +263,25 @@ class Worker:
     def _sweep_inbox(self, now: float) -> None:
         """Cancelled and expired requests leave the inbox without running."""
         with self._cv:
-            if not any(_stopped(r, now) for r, _ in self._inbox):
+            if not any(is_stopped(r, now) for r, _ in self._inbox):
                 return
             kept: deque[tuple[Request, float]] = deque()
             gone: list[Request] = []
             for item in self._inbox:
-                if _stopped(item[0], now):
+                if is_stopped(item[0], now):
                     gone.append(item[0])
                     self._trace("leave", item[0])
                 else:
                     kept.append(item)
             self._inbox = kept
         for req in gone:
-            _end_stopped(req, now, "while queued at the worker")
+            end_stopped(req, now, "while queued at the worker")
         self._on_capacity()
 
     def _advance_inbox(self, now: float) -> bool:
         """Serve the inbox head: generative → its engine; one-shot → a dynamic batch."""
         did = False
-        self._batch_wakeup_s = None
+        self._oneshot.clear_wakeup()
         while True:
             with self._cv:
                 if not self._inbox:
@@ -296,60 +305,25 @@ class Worker:
                 continue
             with self._cv:
                 model_ids = [r.model_id for r, _ in self._inbox]
-            decision = decide_batch(
-                model_ids,
-                enqueued_s,
-                now,
-                max_batch_size=self.config.max_batch_size,
-                max_wait_s=self.config.max_wait_s,
-            )
-            if decision.take == 0:
-                self._batch_wakeup_s = decision.wait_until_s
+            take = self._oneshot.plan(model_ids, enqueued_s, now)
+            if take == 0:
                 return did
             with self._cv:
-                batch = [self._inbox.popleft()[0] for _ in range(decision.take)]
+                batch = [self._inbox.popleft()[0] for _ in range(take)]
                 self._trace("batch", *batch)
             self._on_capacity()
-            self._run_batch(spec, batch)
+            model = self._models[spec.model_id]
+            assert isinstance(model, OneShotModel)
+            self._oneshot.run(model, batch)
             return True
 
-    def _run_batch(self, spec: ModelSpec, batch: list[Request]) -> None:
-        now = self._clock()
-        live = [r for r in batch if r.mark_running(now)]
-        for r in batch:
-            if r not in live:
-                _end_stopped(r, now, "before its batch ran")
-        if not live:
-            return
-        model = self._models[spec.model_id]
-        assert isinstance(model, OneShotModel)
-        self._residency.acquire(spec.model_id, now)
-        self._batch_active = len(live)
+    def _batch_started(self, model_id: str, now: float) -> None:
+        """A one-shot batch is about to run: pin its model, show its members as active."""
+        self._residency.acquire(model_id, now)
         self._publish()
-        self._observer.batch(self.config.worker_id, spec.model_id, len(live))
-        try:
-            outputs = model.run_batch([r.input for r in live])
-            if len(outputs) != len(live):
-                raise RuntimeError(f"{len(outputs)} outputs for {len(live)} inputs")
-        except Exception as exc:
-            done = self._clock()
-            for r in live:
-                r.finish(
-                    RequestStatus.FAILED, done, error=f"backend error: {exc}",
-                    error_code="backend_error",
-                )
-        else:
-            done = self._clock()
-            self._observer.batch_done(self.config.worker_id, spec.model_id, len(live), done - now)
-            for r, out in zip(live, outputs, strict=True):
-                if r.deadline_s is not None and done >= r.deadline_s:  # never complete late
-                    r.finish(RequestStatus.EXPIRED, done, error="deadline passed while running",
-                             error_code="deadline")
-                else:
-                    r.finish(RequestStatus.COMPLETED, done, result=out)
-        finally:
-            self._batch_active = 0
-            self._residency.release(spec.model_id, self._clock())
+
+    def _batch_ended(self, model_id: str) -> None:
+        self._residency.release(model_id, self._clock())
 
     # -- residency -----------------------------------------------------------------------
 
@@ -477,7 +451,7 @@ class Worker:
             budget_bytes=self.config.budget_bytes,
             resident_bytes=self._residency.resident_bytes,
             evictable_bytes=sum(m.memory_bytes for m in models if m.in_use == 0),
-            active_count=self._batch_active + sum(e.active_count for e in engines),
+            active_count=self._oneshot.active_count + sum(e.active_count for e in engines),
             engine_waiting=waiting,
             models=tuple(models),
             failed_models=dict(self._failed),
@@ -503,19 +477,3 @@ class Worker:
                 self._residency.evict(model_id)
         self._publish()
 
-
-def _stopped(req: Request, now: float) -> bool:
-    return (
-        req.is_terminal
-        or req.cancel_requested
-        or (req.deadline_s is not None and now >= req.deadline_s)
-    )
-
-
-def _end_stopped(req: Request, now: float, where: str) -> None:
-    """Give a request that must not run its terminal state (no-op if it has one)."""
-    if req.cancel_requested:
-        req.finish(RequestStatus.CANCELLED, now, error=f"cancelled {where}")
-    elif req.deadline_s is not None and now >= req.deadline_s:
-        req.finish(RequestStatus.EXPIRED, now, error=f"deadline passed {where}",
-                   error_code="deadline")
