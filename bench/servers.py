@@ -71,7 +71,7 @@ def llama_server_cmd(binary: Path, gguf: Path, port: int, *, n_ctx: int, n_slots
             "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx), "-np", str(n_slots),
             "-b", "512", "--no-webui", "--log-disable", "--no-kv-unified",
             # the same setting sluice uses on CPUs with AMX: llama.cpp's AMX repacked
-            # matmul crashes this build (see sluice/backends/llamacpp.py)
+            # matmul crashes this build (see sluice/backends/llamacpp/options.py)
             *(["--no-repack"] if _has_amx() else [])]
 
 

@@ -98,8 +98,9 @@ class Tokenizer(Protocol):
 
 
 @runtime_checkable
-class GenerativeModel(Protocol):
-    """A loaded language model driven one forward pass at a time.
+class GenerativeModel(Tokenizer, Protocol):
+    """A loaded language model driven one forward pass at a time; it is also its own
+    ``Tokenizer``.
 
     Invariants: at most ``n_seq_max`` sequence slots exist (``0 .. n_seq_max-1``); a slot
     holds at most ``n_ctx_per_seq`` tokens; ``release_sequence`` drops a slot's KV so the
@@ -108,22 +109,7 @@ class GenerativeModel(Protocol):
 
     spec: ModelSpec
     n_seq_max: int
-    n_ctx_per_seq: int
     n_ctx_total: int
-    vocab_size: int
-    eos_token_ids: frozenset[int]
-
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        """Token ids of ``text``."""
-        ...
-
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes a token contributes to the output text."""
-        ...
-
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """The prompt text for a chat conversation, ending where the assistant replies."""
-        ...
 
     def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
         """Run one forward pass; return float32 logits, one row per chunk with

@@ -1,0 +1,29 @@
+"""GGUF language models through llama.cpp's low-level C API (llama-cpp-python).
+
+Spec options (see ``LlamaCppOptions``): ``path`` (absent or ``packaged:gemma-3-270m`` =
+the packaged default), ``n_ctx`` (4096), ``n_seq_max`` (8), ``n_threads`` (2),
+``n_batch`` (512), ``chat_template`` (the GGUF's own, else ``gemma``), ``verbose``,
+``extra_bufts``.
+
+Modules: ``options`` (validated spec options, the GGUF path, the KV layout), ``native``
+(ctypes initialisation and log silencing, model load/free, the numpy-owned
+``llama_batch``), ``templates`` (Gemma's turn format, llama.cpp's built-in renderer),
+``tokenizer`` (``LlamaCppTokenizer``), ``model`` (``LlamaCppGenerative``: the
+multi-sequence context and ``forward``), ``backend`` (``LlamaCppBackend``).
+"""
+
+from sluice.backends.llamacpp.backend import LlamaCppBackend
+from sluice.backends.llamacpp.model import LlamaCppGenerative
+from sluice.backends.llamacpp.options import LlamaCppOptions, ctx_layout, resolve_model_path
+from sluice.backends.llamacpp.templates import render_gemma
+from sluice.backends.llamacpp.tokenizer import LlamaCppTokenizer
+
+__all__ = [
+    "LlamaCppBackend",
+    "LlamaCppGenerative",
+    "LlamaCppOptions",
+    "LlamaCppTokenizer",
+    "ctx_layout",
+    "render_gemma",
+    "resolve_model_path",
+]

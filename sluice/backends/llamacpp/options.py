@@ -1,0 +1,102 @@
+"""The llamacpp settings of a ``ModelSpec``: validated options, the GGUF file they
+name, and how llama.cpp lays out a non-unified KV cache over the sequences."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.backends.base import ModelLoadError, ModelSpec
+from sluice.backends.packaged import DEFAULT_MODEL_ID, PACKAGED_PREFIX, default_gguf_path
+
+KV_CELL_ALIGN = 256
+"""llama.cpp rounds each sequence's KV cells up to a multiple of this."""
+
+
+def resolve_model_path(spec: ModelSpec, options: LlamaCppOptions | None = None) -> Path:
+    """The GGUF file a spec names; the packaged default when ``path`` is absent."""
+    raw = (options or LlamaCppOptions.from_spec(spec)).path
+    if raw is None or raw in (PACKAGED_PREFIX + DEFAULT_MODEL_ID, DEFAULT_MODEL_ID):
+        try:
+            return default_gguf_path()
+        except (ImportError, OSError, ValueError) as exc:
+            raise ModelLoadError(
+                f"{spec.model_id}: the packaged model {DEFAULT_MODEL_ID!r} is unavailable: {exc}"
+            ) from exc
+    if raw.startswith(PACKAGED_PREFIX):
+        raise ModelLoadError(f"{spec.model_id}: unknown packaged model {raw!r}")
+    return Path(raw).expanduser()
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    """The llamacpp settings of a ``ModelSpec``, validated before anything is loaded."""
+
+    path: str | None = None
+    """A GGUF file; ``None`` or ``packaged:gemma-3-270m`` = the packaged default model."""
+    n_ctx: int = 4096
+    """Total KV cells, split evenly over the sequences (llama.cpp rounds up to 256 each)."""
+    n_seq_max: int = 8
+    """Sequence slots, i.e. the most sequences decoding at once."""
+    n_threads: int = 2
+    """CPU threads per decode."""
+    n_batch: int = 512
+    """The most tokens in one ``llama_decode``; a larger forward is split."""
+    chat_template: str | None = None
+    """``gemma``, a llama.cpp built-in template name or text; ``None`` = the GGUF's own,
+    else ``gemma``."""
+    verbose: bool = False
+    """Keep llama.cpp's log output (process-wide, decided by the first load)."""
+    extra_bufts: bool | None = None
+    """Let llama.cpp repack weights into extra CPU buffer types (AMX, AVX); ``None`` =
+    yes unless the CPU has AMX, where llama.cpp 0.3.36's AMX matmul segfaults."""
+
+    @classmethod
+    def from_spec(cls, spec: ModelSpec) -> LlamaCppOptions:
+        """Read and check ``spec.options``; ``ModelLoadError`` names a bad field."""
+        opts = spec.options
+        ints = {}
+        for key in ("n_ctx", "n_seq_max", "n_threads", "n_batch"):
+            value = opts.get(key, getattr(cls, key))
+            try:
+                number = 0 if isinstance(value, bool | float) else int(value)
+            except (TypeError, ValueError):
+                number = 0
+            if number <= 0:
+                raise ModelLoadError(
+                    f"{spec.model_id}: option {key}={value!r} must be a positive integer"
+                )
+            ints[key] = number
+        path = opts.get("path")
+        template = opts.get("chat_template")
+        extra = opts.get("extra_bufts")
+        return cls(
+            path=None if path is None else str(path),
+            chat_template=None if not template else str(template),
+            verbose=bool(opts.get("verbose", False)),
+            extra_bufts=None if extra is None else bool(extra),
+            **ints,
+        )
+
+    def use_extra_bufts(self) -> bool:
+        return (not _cpu_has_amx()) if self.extra_bufts is None else self.extra_bufts
+
+
+def ctx_layout(n_ctx: int, n_seq_max: int) -> tuple[int, int]:
+    """``(n_ctx_total, n_ctx_per_seq)`` as llama.cpp lays out a non-unified KV cache."""
+    per_seq = -(-n_ctx // n_seq_max)
+    per_seq = -(-per_seq // KV_CELL_ALIGN) * KV_CELL_ALIGN
+    return per_seq * n_seq_max, per_seq
+
+
+@functools.cache
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_int8" in line.split()
+    except OSError:
+        pass
+    return False

@@ -1,0 +1,100 @@
+"""The tokenizer and chat template of a GGUF, over any loaded ``llama_model``."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from sluice.backends.base import ModelLoadError, ModelSpec
+from sluice.backends.llamacpp.native import free_native
+from sluice.backends.llamacpp.options import LlamaCppOptions, ctx_layout
+from sluice.backends.llamacpp.templates import apply_template, pick_template
+
+
+class LlamaCppTokenizer:
+    """Tokenizer and chat template of a GGUF, over any loaded ``llama_model``.
+
+    Built by ``LlamaCppBackend.load_tokenizer`` on a vocab-only model (no weights), so it
+    is cheap and independent of the worker's context; a lock serialises its calls so
+    several control-plane threads may share it. ``tokenize`` parses special-token text
+    such as ``<start_of_turn>`` into its special token, as chat templates need.
+    """
+
+    def __init__(
+        self,
+        lib: Any,
+        spec: ModelSpec,
+        options: LlamaCppOptions,
+        model: Any,
+        *,
+        standalone: bool = True,
+    ) -> None:
+        """Wrap ``model``; a ``standalone`` tokenizer owns it (frees it on ``close``) and
+        locks its calls, while a model's own tokenizer is driven by its worker thread."""
+        self.spec = spec
+        self.options = options
+        self._lib = lib
+        self._vocab = lib.llama_model_get_vocab(model)
+        self._lock: AbstractContextManager[Any] = threading.Lock() if standalone else nullcontext()
+        self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
+        self.n_seq_max = options.n_seq_max
+        self.n_ctx_total, self.n_ctx_per_seq = ctx_layout(options.n_ctx, options.n_seq_max)
+        self.eos_token_ids = frozenset(
+            t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t)
+        )
+        self._pieces: dict[int, bytes] = {}
+        self.chat_template = pick_template(lib, model, options.chat_template)
+        try:
+            self.render_chat([{"role": "user", "content": "hi"}])
+        except ValueError as exc:
+            raise ModelLoadError(f"{spec.model_id}: {exc}") from exc
+        if standalone:
+            self._finalizer = weakref.finalize(self, free_native, lib, None, model)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    def close(self) -> None:
+        """Free the native model. Idempotent."""
+        self._finalizer()
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 2
+        while True:
+            buf = (ctypes.c_int32 * capacity)()
+            with self._lock:
+                n = self._lib.llama_tokenize(
+                    self._vocab, data, len(data), buf, capacity, add_bos, True
+                )
+            if n >= 0:
+                return buf[:n]
+            capacity = -n
+
+    def token_bytes(self, token_id: int) -> bytes:
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(f"token id {token_id} is outside the vocabulary")
+            piece = self._piece(token_id)
+            self._pieces[token_id] = piece
+        return piece
+
+    def _piece(self, token_id: int) -> bytes:
+        size = 32
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            # special=False: control tokens (BOS, EOS, <end_of_turn>) render as b"".
+            with self._lock:
+                n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, size, 0, False)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        return apply_template(self._lib, self.chat_template, messages)
