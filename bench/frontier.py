@@ -20,7 +20,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from sluice import prepare  # noqa: E402
+from sluice import prep  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -29,7 +29,7 @@ def frontier(manifest: dict[str, Any], profile: dict[str, Any]) -> dict[str, Any
     """One record per variant profiled, most accurate first. Raises ``ValueError`` when
     the profile misses a variant, or its cross-check failed."""
     variants: dict[str, Any] = {}
-    for name in prepare.by_accuracy(manifest):
+    for name in prep.by_accuracy(manifest):
         prof = profile["variants"].get(name)
         if prof is None:
             raise ValueError(f"{name} is prepared but not profiled: run `sluice profile`")
@@ -90,7 +90,7 @@ def main() -> int:
     p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
     p.add_argument("--out", default=str(RESULTS / "variant_frontier.json"))
     args = p.parse_args()
-    manifest = prepare.load_manifest(Path(args.cache) if args.cache else None)
+    manifest = prep.load_manifest(Path(args.cache) if args.cache else None)
     profile = json.loads((Path(manifest["cache_dir"]) / "profile.json").read_text())
     result = frontier(manifest, profile)
     out = Path(args.out)

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.servers import free_port, running  # noqa: E402
-from sluice import prepare  # noqa: E402
+from sluice import prep  # noqa: E402
 
 POLICIES = ("accurate", "accurate_expiry", "fastest", "adaptive")
 SERVER_POLICY = {"accurate": "accurate", "accurate_expiry": "accurate", "fastest": "fastest",
@@ -166,10 +166,10 @@ def serve(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
     scratch = Path(tempfile.gettempdir()) / "sluice-goodput"
     scratch.mkdir(exist_ok=True)
     cfg = scratch / f"{tag}.toml"
-    prepare.write_config(manifest, cfg, variants=args.variants, threads=args.threads,
-                         workers=args.workers, policy=SERVER_POLICY[policy], profile=profile,
-                         max_batch_size=args.max_batch, max_wait_ms=args.max_wait_ms,
-                         queue_capacity=args.queue_capacity, pessimism=args.pessimism)
+    prep.write_config(manifest, cfg, variants=args.variants, threads=args.threads,
+                      workers=args.workers, policy=SERVER_POLICY[policy], profile=profile,
+                      max_batch_size=args.max_batch, max_wait_ms=args.max_wait_ms,
+                      queue_capacity=args.queue_capacity, pessimism=args.pessimism)
     port = free_port()
     cmd = [sys.executable, "-m", "sluice.cli", "serve", "-c", str(cfg), "--port", str(port),
            "--log-level", "warning"]
@@ -214,8 +214,8 @@ def main() -> int:
         write(report(json.loads(Path(args.render).read_text())), Path(args.render))
         return 0
     cache = Path(args.cache) if args.cache else None
-    manifest = prepare.load_manifest(cache)
-    args.variants = args.variants or prepare.by_accuracy(manifest)
+    manifest = prep.load_manifest(cache)
+    args.variants = args.variants or prep.by_accuracy(manifest)
     prof_path = Path(manifest["cache_dir"]) / "profile.json"
     profile = json.loads(prof_path.read_text()) if prof_path.is_file() else None
     if args.deadline_ms is None:

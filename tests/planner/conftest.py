@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sluice.cache import cache_path
 from tests.server.conftest import serve, serve_module  # noqa: F401  (fixtures)
 
 SMALL_LIMIT = 1500
@@ -18,13 +19,13 @@ variants, quick on 2 cores."""
 
 def small_cache_dir() -> Path:
     env = os.environ.get("SLUICE_TEST_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "sluice" / f"test-{SMALL_LIMIT}"
+    return Path(env) if env else cache_path(f"test-{SMALL_LIMIT}")
 
 
 @pytest.fixture(scope="session")
 def small_manifest() -> dict[str, Any]:
     """The small variants (no torch): built the first time (about a minute on 2 cores),
     read from the cache afterwards."""
-    from sluice.prepare import prepare
+    from sluice.prep import prepare
 
     return prepare(small_cache_dir(), limit=SMALL_LIMIT, threads=2, quiet=True)

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sluice import prepare
+from sluice import prep
 from sluice.backends.onnx import Encoder
 from sluice.config import Config
-from sluice.profile import ProfileMismatch, run_profile
+from sluice.prep.profile import ProfileMismatch, run_profile
 from tests.planner.conftest import SMALL_LIMIT, small_cache_dir
 from tests.server.live import LiveServer
 
@@ -24,7 +24,7 @@ SMALL = {"l3-fp32", "l3-int8", "minilm-int8"}
 
 
 def config(manifest: dict[str, Any], **kwargs: Any) -> Config:
-    return Config.model_validate(prepare.config_dict(manifest, **kwargs))
+    return Config.model_validate(prep.config_dict(manifest, **kwargs))
 
 
 def test_prepare_builds_the_small_variants_once(small_manifest: dict[str, Any]) -> None:
@@ -34,7 +34,7 @@ def test_prepare_builds_the_small_variants_once(small_manifest: dict[str, Any]) 
         v = small_manifest["variants"][name]
         assert 0.6 < v["accuracy"] <= 1.0, (name, v["accuracy"])
     t0 = time.monotonic()
-    again = prepare.prepare(small_cache_dir(), limit=SMALL_LIMIT, quiet=True)
+    again = prep.prepare(small_cache_dir(), limit=SMALL_LIMIT, quiet=True)
     assert time.monotonic() - t0 < 20  # idempotent: nothing is rebuilt
     assert again["variants"] == small_manifest["variants"]
 
@@ -60,14 +60,14 @@ def test_embeddings_through_the_server(onnx_server: LiveServer,
     ref = Encoder(v["path"], v["tokenizer"]).embed(texts)
     assert np.min(np.sum(ref * vecs, axis=1)) >= 0.999
     assert g.status_code == 200, g.text
-    assert g.headers["x-sluice-variant"] == f"embed-{prepare.by_accuracy(small_manifest)[0]}"
+    assert g.headers["x-sluice-variant"] == f"embed-{prep.by_accuracy(small_manifest)[0]}"
 
 
 def test_classification_through_the_server(onnx_server: LiveServer,
                                            small_manifest: dict[str, Any]) -> None:
     cases = {"I absolutely loved it, a wonderful and joyful film.": "positive",
              "Awful. Boring, painful, a total waste of money.": "negative"}
-    best = prepare.by_accuracy(small_manifest)[0]
+    best = prep.by_accuracy(small_manifest)[0]
     with onnx_server.client() as c:
         for text, label in cases.items():
             r = c.post("/v1/infer", json={"model": "sentiment", "input": text,
@@ -93,7 +93,7 @@ def test_profile_cross_check_passes_and_catches_a_wrong_model_file(
         ms = result["variants"][name]["batch_ms"]
         assert 0 < ms["1"] < ms["4"] * 2
     # Serve L3's file under MiniLM's name: the reference session on MiniLM's file disagrees.
-    data = prepare.config_dict(small_manifest, variants=names)
+    data = prep.config_dict(small_manifest, variants=names)
     wrong = small_manifest["variants"]["l3-int8"]["path"]
     for m in data["models"]:
         if m["options"]["variant"] == "minilm-int8":
@@ -109,7 +109,7 @@ def test_profile_cli_fails_loudly_on_a_wrong_file(
     from sluice.cli import main
 
     config_file = tmp_path / "wrong.toml"
-    prepare.write_config(small_manifest, config_file, variants=["l3-int8"])
+    prep.write_config(small_manifest, config_file, variants=["l3-int8"])
     config_file.write_text(config_file.read_text().replace(
         small_manifest["variants"]["l3-int8"]["path"],
         small_manifest["variants"]["minilm-int8"]["path"]))

