@@ -1,8 +1,9 @@
-"""The FastAPI application: routes, error handlers, lifecycle.
+"""The FastAPI application: context, middleware, error handlers, routers, lifecycle.
 
 Request path: validate (pydantic) → tenant (auth) → model and limits → runtime admission
 (429/503 at once) → await the terminal event (or stream tokens as SSE). A client that
-disconnects cancels its request.
+disconnects cancels its request. The routes live in ``sluice.server.routes``, one module per
+surface; what they share is the ``AppContext`` (``sluice.server.context``).
 """
 
 from __future__ import annotations
@@ -11,13 +12,10 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.backends.base import Backend
@@ -26,27 +24,14 @@ from sluice.config import Config, TenantConfig
 from sluice.engine.runtime import Runtime
 from sluice.server import errors
 from sluice.server.auth import Auth
+from sluice.server.context import AppContext
 from sluice.server.errors import APIError
 from sluice.server.metrics import PrometheusObserver, SnapshotCollector
 from sluice.server.middleware import GuardMiddleware
 from sluice.server.quota import QuotaCollector, QuotaGate
-from sluice.server.routes import admin_router, api_router
-from sluice.server.status import STATUS_PAGE, status_json
+from sluice.server.routes import ROUTERS
 
 log = logging.getLogger("sluice.server")
-
-
-@dataclass
-class AppContext:
-    """What every route needs; stored on ``app.state.ctx``."""
-
-    config: Config
-    runtime: Runtime
-    auth: Auth
-    registry: CollectorRegistry
-    quota: QuotaGate
-    preloaded: bool = False
-    """The default model loaded at start-up (``/ready`` turns 200)."""
 
 
 def create_app(config: Config, backends: Mapping[str, Backend] | None = None) -> FastAPI:
@@ -98,44 +83,8 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
     app.add_exception_handler(Exception, errors.unhandled_error_handler)
-    app.include_router(api_router)
-    app.include_router(admin_router)
-
-    @app.get("/health", tags=["operations"])
-    async def health() -> dict[str, str]:
-        """The process is alive."""
-        return {"status": "ok"}
-
-    @app.get("/ready", tags=["operations"], responses={503: {"description": "not ready"}})
-    async def ready() -> JSONResponse:
-        """Able to serve the default model: loaded on a worker (or loadable again after an
-        eviction), and not draining."""
-        model = config.default_model
-        if runtime.draining:
-            return JSONResponse({"status": "draining"}, status_code=503)
-        snap = runtime.snapshot()
-        resident = any(model in w.resident for w in snap.workers)
-        if not resident and any(model in w.failed_models for w in snap.workers):
-            return JSONResponse({"status": "failed", "model": model}, status_code=503)
-        if not (resident or ctx.preloaded):
-            return JSONResponse({"status": "loading", "model": model}, status_code=503)
-        return JSONResponse({"status": "ready", "model": model})
-
-    @app.get("/metrics", tags=["operations"], response_class=Response)
-    async def metrics() -> Response:
-        """Prometheus text exposition."""
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/status", tags=["operations"], response_class=HTMLResponse)
-    async def status_page() -> HTMLResponse:
-        """A live page: queue, workers, resident models, batches."""
-        return HTMLResponse(STATUS_PAGE)
-
-    @app.get("/status.json", tags=["operations"])
-    async def status_data() -> dict[str, Any]:
-        """The numbers behind the status page."""
-        return status_json(runtime)
-
+    for router in ROUTERS:
+        app.include_router(router)
     return app
 
 

@@ -1,24 +1,25 @@
-"""OpenAI-compatible, native and admin routes."""
+"""What the route modules share: the context and tenant of a request, building runtime
+requests (model kind, tokenizer, context limits, priority and deadline), admission through the
+tenant's quota then the runtime, racing a client disconnect, the decision headers, and the
+runner that answers a generative request as JSON or as an SSE stream."""
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
-import numpy as np
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sluice.backends.base import ModelSpec, Tokenizer
 from sluice.config import TenantConfig
 from sluice.engine.request import Final, RequestStatus, SamplingParams
 from sluice.engine.request import Request as RtRequest
-from sluice.engine.runtime import AsyncHandle, Rejected, Runtime
+from sluice.engine.runtime import AsyncHandle, Rejected
+from sluice.server.context import AppContext
 from sluice.server.errors import (
     APIError,
     bad_param,
@@ -26,20 +27,9 @@ from sluice.server.errors import (
     rejection_error,
     unknown_model,
 )
-from sluice.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    InferRequest,
-)
-from sluice.server.shapes import ChatShape, CompletionShape, InferShape, Shape
-
-if TYPE_CHECKING:
-    from sluice.server.app import AppContext
+from sluice.server.shapes import Shape
 
 log = logging.getLogger("sluice.server")
-api_router = APIRouter()
-admin_router = APIRouter(prefix="/admin", tags=["admin"])
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"description": desc}
@@ -51,20 +41,22 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _ctx(request: Request) -> AppContext:
+def ctx_of(request: Request) -> AppContext:
+    """The app's context (set by ``create_app``)."""
     ctx: AppContext = request.app.state.ctx
     return ctx
 
 
-async def _tenant(request: Request) -> TenantConfig:
+async def request_tenant(request: Request) -> TenantConfig:
     """The caller's tenant; resolved before the body is validated, so a bad key is 401."""
-    return _ctx(request).auth.tenant(request)
+    return ctx_of(request).auth.tenant(request)
 
 
-Tenant = Annotated[TenantConfig, Depends(_tenant)]
+Tenant = Annotated[TenantConfig, Depends(request_tenant)]
 
 
-def _spec(ctx: AppContext, model: str, kind: str) -> ModelSpec:
+def spec_of_kind(ctx: AppContext, model: str, kind: str) -> ModelSpec:
+    """The model's spec: 404 when unknown, 400 ``model_kind_mismatch`` when not ``kind``."""
     spec = ctx.runtime.spec_for(model)
     if spec is None:
         raise unknown_model(model)
@@ -75,7 +67,7 @@ def _spec(ctx: AppContext, model: str, kind: str) -> ModelSpec:
     return spec
 
 
-def _tokenizer(ctx: AppContext, model: str) -> Tokenizer:
+def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
     """The model's tokenizer; a model file that cannot even be read (missing, corrupt,
     truncated) is the model failing to load: 500 ``model_load_failed``."""
     try:
@@ -103,7 +95,7 @@ def _controls(
     request: Request, tenant: TenantConfig, priority: int | None, deadline_ms: float | None
 ) -> tuple[int, float | None]:
     """Priority and absolute deadline: body, then headers, then the tenant's defaults."""
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     if priority is None:
         header = _header_int(request, "x-sluice-priority", -1, 9)
         if header is not None and not header.is_integer():
@@ -117,7 +109,9 @@ def _controls(
     return priority, deadline_s
 
 
-def _decision_headers(req: RtRequest) -> dict[str, str]:
+def decision_headers(req: RtRequest) -> dict[str, str]:
+    """The ``x-sluice-*`` headers that say how the runtime decided (id, tenant, worker,
+    queue wait, route, variant, predicted wait)."""
     headers = {"x-sluice-request-id": str(req.request_id), "x-sluice-tenant": req.tenant_id}
     if req.worker_id is not None:
         headers["x-sluice-worker"] = str(req.worker_id)
@@ -191,7 +185,7 @@ def _open(ctx: AppContext, req: RtRequest) -> AsyncHandle:
         raise rejection_error(exc.rejection) from None
 
 
-async def _admit(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
+async def admit(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
     """The tenant's quota (429), then runtime admission (503), for the runtime requests of
     one HTTP request. On a refusal the ones already submitted are cancelled and the rest
     ended, so the quota reservation is given back."""
@@ -219,7 +213,7 @@ def _error_of(final: Final) -> APIError:
     return final_error(final.error_code, final.error, final.status.name)
 
 
-async def _run_generative(
+async def run_generative(
     request: Request,
     req: RtRequest,
     shape: Shape,
@@ -227,8 +221,10 @@ async def _run_generative(
     stream: bool,
     include_usage: bool,
 ) -> Response:
-    ctx = _ctx(request)
-    [handle] = await _admit(ctx, [req])
+    """Admit ``req`` and answer it: one JSON body, or (``stream``) SSE chunks ending with
+    ``[DONE]``. A client that disconnects cancels the request (499)."""
+    ctx = ctx_of(request)
+    [handle] = await admit(ctx, [req])
     if not stream:
         final = await _race_disconnect(request, handle.result())
         if final is None:
@@ -238,7 +234,7 @@ async def _run_generative(
             raise _with_headers(_error_of(final), req)
         if ctx.config.server.log_content:
             log.debug("request %s completion: %r", req.request_id, final.text)
-        return JSONResponse(shape.full(final), headers=_decision_headers(req))
+        return JSONResponse(shape.full(final), headers=decision_headers(req))
 
     events = handle.events().__aiter__()
     first = await _race_disconnect(request, events.__anext__())
@@ -273,15 +269,15 @@ async def _run_generative(
                 handle.cancel()
 
     return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={**_decision_headers(req), "cache-control": "no-cache"})
+                             headers={**decision_headers(req), "cache-control": "no-cache"})
 
 
 def _with_headers(err: APIError, req: RtRequest) -> APIError:
-    err.headers.update(_decision_headers(req))
+    err.headers.update(decision_headers(req))
     return err
 
 
-async def _generative_request(
+async def generative_request(
     request: Request,
     model: str,
     tenant: TenantConfig,
@@ -294,9 +290,11 @@ async def _generative_request(
     deadline_ms: float | None,
     names: tuple[str, str] = ("messages", "max_tokens"),
 ) -> RtRequest:
-    ctx = _ctx(request)
-    _spec(ctx, model, "generative")
-    tok = _tokenizer(ctx, model)
+    """A generative runtime request from text (tokenized here) or token ids, with its
+    token limit checked against the context and the tenant's priority and deadline."""
+    ctx = ctx_of(request)
+    spec_of_kind(ctx, model, "generative")
+    tok = tokenizer_of(ctx, model)
     if token_ids is not None:
         bad = [t for t in token_ids if not 0 <= t < tok.vocab_size]
         if bad:
@@ -317,70 +315,19 @@ async def _generative_request(
     )
 
 
-def _sampling(body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    return {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "seed": body.seed,
-        "stop": body.stop_list(),
-        "ignore_eos": body.ignore_eos,
-    }
-
-
-@api_router.post("/v1/chat/completions", tags=["openai"], responses=ERROR_RESPONSES)
-async def chat_completions(
-    body: ChatCompletionRequest, request: Request, tenant: Tenant
-) -> Response:
-    """OpenAI chat completions; ``stream`` gives SSE chunks ending with ``[DONE]``."""
-    ctx = _ctx(request)
-    _spec(ctx, body.model, "generative")
-    tok = _tokenizer(ctx, body.model)
-    prompt = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.messages])
-    req = await _generative_request(
-        request, body.model, tenant, text=prompt, token_ids=None,
-        max_tokens=body.max_completion_tokens or body.max_tokens, params=_sampling(body),
-        priority=body.priority, deadline_ms=body.deadline_ms,
-        names=("messages", "max_completion_tokens" if body.max_completion_tokens
-               else "max_tokens"),
-    )
-    shape = ChatShape(f"chatcmpl-{req.request_id}", body.model)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _run_generative(request, req, shape, stream=body.stream,
-                                 include_usage=include_usage)
-
-
-@api_router.post("/v1/completions", tags=["openai"], responses=ERROR_RESPONSES)
-async def completions(body: CompletionRequest, request: Request, tenant: Tenant) -> Response:
-    """OpenAI text completions (one prompt per request)."""
-    prompt = body.prompt
-    text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt[0], str)
-                                                    else None)
-    ids = None if text is not None else [int(t) for t in prompt]
-    req = await _generative_request(
-        request, body.model, tenant, text=text, token_ids=ids,
-        max_tokens=body.max_tokens or 16, params=_sampling(body),
-        priority=body.priority, deadline_ms=body.deadline_ms, names=("prompt", "max_tokens"),
-    )
-    shape = CompletionShape(f"cmpl-{req.request_id}", body.model)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await _run_generative(request, req, shape, stream=body.stream,
-                                 include_usage=include_usage)
-
-
-async def _one_shot(
+async def one_shot(
     request: Request, model: str, tenant: TenantConfig, inputs: list[Any],
     priority: int | None, deadline_ms: float | None,
 ) -> tuple[list[Final], list[RtRequest]]:
     """Submit one request per input (so dynamic batching sees each), await them all."""
-    ctx = _ctx(request)
+    ctx = ctx_of(request)
     prio, deadline_s = _controls(request, tenant, priority, deadline_ms)
     reqs = [
         ctx.runtime.new_request(model, input=x, tenant_id=tenant.id, priority=prio,
                                 deadline_s=deadline_s)
         for x in inputs
     ]
-    handles = await _admit(ctx, reqs)
+    handles = await admit(ctx, reqs)
     finals = await _race_disconnect(request, asyncio.gather(*(h.result() for h in handles)))
     if finals is None:
         for h in handles:
@@ -390,122 +337,3 @@ async def _one_shot(
         if final.status != RequestStatus.COMPLETED:
             raise _with_headers(_error_of(final), r)
     return list(finals), reqs
-
-
-def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
-    if encoding_format == "base64":
-        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()
-    return vector
-
-
-@api_router.post("/v1/embeddings", tags=["openai"], responses=ERROR_RESPONSES)
-async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -> Response:
-    """OpenAI embeddings for one-shot embedding models."""
-    ctx = _ctx(request)
-    spec = _spec(ctx, body.model, "oneshot")
-    if spec.task != "embedding":
-        raise bad_param("model", f"The model '{body.model}' is not an embedding model",
-                        code="model_kind_mismatch")
-    inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-    finals, reqs = await _one_shot(request, body.model, tenant, inputs, body.priority,
-                                   body.deadline_ms)
-    n_tokens = sum(len(str(x).split()) for x in inputs)
-    payload = {
-        "object": "list",
-        "data": [{"object": "embedding", "index": i,
-                  "embedding": _encode(f.result, body.encoding_format)}
-                 for i, f in enumerate(finals)],
-        "model": body.model,
-        "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
-    }
-    return JSONResponse(payload, headers=_decision_headers(reqs[-1]))
-
-
-@api_router.post("/v1/infer", tags=["native"], responses=ERROR_RESPONSES)
-async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Response:
-    """sluice's native endpoint: any model, with tenant, priority, deadline."""
-    ctx = _ctx(request)
-    if body.tenant_id is not None and body.tenant_id != tenant.id:
-        if ctx.auth.enabled:
-            raise APIError(403, "tenant_id does not match the API key's tenant",
-                           type="permission_error", param="tenant_id", code="tenant_mismatch")
-        tenant = TenantConfig(id=body.tenant_id)
-    spec = ctx.runtime.spec_for(body.model)
-    if spec is None:
-        raise unknown_model(body.model)
-    if spec.kind == "oneshot":
-        if not isinstance(body.input, str):
-            raise bad_param("input", "one-shot models take a text input")
-        finals, reqs = await _one_shot(request, body.model, tenant, [body.input], body.priority,
-                                       body.deadline_ms)
-        shape = InferShape(f"infer-{reqs[0].request_id}", body.model)
-        return JSONResponse(shape.full(finals[0]), headers=_decision_headers(reqs[0]))
-    tok = _tokenizer(ctx, body.model)
-    if isinstance(body.input, str):
-        text = body.input
-    else:
-        text = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.input])
-    req = await _generative_request(
-        request, body.model, tenant, text=text, token_ids=None,
-        max_tokens=body.max_new_tokens,
-        params={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-                "seed": body.seed, "stop": tuple(body.stop or ())},
-        priority=body.priority, deadline_ms=body.deadline_ms,
-        names=("input", "max_new_tokens"),
-    )
-    shape = InferShape(f"infer-{req.request_id}", body.model)
-    return await _run_generative(request, req, shape, stream=body.stream, include_usage=True)
-
-
-@api_router.get("/v1/models", tags=["openai"], responses={401: {"description": "bad key"}})
-async def list_models(request: Request, tenant: Tenant) -> dict[str, Any]:
-    """Configured models, with where each is resident."""
-    ctx = _ctx(request)
-    snap = ctx.runtime.snapshot()
-    data = []
-    for spec in ctx.runtime.specs.values():
-        resident_on = [w.worker_id for w in snap.workers if spec.model_id in w.resident]
-        failed = [w.failed_models[spec.model_id] for w in snap.workers
-                  if spec.model_id in w.failed_models]
-        data.append({
-            "id": spec.model_id,
-            "object": "model",
-            "created": 0,
-            "owned_by": "sluice",
-            "kind": spec.kind,
-            "task": spec.task,
-            "resident": bool(resident_on),
-            "resident_on": resident_on,
-            "status": "failed" if failed and not resident_on else "available",
-        })
-    for group_id, group in ctx.runtime.variants.groups.items():
-        data.append({"id": group_id, "object": "model", "created": 0, "owned_by": "sluice",
-                     "kind": "group", "task": ctx.runtime.variants.lead_spec(group_id).task,
-                     "variants": list(group.variants), "policy": group.planner.policy})
-    return {"object": "list", "data": data}
-
-
-MODEL_ID = Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
-
-
-@admin_router.post("/models/{model_id}/{action}", responses=ERROR_RESPONSES)
-async def admin_model(
-    request: Request,
-    model_id: str = MODEL_ID,
-    action: str = Path(pattern=r"^(load|unload)$"),
-) -> dict[str, Any]:
-    """Load a model onto a worker, or unload it everywhere (admin key required when set)."""
-    ctx = _ctx(request)
-    ctx.auth.require_admin(request)
-    if model_id not in ctx.runtime.specs:
-        raise unknown_model(model_id)
-    runtime: Runtime = ctx.runtime
-    t0 = time.monotonic()
-    try:
-        results = await asyncio.to_thread(runtime.call_on_workers, model_id, action)
-    except Exception as exc:
-        raise APIError(409, f"{action} failed: {exc}", code=f"{action}_failed") from None
-    return {"model": model_id, "action": action, "results": results,
-            "seconds": round(time.monotonic() - t0, 3)}
-
-

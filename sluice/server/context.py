@@ -1,0 +1,29 @@
+"""What the HTTP layer shares: one ``AppContext`` per app, built by ``create_app``.
+
+Its own module so that the app (which builds it) and the routes (which read it) import it
+rather than each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from sluice.config import Config
+from sluice.engine.runtime import Runtime
+from sluice.server.auth import Auth
+from sluice.server.quota import QuotaGate
+
+
+@dataclass
+class AppContext:
+    """What every route needs; stored on ``app.state.ctx``."""
+
+    config: Config
+    runtime: Runtime
+    auth: Auth
+    registry: CollectorRegistry
+    quota: QuotaGate
+    preloaded: bool = False
+    """The default model loaded at start-up (``/ready`` turns 200)."""

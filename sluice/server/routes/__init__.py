@@ -1,0 +1,13 @@
+"""The HTTP routes, one module per surface; ``common`` holds what they share."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from sluice.server.routes import admin, native, openai, operations
+
+ROUTERS: tuple[APIRouter, ...] = (openai.router, native.router, admin.router,
+                                  operations.router)
+"""Every router, in the order the app includes them."""
+
+__all__ = ["ROUTERS"]

@@ -1,0 +1,59 @@
+"""sluice's native surface: ``/v1/infer``, any model, with tenant, priority and deadline."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from sluice.config import TenantConfig
+from sluice.server.errors import APIError, bad_param, unknown_model
+from sluice.server.routes.common import (
+    ERROR_RESPONSES,
+    Tenant,
+    ctx_of,
+    decision_headers,
+    generative_request,
+    one_shot,
+    run_generative,
+    tokenizer_of,
+)
+from sluice.server.schemas import InferRequest
+from sluice.server.shapes import InferShape
+
+router = APIRouter(tags=["native"])
+
+
+@router.post("/v1/infer", responses=ERROR_RESPONSES)
+async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Response:
+    """sluice's native endpoint: any model, with tenant, priority, deadline."""
+    ctx = ctx_of(request)
+    if body.tenant_id is not None and body.tenant_id != tenant.id:
+        if ctx.auth.enabled:
+            raise APIError(403, "tenant_id does not match the API key's tenant",
+                           type="permission_error", param="tenant_id", code="tenant_mismatch")
+        tenant = TenantConfig(id=body.tenant_id)
+    spec = ctx.runtime.spec_for(body.model)
+    if spec is None:
+        raise unknown_model(body.model)
+    if spec.kind == "oneshot":
+        if not isinstance(body.input, str):
+            raise bad_param("input", "one-shot models take a text input")
+        finals, reqs = await one_shot(request, body.model, tenant, [body.input], body.priority,
+                                      body.deadline_ms)
+        shape = InferShape(f"infer-{reqs[0].request_id}", body.model)
+        return JSONResponse(shape.full(finals[0]), headers=decision_headers(reqs[0]))
+    tok = tokenizer_of(ctx, body.model)
+    if isinstance(body.input, str):
+        text = body.input
+    else:
+        text = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.input])
+    req = await generative_request(
+        request, body.model, tenant, text=text, token_ids=None,
+        max_tokens=body.max_new_tokens,
+        params={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                "seed": body.seed, "stop": tuple(body.stop or ())},
+        priority=body.priority, deadline_ms=body.deadline_ms,
+        names=("input", "max_new_tokens"),
+    )
+    shape = InferShape(f"infer-{req.request_id}", body.model)
+    return await run_generative(request, req, shape, stream=body.stream, include_usage=True)

@@ -1,0 +1,47 @@
+"""The operations surface: liveness, readiness, Prometheus metrics, the status page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sluice.server.health import readiness
+from sluice.server.routes.common import ctx_of
+from sluice.server.status import STATUS_PAGE, status_json
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/ready", responses={503: {"description": "not ready"}})
+async def ready(request: Request) -> JSONResponse:
+    """Able to serve the default model: loaded on a worker (or loadable again after an
+    eviction), and not draining."""
+    state = readiness(ctx_of(request))
+    return JSONResponse(dict(state.body), status_code=200 if state.ok else 503)
+
+
+@router.get("/metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition."""
+    return Response(generate_latest(ctx_of(request).registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/status", response_class=HTMLResponse)
+async def status_page() -> HTMLResponse:
+    """A live page: queue, workers, resident models, batches."""
+    return HTMLResponse(STATUS_PAGE)
+
+
+@router.get("/status.json")
+async def status_data(request: Request) -> dict[str, Any]:
+    """The numbers behind the status page."""
+    return status_json(ctx_of(request).runtime)
