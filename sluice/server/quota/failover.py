@@ -1,0 +1,103 @@
+"""``FailoverQuotaStore``: the Redis store in front of this replica's local buckets, so an
+outage of Redis degrades quotas to each replica's share instead of failing requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+
+from sluice.policy.quota import QuotaLimits
+from sluice.server.quota.redis_store import RedisQuotaStore, redact_url
+from sluice.server.quota.stores import Hold, MemoryQuotaStore, QuotaBackendError, QuotaCheck
+
+log = logging.getLogger("sluice.quota")
+
+PENDING_RELEASES_MAX = 100_000
+"""Releases owed to Redis while it is unreachable, replayed when it returns (oldest dropped
+past this many; their slots then wait for their lease)."""
+
+
+class FailoverQuotaStore:
+    """A shared store in front of this replica's local buckets.
+
+    Invariants: while ``in_fallback`` no request waits on the shared store (a background task
+    probes it every ``reconnect_interval_s``); an outage is logged once when it starts and
+    once when it ends; a release of a shared reservation made while the store is down is
+    kept and replayed on reconnection; local reservations are released locally.
+    """
+
+    def __init__(self, shared: RedisQuotaStore, local: MemoryQuotaStore, *, share: float,
+                 reconnect_interval_s: float = 1.0) -> None:
+        self.shared = shared
+        self.local = local
+        self.share = share
+        self.reconnect_interval_s = reconnect_interval_s
+        self.in_fallback = False
+        self.outages = 0
+        self.backend_errors = 0
+        self._pending: deque[tuple[Hold, bool, float]] = deque(maxlen=PENDING_RELEASES_MAX)
+        self._probe: asyncio.Task[None] | None = None
+
+    async def reserve(self, tenant_id: str, limits: QuotaLimits, tokens: float, member: str,
+                      lease_s: float) -> QuotaCheck:
+        if not self.in_fallback:
+            try:
+                return await self.shared.reserve(tenant_id, limits, tokens, member, lease_s)
+            except QuotaBackendError as exc:
+                self._fail(exc)
+        return await self.local.reserve(tenant_id, limits.scaled(self.share), tokens, member,
+                                        lease_s)
+
+    async def release(self, hold: Hold, *, refund_request: bool, refund_tokens: float) -> None:
+        if not hold.shared:
+            await self.local.release(hold, refund_request=refund_request,
+                                     refund_tokens=refund_tokens)
+            return
+        if not self.in_fallback:
+            try:
+                await self.shared.release(hold, refund_request=refund_request,
+                                          refund_tokens=refund_tokens)
+                return
+            except QuotaBackendError as exc:
+                self._fail(exc)
+        self._pending.append((hold, refund_request, refund_tokens))
+
+    def _fail(self, exc: QuotaBackendError) -> None:
+        self.backend_errors += 1
+        if self.in_fallback:
+            return
+        self.in_fallback = True
+        self.outages += 1
+        log.warning(
+            "quota store %s unreachable (%s): enforcing local buckets at 1/%g of each tenant "
+            "limit until it answers again", redact_url(self.shared.url), exc,
+            round(1 / self.share, 6),
+        )
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        while self.in_fallback:
+            await asyncio.sleep(self.reconnect_interval_s)
+            try:
+                await self.shared.ping()
+                while self._pending:
+                    hold, refund_request, refund_tokens = self._pending[0]
+                    await self.shared.release(hold, refund_request=refund_request,
+                                              refund_tokens=refund_tokens)
+                    self._pending.popleft()
+            except QuotaBackendError:
+                self.backend_errors += 1
+                continue
+            self.in_fallback = False
+            log.warning("quota store %s reachable again: shared quotas resumed",
+                        redact_url(self.shared.url))
+
+    async def aclose(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
+        await self.shared.aclose()

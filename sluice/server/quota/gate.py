@@ -1,0 +1,232 @@
+"""``QuotaGate``: the quota check of the HTTP layer. It reserves before the runtime sees a
+request (or refuses with 429 and a computed ``Retry-After``) and settles when every request of
+the reservation has ended; plus the token estimates it reserves and settles by."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+
+from sluice.config import QuotaConfig, TenantConfig
+from sluice.engine.observer import Observer
+from sluice.engine.request import Event, Final, RequestStatus
+from sluice.engine.request import Request as RtRequest
+from sluice.policy.admission import Rejection
+from sluice.policy.quota import QuotaLimits
+from sluice.server.errors import APIError, rejection_error
+from sluice.server.quota.failover import FailoverQuotaStore
+from sluice.server.quota.redis_store import RedisQuotaStore
+from sluice.server.quota.stores import Hold, MemoryQuotaStore, QuotaCheck, QuotaStore, ScaledStore
+
+log = logging.getLogger("sluice.quota")
+
+MAX_RETRY_AFTER_S = 3600.0
+"""The longest Retry-After a quota refusal suggests."""
+
+
+def estimate_tokens(req: RtRequest) -> int:
+    """Tokens reserved at admission: prompt + ``max_tokens`` (generative), or the input's
+    whitespace-separated words (one-shot; at least 1)."""
+    if req.kind == "generative":
+        return len(req.prompt_tokens) + req.params.max_tokens
+    return max(1, len(str(req.input).split()))
+
+
+def used_tokens(req: RtRequest, final: Final) -> int:
+    """Tokens a finished request really used: 0 if it never ran; prompt + generated
+    (generative); its estimate (one-shot)."""
+    if req.times.started_s is None:
+        return 0
+    if req.kind == "generative":
+        return final.prompt_tokens + final.completion_tokens
+    return estimate_tokens(req)
+
+
+class _Settlement:
+    """Settles one reservation once every request it covers has a ``Final``."""
+
+    def __init__(self, gate: QuotaGate, hold: Hold, reqs: Sequence[RtRequest],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._gate = gate
+        self._hold = hold
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._open = {r.request_id for r in reqs}
+        self._used = 0
+        self._ran = False
+        for r in reqs:
+            r.listeners.append(self._listener(r))
+
+    def _listener(self, req: RtRequest) -> Callable[[Event], None]:
+        def on_event(event: Event) -> None:
+            if not isinstance(event, Final):
+                return
+            with self._lock:
+                self._used += used_tokens(req, event)
+                self._ran = self._ran or req.times.started_s is not None
+                self._open.discard(req.request_id)
+                if self._open:
+                    return
+            refund_tokens = max(0.0, self._hold.charged_tokens - self._used)
+            # A closed loop (server gone) has nobody left to settle with.
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._gate._release, self._hold,
+                                                not self._ran, refund_tokens)
+
+        return on_event
+
+
+class QuotaGate:
+    """The quota check of the HTTP layer, with its bookkeeping for ``/metrics``.
+
+    Lives on the server's event loop: ``admit`` and the releases it schedules run there.
+    Tenants without limits (and unknown tenants) pass untouched.
+    """
+
+    def __init__(self, config: QuotaConfig, tenants: Sequence[TenantConfig],
+                 observer: Observer, *, clock: Callable[[], float] = time.monotonic,
+                 store: QuotaStore | None = None) -> None:
+        self.config = config
+        self.replica_id = uuid.uuid4().hex[:12]
+        self._observer = observer
+        self._clock = clock
+        self._limits = dict(tenant_limits(tenants))
+        self.store: QuotaStore = store if store is not None else self._make_store(config)
+        self._tasks: set[asyncio.Task[None]] = set()
+        # /metrics bookkeeping, touched on the event loop only.
+        self.remaining: dict[tuple[str, str], float] = {}
+        self.in_flight: dict[str, int] = {}
+        self.rejections: dict[tuple[str, str], int] = {}
+        self.charged_tokens: dict[str, float] = {}
+        self.refunded_tokens: dict[str, float] = {}
+
+    def _make_store(self, config: QuotaConfig) -> QuotaStore:
+        share = 1.0 / config.replicas
+        if config.backend == "memory":
+            return ScaledStore(MemoryQuotaStore(self._clock, clamp_to_capacity=share < 1),
+                                share)
+        assert config.redis_url is not None  # QuotaConfig checks it
+        shared = RedisQuotaStore(config.redis_url, key_prefix=config.key_prefix,
+                                 timeout_s=config.timeout_ms / 1000.0)
+        return FailoverQuotaStore(shared, MemoryQuotaStore(self._clock, clamp_to_capacity=True),
+                                  share=share, reconnect_interval_s=config.reconnect_interval_s)
+
+    @property
+    def in_fallback(self) -> bool:
+        return isinstance(self.store, FailoverQuotaStore) and self.store.in_fallback
+
+    def limits(self, tenant_id: str) -> QuotaLimits | None:
+        return self._limits.get(tenant_id)
+
+    async def admit(self, reqs: Sequence[RtRequest]) -> None:
+        """Reserve for ``reqs`` (one HTTP request of one tenant) or raise the ``APIError``
+        (429 ``quota``, 400 ``too_large``); the requests are then finished ``REJECTED``.
+        On success each request carries a listener that settles the reservation."""
+        if not reqs:
+            return
+        tenant_id = reqs[0].tenant_id
+        limits = self._limits.get(tenant_id)
+        if limits is None:
+            return
+        tokens = sum(estimate_tokens(r) for r in reqs)
+        if limits.tokens_per_s is not None and tokens > limits.token_capacity:
+            raise self._refuse(reqs, Rejection(
+                "too_large", 0.0,
+                f"this request reserves {tokens} tokens (prompt + max tokens), more than "
+                f"tenant {tenant_id!r}'s whole budget of {limits.token_capacity:g} tokens per "
+                f"minute; ask for fewer tokens"), "too_large")
+        now = self._clock()
+        deadlines = [r.deadline_s - now for r in reqs if r.deadline_s is not None]
+        lease_s = self.config.lease_s
+        if deadlines and len(deadlines) == len(reqs):
+            lease_s = min(lease_s, max(deadlines) + 30.0)
+        member = f"{self.replica_id}:{reqs[0].request_id}"
+        check = await self.store.reserve(tenant_id, limits, float(tokens), member, lease_s)
+        self._record(tenant_id, check)
+        if not check.ok:
+            raise self._refuse(reqs, Rejection(
+                "quota", min(MAX_RETRY_AFTER_S, check.retry_after_s),
+                _refusal_message(tenant_id, check, tokens, self.in_fallback)), check.limit)
+        assert check.hold is not None
+        self.charged_tokens[tenant_id] = (self.charged_tokens.get(tenant_id, 0.0)
+                                          + check.hold.charged_tokens)
+        self.in_flight[tenant_id] = self.in_flight.get(tenant_id, 0) + 1
+        _Settlement(self, check.hold, reqs, asyncio.get_running_loop())
+
+    def _record(self, tenant_id: str, check: QuotaCheck) -> None:
+        if check.remaining_requests is not None:
+            self.remaining[(tenant_id, "requests")] = check.remaining_requests
+        if check.remaining_tokens is not None:
+            self.remaining[(tenant_id, "tokens")] = check.remaining_tokens
+
+    def _refuse(self, reqs: Sequence[RtRequest], rejection: Rejection,
+                limit: str | None) -> APIError:
+        tenant_id = reqs[0].tenant_id
+        key = (tenant_id, limit or rejection.reason)
+        self.rejections[key] = self.rejections.get(key, 0) + 1
+        now = self._clock()
+        for r in reqs:
+            self._observer.rejected(r.model_id, r.tenant_id, rejection.reason)
+            if r.finish(RequestStatus.REJECTED, now, error=rejection.message,
+                        error_code=rejection.reason):
+                self._observer.finished(r)
+        err = rejection_error(rejection)
+        if limit is not None and rejection.reason == "quota":
+            err.headers["x-sluice-quota-limit"] = limit
+        return err
+
+    def _release(self, hold: Hold, refund_request: bool, refund_tokens: float) -> None:
+        """On the loop: start the release (a task, kept until it ends)."""
+        tenant = hold.tenant_id
+        self.refunded_tokens[tenant] = self.refunded_tokens.get(tenant, 0.0) + refund_tokens
+        if tenant in self.in_flight:
+            self.in_flight[tenant] = max(0, self.in_flight[tenant] - 1)
+        task = asyncio.get_running_loop().create_task(self._release_now(hold, refund_request,
+                                                                        refund_tokens))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _release_now(self, hold: Hold, refund_request: bool, refund_tokens: float) -> None:
+        try:
+            await self.store.release(hold, refund_request=refund_request,
+                                     refund_tokens=refund_tokens)
+        except Exception:  # a release must never take the server down
+            log.exception("quota release for tenant %s failed", hold.tenant_id)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Wait for the releases in progress (and those just scheduled)."""
+        await asyncio.sleep(0)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self.drain()
+        await self.store.aclose()
+
+
+def _refusal_message(tenant_id: str, check: QuotaCheck, tokens: int, local: bool) -> str:
+    limits, retry = check.limits, check.retry_after_s
+    if check.limit == "requests":
+        what = (f"request rate ({limits.requests_per_s:.4g}/s, burst "
+                f"{limits.request_burst:.4g})")
+    elif check.limit == "tokens":
+        left = check.remaining_tokens or 0.0
+        what = (f"token rate ({(limits.tokens_per_s or 0) * 60:.6g} tokens/min): this request "
+                f"reserves {tokens}, {left:.0f} left")
+    elif check.limit == "concurrent":
+        what = f"concurrency cap ({limits.max_concurrent} requests in flight)"
+    else:
+        what = f"token budget ({limits.token_capacity:.6g} tokens): this request needs {tokens}"
+    where = " (this replica's share: the shared quota store is unreachable)" if local else ""
+    return f"tenant {tenant_id!r} is over its {what}{where}; retry in {retry:.3g} s"
+
+
+def tenant_limits(tenants: Sequence[TenantConfig]) -> Mapping[str, QuotaLimits]:
+    """The configured limits by tenant id (tenants with none left out)."""
+    return {t.id: t.limits.quota_limits() for t in tenants
+            if not t.limits.quota_limits().unlimited}

@@ -1,0 +1,120 @@
+"""``RedisQuotaStore``: quota state in Redis, shared by every replica pointed at it.
+
+One atomic Lua script per reservation and one per release (``reserve.lua``, ``release.lua``,
+each after ``_prelude.lua``; package resources beside this module) apply the same rule as
+``TenantQuota``, on Redis's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from importlib.resources import files
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from sluice.policy.quota import QuotaLimits
+from sluice.server.quota.stores import CONCURRENCY_RETRY_S, Hold, QuotaBackendError, QuotaCheck
+
+
+def _lua(name: str) -> str:
+    return files(__package__).joinpath(name).read_text(encoding="utf-8")
+
+
+RESERVE_LUA = _lua("_prelude.lua") + _lua("reserve.lua")
+RELEASE_LUA = _lua("_prelude.lua") + _lua("release.lua")
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _num(value: float | None) -> str:
+    return "0" if value is None else repr(float(value))
+
+
+class RedisQuotaStore:
+    """Quota state in Redis, one Lua script per reservation and per release.
+
+    ``clock``: ``None`` decides on Redis's own clock (``TIME``), which every replica shares;
+    tests pass an explicit clock to compare the script with ``TenantQuota`` step by step (the
+    keys then get no expiry). Raises ``QuotaBackendError`` on any Redis failure.
+    """
+
+    def __init__(self, url: str, *, key_prefix: str = "sluice", timeout_s: float = 0.25,
+                 clock: Callable[[], float] | None = None) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        self.url = url
+        self._prefix = key_prefix
+        self._timeout_s = timeout_s
+        self._clock = clock
+        self._client: Any = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0), decode_responses=True,
+        )
+        self._reserve = self._client.register_script(RESERVE_LUA)
+        self._release = self._client.register_script(RELEASE_LUA)
+
+    def keys(self, tenant_id: str) -> tuple[str, str]:
+        """The tenant's bucket hash and in-flight sorted set."""
+        base = f"{self._prefix}:quota:{{{tenant_id}}}"
+        return f"{base}:bucket", f"{base}:inflight"
+
+    def _now_arg(self) -> str:
+        return "" if self._clock is None else repr(self._clock())
+
+    async def _call(self, awaitable: Any) -> Any:
+        from redis.exceptions import RedisError
+
+        try:
+            return await asyncio.wait_for(awaitable, self._timeout_s * 2)
+        except (TimeoutError, RedisError, OSError) as exc:
+            raise QuotaBackendError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def reserve(self, tenant_id: str, limits: QuotaLimits, tokens: float, member: str,
+                      lease_s: float) -> QuotaCheck:
+        args = [
+            self._now_arg(),
+            _num(limits.requests_per_s), _num(limits.request_burst),
+            _num(limits.tokens_per_s), _num(limits.token_capacity), _num(tokens),
+            str(limits.max_concurrent or 0), member, _num(lease_s), _num(CONCURRENCY_RETRY_S),
+        ]
+        reply = await self._call(self._reserve(keys=self.keys(tenant_id), args=args))
+        ok, limit, retry, rt, tt, in_flight = reply
+        ok = bool(int(ok))
+        hold = Hold(tenant_id, limits, member, tokens if limits.tokens_per_s else 0.0,
+                    shared=True)
+        return QuotaCheck(
+            ok=ok, limit=None if ok else str(limit), retry_after_s=0.0 if ok else float(retry),
+            remaining_requests=float(rt) if limits.requests_per_s else None,
+            remaining_tokens=float(tt) if limits.tokens_per_s else None,
+            in_flight=int(in_flight) if limits.max_concurrent else None,
+            hold=hold if ok else None, limits=limits,
+        )
+
+    async def release(self, hold: Hold, *, refund_request: bool, refund_tokens: float) -> None:
+        limits = hold.limits
+        args = [
+            self._now_arg(),
+            _num(limits.requests_per_s), _num(limits.request_burst),
+            _num(limits.tokens_per_s), _num(limits.token_capacity),
+            "1" if refund_request else "0", _num(max(0.0, refund_tokens)), hold.member,
+        ]
+        await self._call(self._release(keys=self.keys(hold.tenant_id), args=args))
+
+    async def ping(self) -> None:
+        await self._call(self._client.ping())
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._client.aclose()
