@@ -116,12 +116,7 @@ class Runtime:
         self.clock = clock
         self.observer = observer or Observer()
         self._cv = threading.Condition(threading.RLock())
-        self._admission = AdmissionPolicy(
-            AdmissionConfig(
-                queue_capacity=config.queue_capacity,
-                inbox_capacity=min(w.inbox_capacity for w in config.workers),
-            )
-        )
+        self._admission = AdmissionPolicy(AdmissionConfig(queue_capacity=config.queue_capacity))
         self._scheduler = make_scheduler(
             config.scheduler,
             bypass_threshold=config.bypass_threshold,

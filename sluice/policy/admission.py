@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 REJECT_REASONS = (
     "queue_full",
-    "inbox_full",
     "deadline_infeasible",
     "quota",
     "draining",
@@ -45,20 +44,15 @@ class AdmissionConfig:
 
     queue_capacity: int
     """Global queue bound (>= 1)."""
-    inbox_capacity: int
-    """Per-worker inbox bound (>= 1)."""
     min_retry_after_s: float = 1.0
     """Smallest Retry-After suggested (>= 0)."""
     max_retry_after_s: float = 60.0
     """Largest Retry-After suggested (>= min_retry_after_s)."""
 
     def __post_init__(self) -> None:
-        for field, value in (
-            ("queue_capacity", self.queue_capacity),
-            ("inbox_capacity", self.inbox_capacity),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{field} must be an int >= 1, got {value!r}")
+        value = self.queue_capacity
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"queue_capacity must be an int >= 1, got {value!r}")
         if not math.isfinite(self.min_retry_after_s) or self.min_retry_after_s < 0:
             raise ValueError(
                 f"min_retry_after_s must be a finite number >= 0, got {self.min_retry_after_s!r}"

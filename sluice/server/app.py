@@ -13,14 +13,14 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.backends.base import Backend
 from sluice.backends.registry import make_backends
-from sluice.config import Config, TenantConfig
+from sluice.config import Config
 from sluice.engine.runtime import Runtime
 from sluice.server import errors
 from sluice.server.auth import Auth
@@ -86,8 +86,3 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     for router in ROUTERS:
         app.include_router(router)
     return app
-
-
-def tenant_of(request: Request) -> TenantConfig:
-    ctx: AppContext = request.app.state.ctx
-    return ctx.auth.tenant(request)

@@ -72,7 +72,6 @@ def unauthorized(message: str = "Missing or invalid API key") -> APIError:
 #: Rejection reason → (status, OpenAI error type).
 REJECTION_STATUS: dict[str, tuple[int, str]] = {
     "queue_full": (503, "server_overloaded"),
-    "inbox_full": (503, "server_overloaded"),
     "draining": (503, "server_shutting_down"),
     "deadline_infeasible": (503, "deadline_infeasible"),
     "no_feasible_worker": (503, "server_overloaded"),

@@ -18,7 +18,7 @@ from sluice.policy.admission import (
 
 
 def policy(capacity: int = 10) -> AdmissionPolicy:
-    return AdmissionPolicy(AdmissionConfig(queue_capacity=capacity, inbox_capacity=4))
+    return AdmissionPolicy(AdmissionConfig(queue_capacity=capacity))
 
 
 def test_admits_below_capacity() -> None:
@@ -95,12 +95,10 @@ def test_no_deadline_is_always_feasible() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"queue_capacity": 0, "inbox_capacity": 1}, "queue_capacity"),
-        ({"queue_capacity": 1, "inbox_capacity": 0}, "inbox_capacity"),
-        ({"queue_capacity": 1, "inbox_capacity": 1, "min_retry_after_s": -1.0},
-         "min_retry_after_s"),
-        ({"queue_capacity": 1, "inbox_capacity": 1, "min_retry_after_s": 5.0,
-          "max_retry_after_s": 2.0}, "max_retry_after_s"),
+        ({"queue_capacity": 0}, "queue_capacity"),
+        ({"queue_capacity": 1, "min_retry_after_s": -1.0}, "min_retry_after_s"),
+        ({"queue_capacity": 1, "min_retry_after_s": 5.0, "max_retry_after_s": 2.0},
+         "max_retry_after_s"),
     ],
 )
 def test_config_validation_names_the_field(kwargs: dict[str, float], field: str) -> None:
@@ -120,7 +118,7 @@ def test_rejection_validates_reason_and_retry() -> None:
         Rejection("quota", -1.0, "")
     with pytest.raises(ValueError, match="retry_after_s"):
         Rejection("quota", math.nan, "")
-    assert set(REJECT_REASONS) >= {"quota", "inbox_full", "too_large", "no_feasible_worker"}
+    assert set(REJECT_REASONS) >= {"quota", "too_large", "no_feasible_worker"}
 
 
 @given(
