@@ -16,9 +16,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sluice.backends.base import ModelSpec, Tokenizer
 from sluice.config import TenantConfig
+from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Final, RequestStatus, SamplingParams
 from sluice.engine.request import Request as RtRequest
-from sluice.engine.runtime import AsyncHandle, Rejected
+from sluice.engine.runtime import Rejected
 from sluice.server.context import AppContext
 from sluice.server.errors import (
     APIError,
