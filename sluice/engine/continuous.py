@@ -1,10 +1,11 @@
 """Continuous batching for one loaded generative model.
 
-The step loop reads like the design: plan = decide which tokens to feed (one decode
-token per running sequence, then prefill chunks, then newly admitted requests while KV
-blocks and slots allow); logits = one ``forward`` call; update = sample, stream, retire.
-A retiring sequence frees its slot and blocks at once, so the next waiting request is
-admitted in the very next plan.
+The step loop reads like the design: plan = the pure step planner decides which tokens to
+feed (one decode token per running sequence, then prefill chunks, then newly admitted
+requests while KV blocks and slots allow; see ``sluice.policy.step_planner``); apply = the
+engine starts what it admitted (slot, KV blocks, prefix copy); logits = one ``forward``
+call; update = sample, stream, retire. A retiring sequence frees its slot and blocks at
+once, so the next waiting request is admitted in the very next plan.
 
 ``mode`` selects the baselines we measure against: ``static`` admits only into an empty
 engine (waiting up to ``static_max_wait_s`` to fill it) and runs that batch to the end;
@@ -19,7 +20,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
@@ -28,36 +28,20 @@ from sluice.engine.request import Request, RequestStatus, TokenEvent
 from sluice.engine.sampling import sample_token
 from sluice.engine.textstream import TextStream
 from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.step_planner import (
+    Admission,
+    BatchingMode,
+    EngineConfig,
+    RunningSeq,
+    StepPlan,
+    StepView,
+    WaitingSeq,
+    plan_step,
+    reserve_admission,
+    static_wakeup_s,
+)
 
-BatchingMode = Literal["continuous", "static", "serial"]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How a generative model's engine batches."""
-
-    mode: BatchingMode = "continuous"
-    """``continuous`` (default), ``static`` or ``serial`` (baselines)."""
-    max_batch_tokens: int = 512
-    """Tokens fed in one forward pass (decode tokens + prefill chunks)."""
-    prefill_chunk_tokens: int = 256
-    """Longest prefill piece of one prompt in one pass (chunked prefill)."""
-    kv_block_tokens: int = 16
-    """KV block size for admission accounting."""
-    static_max_wait_s: float = 0.05
-    """Static mode: how long to wait for a full batch."""
-    prefix_reuse: bool = True
-    """Copy the KV of a shared prompt prefix from a running sequence instead of
-    recomputing it."""
-    min_prefix_tokens: int = 16
-    """Shortest shared prefix worth copying."""
-
-    def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
-        if self.mode not in ("continuous", "static", "serial"):
-            raise ValueError(f"engine.mode must be continuous|static|serial, got {self.mode!r}")
+__all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig"]
 
 
 @dataclass(eq=False)
@@ -77,13 +61,23 @@ class _Sequence:
     def prefilling(self) -> bool:
         return self.n_fed < self.n_prompt
 
+    def view(self) -> RunningSeq:
+        return RunningSeq(
+            self.slot, self.req.request_id, self.n_prompt, self.n_fed, self.generated, self.tokens
+        )
+
 
 @dataclass
-class StepPlan:
+class _Batch:
     """What one forward pass feeds, and which sequence owns each chunk."""
 
     chunks: list[ForwardChunk] = field(default_factory=list)
     owners: list[_Sequence] = field(default_factory=list)
+
+
+def _waiting_view(req: Request) -> WaitingSeq:
+    since = req.times.started_s or req.arrival_s
+    return WaitingSeq(req.request_id, req.prompt_tokens, req.params.max_tokens, since)
 
 
 class ContinuousEngine:
@@ -106,6 +100,7 @@ class ContinuousEngine:
         self.waiting: deque[Request] = deque()
         self.running: dict[int, _Sequence] = {}
         self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
+        """A stack: ``pop()`` gives slot 0 first; a freed slot is reused first."""
         self.steps = 0
         self.last_batch_size = 0
         self.reused_prefix_tokens = 0
@@ -142,10 +137,8 @@ class ContinuousEngine:
 
     def next_wakeup_s(self, now: float) -> float | None:
         """Static mode: when the oldest waiting request stops waiting for a full batch."""
-        if self.config.mode != "static" or self.running or not self.waiting:
-            return None
-        started = self.waiting[0].times.started_s or self.waiting[0].arrival_s
-        return started + self.config.static_max_wait_s
+        head = _waiting_view(self.waiting[0]) if self.waiting else None
+        return static_wakeup_s(self.config, len(self.running), head)
 
     # -- the step loop -------------------------------------------------------------------
 
@@ -153,114 +146,94 @@ class ContinuousEngine:
         """One engine step; False when there was nothing to run."""
         now = self._clock()
         self._retire_stopped(now)
-        plan = self._schedule(now)
-        if not plan.chunks:
+        plan = plan_step(self.config, self.view(now))  # decide
+        batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes
+        if not batch.chunks:
             return False
-        try:
-            logits = self.model.forward(plan.chunks)
-        except Exception as exc:  # the worker must outlive any backend fault
-            self._fail(plan, exc)
-            return True
-        self._update(plan, logits)
+        logits = self._forward(batch)  # execute
+        if logits is not None:
+            self._update(batch, logits)  # sample, stream, retire
         return True
 
-    def _schedule(self, now: float) -> StepPlan:
-        plan = StepPlan()
-        budget = self.config.max_batch_tokens
-        for seq in self.running.values():
-            if not seq.prefilling and budget > 0:
-                self._add_chunk(plan, seq, [seq.tokens[-1]])
-                budget -= 1
-        for seq in self.running.values():
-            if seq.prefilling and budget > 0:
-                budget -= self._add_prefill(plan, seq, budget)
-        for _ in range(self._admit_limit(now)):
-            admitted = self._admit(now) if budget > 0 else None
-            if admitted is None:
-                break
-            budget -= self._add_prefill(plan, admitted, budget)
-        self.last_batch_size = len(plan.chunks)
-        return plan
-
-    def _admit_limit(self, now: float) -> int:
-        """How many waiting requests this plan may admit, by batching mode."""
-        if not self.waiting or not self._free_slots:
-            return 0
-        if self.config.mode == "continuous":
-            return len(self._free_slots)
-        if self.running:
-            return 0  # static and serial admit only into an empty engine
-        if self.config.mode == "serial":
-            return 1
-        wake = self.next_wakeup_s(now)
-        full = len(self.waiting) >= self.model.n_seq_max
-        return len(self._free_slots) if full or wake is None or now >= wake else 0
-
-    def _admit(self, now: float) -> _Sequence | None:
-        while self.waiting and self.waiting[0].is_terminal:
-            self._on_retire(self.waiting.popleft())
-        if not self.waiting:
-            return None
-        req = self.waiting[0]
-        need = len(req.prompt_tokens) + req.params.max_tokens
-        if not self.kv.can_allocate(need):
-            return None  # head-of-line waits for blocks; order is kept
-        self.waiting.popleft()
-        if not req.mark_running(now):
-            self._on_retire(req)
-            return self._admit(now)
-        slot = self._free_slots.pop()
-        self.kv.allocate(slot, need)
-        self.model.release_sequence(slot)
-        seed = req.params.seed if req.params.seed is not None else req.request_id
-        seq = _Sequence(
-            req=req,
-            slot=slot,
-            tokens=list(req.prompt_tokens),
-            n_prompt=len(req.prompt_tokens),
-            rng=np.random.default_rng(seed),
-            text=TextStream(req.params.stop),
+    def view(self, now: float) -> StepView:
+        """The engine as the step planner sees it (ended requests already swept out)."""
+        return StepView(
+            running=tuple(seq.view() for seq in self.running.values()),
+            waiting=tuple(_waiting_view(req) for req in self.waiting),
+            free_slots=tuple(reversed(self._free_slots)),
+            kv=self.kv.snapshot(),
+            now=now,
         )
-        self.running[slot] = seq
-        if self.config.prefix_reuse:
-            self._reuse_prefix(seq)
-        return seq
 
-    def _reuse_prefix(self, seq: _Sequence) -> None:
-        """Start ``seq`` after the longest prompt prefix some running sequence has already
-        fed, copying that KV (at least one prompt token is left to feed for logits)."""
-        best_len, donor = 0, None
-        limit = seq.n_prompt - 1
-        for other in self.running.values():
-            if other is seq:
+    def _apply(self, plan: StepPlan, now: float) -> _Batch:
+        """Carry out a plan in its order: start the admitted requests, then pair every
+        chunk with its sequence's tokens."""
+        not_started = self._start(plan.admissions, now)
+        batch = _Batch()
+        for chunk in plan.chunks:
+            if chunk.slot in not_started:
                 continue
-            n = _common_prefix(seq.tokens, other.tokens, min(limit, other.n_fed))
-            if n > best_len:
-                best_len, donor = n, other
-        if donor is None or best_len < self.config.min_prefix_tokens:
-            return
-        self.model.copy_sequence(donor.slot, seq.slot, best_len)
-        seq.n_fed = best_len
-        self.reused_prefix_tokens += best_len
+            seq = self.running[chunk.slot]
+            tokens = tuple(seq.tokens[chunk.start_pos : chunk.start_pos + chunk.n_tokens])
+            batch.chunks.append(
+                ForwardChunk(chunk.slot, tokens, chunk.start_pos, chunk.want_logits)
+            )
+            batch.owners.append(seq)
+        self.last_batch_size = len(batch.chunks)
+        return batch
 
-    def _add_prefill(self, plan: StepPlan, seq: _Sequence, budget: int) -> int:
-        take = min(seq.n_prompt - seq.n_fed, self.config.prefill_chunk_tokens, budget)
-        if take <= 0:
-            return 0
-        self._add_chunk(plan, seq, seq.tokens[seq.n_fed : seq.n_fed + take])
-        return take
+    def _start(self, admissions: tuple[Admission, ...], now: float) -> set[int]:
+        """Start admitted requests in plan order: take the slot, reserve its KV blocks,
+        forget the slot's old KV, copy a shared prefix. Returns the slots left unstarted.
 
-    @staticmethod
-    def _add_chunk(plan: StepPlan, seq: _Sequence, tokens: list[int]) -> None:
-        done_prefill = seq.n_fed + len(tokens) >= seq.n_prompt
-        plan.chunks.append(ForwardChunk(seq.slot, tuple(tokens), seq.n_fed, done_prefill))
-        plan.owners.append(seq)
+        A request cancelled or ended by another thread since the plan was made stays in the
+        line, where the next step's sweep ends it properly; the admissions after it wait
+        for the next plan too, since this plan counted on its slot and prefix."""
+        for i, adm in enumerate(admissions):
+            index = self._waiting_index(adm.request_id)
+            req = self.waiting[index]
+            if not req.mark_running(now):
+                return {a.slot for a in admissions[i:]}
+            del self.waiting[index]
+            self._free_slots.remove(adm.slot)
+            reserve_admission(self.kv, adm)
+            self.model.release_sequence(adm.slot)
+            seed = req.params.seed if req.params.seed is not None else req.request_id
+            seq = _Sequence(
+                req=req,
+                slot=adm.slot,
+                tokens=list(req.prompt_tokens),
+                n_prompt=len(req.prompt_tokens),
+                rng=np.random.default_rng(seed),
+                text=TextStream(req.params.stop),
+            )
+            self.running[adm.slot] = seq
+            if adm.prefix is not None:
+                self.model.copy_sequence(adm.prefix.donor_slot, adm.slot, adm.prefix.n_tokens)
+                seq.n_fed = adm.prefix.n_tokens
+                self.reused_prefix_tokens += adm.prefix.n_tokens
+        return set()
 
-    def _update(self, plan: StepPlan, logits: np.ndarray) -> None:
+    def _waiting_index(self, request_id: int) -> int:
+        # Admissions come from the head of the line, so this is almost always index 0.
+        for index, req in enumerate(self.waiting):
+            if req.request_id == request_id:
+                return index
+        raise RuntimeError(f"plan admits request {request_id}, which is not waiting")
+
+    def _forward(self, batch: _Batch) -> np.ndarray | None:
+        """One forward pass; a backend fault fails that batch's requests (``None``)."""
+        try:
+            return self.model.forward(batch.chunks)
+        except Exception as exc:  # the worker must outlive any backend fault
+            self._fail(batch, exc)
+            return None
+
+    def _update(self, batch: _Batch, logits: np.ndarray) -> None:
         now = self._clock()
         self.steps += 1
         row = 0
-        for chunk, seq in zip(plan.chunks, plan.owners, strict=True):
+        for chunk, seq in zip(batch.chunks, batch.owners, strict=True):
             seq.n_fed += len(chunk.tokens)
             if not chunk.want_logits:
                 continue
@@ -332,9 +305,9 @@ class ContinuousEngine:
             seq.req.finish(status, now, text=seq.text.text, **final)
         self._on_retire(seq.req)
 
-    def _fail(self, plan: StepPlan, exc: Exception) -> None:
+    def _fail(self, batch: _Batch, exc: Exception) -> None:
         now = self._clock()
-        for seq in {id(s): s for s in plan.owners}.values():
+        for seq in {id(s): s for s in batch.owners}.values():
             self._retire(
                 seq, RequestStatus.FAILED, now, error=f"backend error: {exc}",
                 error_code="backend_error",
@@ -346,12 +319,3 @@ class ContinuousEngine:
             req.finish(RequestStatus.CANCELLED, now, error=error, error_code="shutdown")
         self._retire_stopped(now)
 
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
-    n = 0
-    for x, y in zip(a[:limit], b[:limit], strict=False):
-        if x != y:
-            break
-        n += 1
-    return n

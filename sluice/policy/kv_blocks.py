@@ -2,10 +2,54 @@
 
 A sequence reserves blocks for its whole budget (prompt + max new tokens) when it is admitted
 and gives them all back the moment it retires. Check, then act: ``never_fits`` (refuse),
-``can_allocate`` (admit now or wait), ``allocate``, ``free``.
+``can_allocate`` (admit now or wait), ``allocate``, ``free``. A planner checks against a
+``KVSnapshot`` (plain numbers) and the engine or simulator then allocates what it planned.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class KVSnapshot:
+    """The allocator's capacity as numbers, for planning without touching the allocator.
+
+    A planner checks admissions against a snapshot and takes each admission's blocks off
+    its local copy (``after_reserving``), so several admissions in one plan never count
+    the same free block twice. The allocator answers its own checks through a snapshot,
+    so the arithmetic lives here once.
+    """
+
+    total_blocks: int
+    free_blocks: int
+    block_size_tokens: int
+    max_seq_tokens: int
+    """Most tokens one sequence may reserve."""
+
+    def blocks_needed(self, n_tokens: int) -> int:
+        """Blocks that hold ``n_tokens`` tokens (ceil division)."""
+        if n_tokens < 0:
+            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
+        return -(-n_tokens // self.block_size_tokens)
+
+    def never_fits(self, n_tokens: int) -> bool:
+        """Whether ``n_tokens`` can never be held: over ``max_seq_tokens`` or all blocks."""
+        return n_tokens > self.max_seq_tokens or self.blocks_needed(n_tokens) > self.total_blocks
+
+    def can_allocate(self, n_tokens: int) -> bool:
+        """Whether ``n_tokens`` could be reserved now."""
+        return not self.never_fits(n_tokens) and self.blocks_needed(n_tokens) <= self.free_blocks
+
+    def after_reserving(self, n_tokens: int) -> KVSnapshot:
+        """The capacity left once ``n_tokens`` are reserved; ``ValueError`` if they do not
+        fit (check ``can_allocate`` first)."""
+        if not self.can_allocate(n_tokens):
+            raise ValueError(f"{n_tokens} tokens do not fit in {self.free_blocks} free blocks")
+        return KVSnapshot(
+            self.total_blocks, self.free_blocks - self.blocks_needed(n_tokens),
+            self.block_size_tokens, self.max_seq_tokens,
+        )
 
 
 class KVBlockAllocator:
@@ -66,19 +110,23 @@ class KVBlockAllocator:
         """Blocks owned by sequences."""
         return self.total_blocks - len(self._free)
 
+    def snapshot(self) -> KVSnapshot:
+        """The capacity now, as plain numbers (what a step planner plans against)."""
+        return KVSnapshot(
+            self.total_blocks, len(self._free), self.block_size_tokens, self.max_seq_tokens
+        )
+
     def blocks_needed(self, n_tokens: int) -> int:
         """Blocks that hold ``n_tokens`` tokens (ceil division)."""
-        if n_tokens < 0:
-            raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
-        return -(-n_tokens // self.block_size_tokens)
+        return self.snapshot().blocks_needed(n_tokens)
 
     def never_fits(self, n_tokens: int) -> bool:
         """Whether ``n_tokens`` can never be held: over ``max_seq_tokens`` or all blocks."""
-        return n_tokens > self.max_seq_tokens or self.blocks_needed(n_tokens) > self.total_blocks
+        return self.snapshot().never_fits(n_tokens)
 
     def can_allocate(self, n_tokens: int) -> bool:
         """Whether ``n_tokens`` could be reserved now."""
-        return not self.never_fits(n_tokens) and self.blocks_needed(n_tokens) <= len(self._free)
+        return self.snapshot().can_allocate(n_tokens)
 
     def allocate(self, seq_id: int, n_tokens: int) -> tuple[int, ...] | None:
         """Reserve blocks for ``n_tokens`` of sequence ``seq_id`` and return its block table;

@@ -1,0 +1,368 @@
+"""The continuous-batching step planner: what one forward pass of a generative model feeds.
+
+``plan_step(config, view)`` looks at plain views of the engine (running sequences, the
+waiting line, free slots, KV capacity, ``now``) and returns a ``StepPlan``: the chunks to
+feed, in feed order, and the waiting requests to start, in the order they must be
+applied. It decides only; the engine (or the simulator) applies the plan: it starts the
+admitted requests, reserves their KV blocks with ``reserve_admission``, copies shared
+prefixes, runs the pass, and samples. This is vLLM v1's ``SchedulerOutput`` split.
+
+Invariants of every plan (``tests/policy/test_step_planner.py`` checks them on random
+views):
+
+- **Feed order**: one decode chunk per decoding sequence (in ``view.running`` order), then
+  one prefill chunk per prefilling sequence (same order), then the first prefill chunk of
+  each admitted request (in admission order). At most one chunk per slot.
+- **Token budget**: the chunks' tokens add up to at most ``max_batch_tokens``; a prefill
+  chunk has at most ``prefill_chunk_tokens``; a chunk starts at the sequence's fed count
+  and wants logits exactly when it reaches the end of the prompt (decodes always do).
+- **Admission**: requests are taken from the head of ``view.waiting`` in its order; the
+  first that cannot start ends admission for this step (head-of-line: order is kept), and
+  ``held_back`` says why. Each takes a distinct slot from ``view.free_slots`` (in that
+  order) and reserves ``prompt + max_tokens`` tokens; together they fit the free KV blocks
+  (planned on a local copy of the counts, never by touching the allocator).
+- **Prefix reuse**: an admitted request may start after the longest prefix of its prompt
+  that a running sequence has already fed (the first such sequence on a tie), if that is
+  at least ``min_prefix_tokens`` and leaves one prompt token to feed for logits; its first
+  chunk then starts there.
+- **Baselines**: ``static`` and ``serial`` admit only into an empty engine; ``serial`` one
+  request at a time; ``static`` when the line fills every slot or its head has waited
+  ``static_max_wait_s``.
+
+Extension points: a ``StepBudget`` bounds prefill tokens and admissions by more than the
+token count (a step-time model keeping each running sequence's time per output token
+within a target); the waiting line is admitted in the order it is given, so a scheduler
+orders it first; admissions are a list of decisions, so forks of one prompt (``n`` > 1)
+or preemptions can be added as further decisions applied in order.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Literal, Protocol
+
+from sluice.policy.kv_blocks import KVBlockAllocator, KVSnapshot
+
+BatchingMode = Literal["continuous", "static", "serial"]
+HoldReason = Literal["mode", "slots", "tokens", "kv", "step_budget"]
+"""Why the head of the waiting line was not admitted: the batching mode (a baseline with a
+running batch, or static still waiting for a full one), no free slot, no token budget left
+in this step, not enough free KV blocks, or the ``StepBudget`` refused."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How a generative model's engine batches (the planner's configuration)."""
+
+    mode: BatchingMode = "continuous"
+    """``continuous`` (default), ``static`` or ``serial`` (baselines)."""
+    max_batch_tokens: int = 512
+    """Tokens fed in one forward pass (decode tokens + prefill chunks)."""
+    prefill_chunk_tokens: int = 256
+    """Longest prefill piece of one prompt in one pass (chunked prefill)."""
+    kv_block_tokens: int = 16
+    """KV block size for admission accounting."""
+    static_max_wait_s: float = 0.05
+    """Static mode: how long to wait for a full batch."""
+    prefix_reuse: bool = True
+    """Copy the KV of a shared prompt prefix from a running sequence instead of
+    recomputing it."""
+    min_prefix_tokens: int = 16
+    """Shortest shared prefix worth copying."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
+        if self.mode not in ("continuous", "static", "serial"):
+            raise ValueError(f"engine.mode must be continuous|static|serial, got {self.mode!r}")
+
+
+# -- what the planner sees ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunningSeq:
+    """A sequence that holds a slot (and its KV blocks)."""
+
+    slot: int
+    request_id: int
+    n_prompt: int
+    """Prompt length in tokens."""
+    n_fed: int
+    """Positions whose KV exists (prompt and generated tokens fed so far)."""
+    n_generated: int
+    """Tokens sampled so far."""
+    tokens: Sequence[int]
+    """Prompt + generated tokens; prefix reuse compares the first ``n_fed``. Read only
+    while planning (the engine passes its own list rather than copying it every step)."""
+
+    @property
+    def prefilling(self) -> bool:
+        """Whether prompt tokens are still to be fed."""
+        return self.n_fed < self.n_prompt
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingSeq:
+    """A request waiting for a slot; ended and cancelled ones are left out by the caller."""
+
+    request_id: int
+    prompt_tokens: Sequence[int]
+    max_tokens: int
+    waiting_since_s: float
+    """When it began waiting (static mode waits from the head's)."""
+
+    @property
+    def reserve_tokens(self) -> int:
+        """KV tokens it reserves when admitted: its whole budget."""
+        return len(self.prompt_tokens) + self.max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """Everything one plan depends on."""
+
+    running: tuple[RunningSeq, ...]
+    """In the engine's order (admission order); decodes and prefills follow it."""
+    waiting: tuple[WaitingSeq, ...]
+    """In the order to admit (head first)."""
+    free_slots: tuple[int, ...]
+    """In the order to hand out."""
+    kv: KVSnapshot
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepLoad:
+    """What the plan holds so far, for a ``StepBudget`` to judge one more piece."""
+
+    decode_tokens: int
+    prefill_tokens: int
+    sequences: int
+    """Sequences holding a slot once the plan is applied (running + admitted so far)."""
+
+
+class StepBudget(Protocol):
+    """A limit on a step beyond ``max_batch_tokens``, e.g. predicted step time against a
+    TPOT target. The planner asks before each prefill chunk and each admission; answers
+    must depend only on the arguments (and the object's own state), never on a clock."""
+
+    def prefill_room_tokens(self, load: StepLoad) -> int:
+        """How many more prefill tokens the step may take (0 = none)."""
+        ...
+
+    def may_admit(self, load: StepLoad, request: WaitingSeq) -> bool:
+        """Whether ``request`` may start in this step."""
+        ...
+
+
+class TokensOnly:
+    """No limit beyond ``max_batch_tokens`` (the default)."""
+
+    def prefill_room_tokens(self, load: StepLoad) -> int:
+        return sys.maxsize
+
+    def may_admit(self, load: StepLoad, request: WaitingSeq) -> bool:
+        return True
+
+
+TOKENS_ONLY = TokensOnly()
+
+
+# -- what the planner decides ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedChunk:
+    """Tokens ``start_pos .. start_pos + n_tokens - 1`` of the sequence in ``slot``."""
+
+    slot: int
+    start_pos: int
+    n_tokens: int
+    want_logits: bool
+    """Sample after this chunk (it ends the prompt, or it is a decode)."""
+    decode: bool
+    """One generated token (else a piece of the prompt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixCopy:
+    """Start a sequence with the first ``n_tokens`` of ``donor_slot``'s KV."""
+
+    donor_slot: int
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Start waiting request ``request_id`` in ``slot``, reserving ``reserve_tokens``."""
+
+    request_id: int
+    slot: int
+    reserve_tokens: int
+    prefix: PrefixCopy | None
+    """Copied before its first chunk, which then starts at ``prefix.n_tokens``."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One step: chunks in feed order; admissions in the order to apply them (before the
+    pass: their chunks are among ``chunks``)."""
+
+    chunks: tuple[PlannedChunk, ...]
+    admissions: tuple[Admission, ...]
+    held_back: HoldReason | None
+    """Why the head of the waiting line stays waiting (``None``: nothing waits)."""
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(1 for c in self.chunks if c.decode)
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(c.n_tokens for c in self.chunks if not c.decode)
+
+
+# -- the planner ----------------------------------------------------------------------------
+
+
+def plan_step(config: EngineConfig, view: StepView, budget: StepBudget = TOKENS_ONLY) -> StepPlan:
+    """Decode tokens first, then prefill chunks of running sequences, then admissions while
+    the token budget, slots and KV blocks allow. Pure: the view is not changed."""
+    return _Draft(config, view, budget).plan()
+
+
+def static_wakeup_s(config: EngineConfig, n_running: int, head: WaitingSeq | None) -> float | None:
+    """Static mode: when the waiting line's head stops waiting for a full batch (``None``
+    when not in static mode, when a batch runs, or when nothing waits)."""
+    if config.mode != "static" or n_running or head is None:
+        return None
+    return head.waiting_since_s + config.static_max_wait_s
+
+
+def reserve_admission(kv: KVBlockAllocator, admission: Admission) -> tuple[int, ...]:
+    """Reserve an admission's KV blocks (its block table). A plan made against
+    ``kv.snapshot()`` always fits; a refusal means the plan is stale (``RuntimeError``)."""
+    table = kv.allocate(admission.slot, admission.reserve_tokens)
+    if table is None:
+        raise RuntimeError(
+            f"plan admits request {admission.request_id} into slot {admission.slot} with "
+            f"{admission.reserve_tokens} tokens, but only {kv.free_blocks} blocks are free"
+        )
+    return table
+
+
+def common_prefix_tokens(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    if limit <= 0:
+        return 0
+    n = 0
+    for x, y in zip(islice(a, limit), islice(b, limit), strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _Draft:
+    """One plan being built: local copies of the token budget, slots and KV counts."""
+
+    def __init__(self, config: EngineConfig, view: StepView, budget: StepBudget) -> None:
+        self.config = config
+        self.view = view
+        self.budget = budget
+        self.tokens_left = config.max_batch_tokens
+        self.decode_tokens = 0
+        self.kv = view.kv
+        self.chunks: list[PlannedChunk] = []
+        self.admissions: list[Admission] = []
+
+    def plan(self) -> StepPlan:
+        for seq in self.view.running:
+            if not seq.prefilling and self.tokens_left > 0:
+                self._chunk(seq.slot, seq.n_fed, 1, want_logits=True, decode=True)
+        for seq in self.view.running:
+            if seq.prefilling and self.tokens_left > 0:
+                self._prefill(seq.slot, seq.n_prompt, seq.n_fed)
+        held_back = self._admit()
+        return StepPlan(tuple(self.chunks), tuple(self.admissions), held_back)
+
+    def _load(self) -> StepLoad:
+        return StepLoad(
+            decode_tokens=self.decode_tokens,
+            prefill_tokens=self.config.max_batch_tokens - self.tokens_left - self.decode_tokens,
+            sequences=len(self.view.running) + len(self.admissions),
+        )
+
+    def _chunk(self, slot: int, start: int, n: int, want_logits: bool, decode: bool) -> None:
+        self.chunks.append(PlannedChunk(slot, start, n, want_logits, decode))
+        self.tokens_left -= n
+        self.decode_tokens += decode
+
+    def _prefill(self, slot: int, n_prompt: int, n_fed: int) -> None:
+        take = min(n_prompt - n_fed, self.config.prefill_chunk_tokens, self.tokens_left)
+        if take > 0:
+            take = min(take, self.budget.prefill_room_tokens(self._load()))
+        if take > 0:
+            self._chunk(slot, n_fed, take, want_logits=n_fed + take >= n_prompt, decode=False)
+
+    def _admit(self) -> HoldReason | None:
+        """Admit from the head of the line; the reason the next one waits, if one does."""
+        waiting = self.view.waiting
+        limit, at_limit = self._admit_limit()
+        for i, head in enumerate(waiting):
+            if i == limit:
+                return at_limit
+            if self.tokens_left <= 0:
+                return "tokens"
+            if not self.kv.can_allocate(head.reserve_tokens):
+                return "kv"  # head-of-line waits for blocks; order is kept
+            if not self.budget.may_admit(self._load(), head):
+                return "step_budget"
+            slot = self.view.free_slots[i]
+            self.kv = self.kv.after_reserving(head.reserve_tokens)
+            prefix = self._prefix_for(head.prompt_tokens) if self.config.prefix_reuse else None
+            n_fed = prefix.n_tokens if prefix else 0
+            self.admissions.append(Admission(head.request_id, slot, head.reserve_tokens, prefix))
+            self._prefill(slot, len(head.prompt_tokens), n_fed)
+        return None
+
+    def _admit_limit(self) -> tuple[int, HoldReason]:
+        """How many requests this plan may admit by slots and batching mode, and the reason
+        given to a request past that limit."""
+        view, mode = self.view, self.config.mode
+        if not view.free_slots:
+            return 0, "slots"
+        if mode == "continuous":
+            return len(view.free_slots), "slots"
+        if view.running:
+            return 0, "mode"  # static and serial admit only into an empty engine
+        if mode == "serial":
+            return 1, "mode"
+        wake = static_wakeup_s(self.config, 0, view.waiting[0] if view.waiting else None)
+        full = len(view.waiting) >= len(view.free_slots)  # every slot is free here
+        ready = full or wake is None or view.now >= wake
+        return (len(view.free_slots), "slots") if ready else (0, "mode")
+
+    def _prefix_for(self, prompt: Sequence[int]) -> PrefixCopy | None:
+        """The longest already-fed prefix of ``prompt`` among the running sequences (the
+        first wins a tie), leaving one prompt token to feed for logits.
+
+        A request admitted earlier in this plan is no better donor: what it has fed it
+        copied from a running sequence, which offers at least as long a prefix and comes
+        first."""
+        limit = len(prompt) - 1
+        if limit < self.config.min_prefix_tokens:
+            return None
+        best_len, best_slot = 0, -1
+        for donor in self.view.running:
+            n = common_prefix_tokens(prompt, donor.tokens, min(limit, donor.n_fed))
+            if n > best_len:
+                best_len, best_slot = n, donor.slot
+        if best_len == 0 or best_len < self.config.min_prefix_tokens:
+            return None
+        return PrefixCopy(best_slot, best_len)
