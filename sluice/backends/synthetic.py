@@ -4,8 +4,10 @@ Service times come from the spec's ``options`` (all seconds, multiplied by
 ``speed_scale``): ``load_s``; one-shot ``batch_fixed_s`` + ``per_item_s`` × items;
 generative ``step_fixed_s`` + ``decode_per_seq_s`` × decoding sequences +
 ``prefill_per_token_s`` × prompt tokens in the pass. Outputs are pure functions of the
-inputs. Faults: ``fail_load`` (every load raises) and ``fail_on_calls`` (the listed
-1-based ``run_batch``/``forward`` calls raise), for tests.
+inputs. Faults: ``fail_load`` (every load raises), ``fail_on_calls`` (the listed
+1-based ``run_batch``/``forward`` calls raise) and ``nan_logits_after_token`` (the logits
+row after that token id is all NaN: one sequence's distribution breaks, not the pass), for
+tests.
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
         self._cost = _CostModel(spec)
         eos_at = spec.options.get("eos_at_pos")
         self.eos_at_pos: int | None = None if eos_at is None else int(eos_at)
+        nan_after = spec.options.get("nan_logits_after_token")
+        self.nan_after_token: int | None = None if nan_after is None else int(nan_after)
         self.slot_len: dict[int, int] = {}
         self.forward_calls = 0
         self.closed = False
@@ -171,6 +175,8 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
         return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
 
     def _logits(self, last_token: int, next_pos: int) -> np.ndarray:
+        if last_token == self.nan_after_token:
+            return np.full(self.vocab_size, np.nan, dtype=np.float32)
         logits = np.zeros(self.vocab_size, dtype=np.float32)
         if self.eos_at_pos is not None and next_pos >= self.eos_at_pos:
             logits[EOS_ID] = 10.0

@@ -25,7 +25,7 @@ import numpy as np
 
 from sluice.backends.base import ForwardChunk, GenerativeModel
 from sluice.engine.request import Request, RequestStatus, TokenEvent
-from sluice.engine.sampling import sample_token
+from sluice.engine.sampling import SamplingError, new_rng, sample_token
 from sluice.engine.textstream import TextStream
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_planner import (
@@ -204,7 +204,7 @@ class ContinuousEngine:
                 slot=adm.slot,
                 tokens=list(req.prompt_tokens),
                 n_prompt=len(req.prompt_tokens),
-                rng=np.random.default_rng(seed),
+                rng=new_rng(seed),
                 text=TextStream(req.params.stop),
             )
             self.running[adm.slot] = seq
@@ -237,8 +237,13 @@ class ContinuousEngine:
             seq.n_fed += len(chunk.tokens)
             if not chunk.want_logits:
                 continue
-            token = sample_token(logits[row], seq.req.params, seq.rng)
             row += 1
+            try:
+                token = sample_token(logits[row - 1], seq.req.params, seq.rng)
+            except SamplingError as exc:  # this request's distribution: it alone fails
+                self._retire(seq, RequestStatus.FAILED, now, error=str(exc),
+                             error_code="internal_error")
+                continue
             self._accept(seq, token, now)
 
     def _accept(self, seq: _Sequence, token: int, now: float) -> None:

@@ -100,6 +100,7 @@ FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
     "context_length_exceeded": (400, "invalid_request_error", None),
     "too_large": (503, "server_overloaded", None),
     "shutdown": (503, "server_shutting_down", None),
+    "internal_error": (500, "server_error", None),
 }
 
 
