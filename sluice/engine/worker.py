@@ -183,6 +183,10 @@ class Worker:
     def join(self, timeout_s: float | None = None) -> None:
         self._thread.join(timeout_s)
 
+    def is_alive(self) -> bool:
+        """The worker's thread is running (``sluice_worker_up``)."""
+        return self._thread.is_alive()
+
     def view(self) -> WorkerView:
         """What the router needs, consistent with the inbox at this instant."""
         state = self.state

@@ -4,7 +4,7 @@ registry, so several servers can live in one process (tests)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -67,6 +67,11 @@ class PrometheusObserver(Observer):
             "sluice_batch_size", "Members of each one-shot batch or decode step",
             ["model"], buckets=BATCH_BUCKETS, registry=registry,
         )
+        self.predicted_wait = Histogram(
+            "sluice_predicted_wait_seconds",
+            "The planner's predicted queue wait for the variant it chose (planned requests)",
+            ["model"], buckets=LATENCY_BUCKETS_S, registry=registry,
+        )
         self.variant_choices = Counter(
             "sluice_variant_choices", "Variants the planner chose for group requests",
             ["group", "variant", "reason"], registry=registry,
@@ -105,6 +110,8 @@ class PrometheusObserver(Observer):
         self.requests.labels(model, tenant, req.status.name.lower()).inc()
         if req.status == RequestStatus.REJECTED:
             return
+        if req.predicted_wait_s is not None:
+            self.predicted_wait.labels(model).observe(req.predicted_wait_s)
         if t.started_s is not None and t.queued_s is not None:
             self.queue_wait.labels(model, tenant).observe(t.started_s - t.queued_s)
         if req.status != RequestStatus.COMPLETED or t.finished_s is None:
@@ -137,10 +144,13 @@ class PrometheusObserver(Observer):
 
 
 class SnapshotCollector(Collector):
-    """Gauges read from the runtime when Prometheus scrapes."""
+    """Gauges read from the runtime when Prometheus scrapes. ``workers_up``: per worker,
+    whether its thread runs (``sluice_worker_up``)."""
 
-    def __init__(self, snapshot: Callable[[], RuntimeSnapshot]) -> None:
+    def __init__(self, snapshot: Callable[[], RuntimeSnapshot],
+                 workers_up: Callable[[], Sequence[bool]] | None = None) -> None:
         self._snapshot = snapshot
+        self._workers_up = workers_up
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -177,3 +187,9 @@ class SnapshotCollector(Collector):
                     kv_total.add_metric([w, m.model_id], m.kv_total_blocks)
                     kv_usage.add_metric([w, m.model_id], used / m.kv_total_blocks)
         yield from (inbox, active, resident, budget, kv_used, kv_total, kv_usage)
+        if self._workers_up is not None:
+            up = GaugeMetricFamily("sluice_worker_up", "1 while the worker's thread runs",
+                                   labels=["worker"])
+            for state, alive in zip(snap.workers, self._workers_up(), strict=True):
+                up.add_metric([str(state.worker_id)], int(alive))
+            yield up

@@ -81,3 +81,18 @@ def test_metrics_count_the_requests(serve: Callable[..., LiveServer]) -> None:
     assert metric_sum(s, "sluice_worker_active") == 0
     assert metric_sum(s, "sluice_kv_blocks_used") == 0
     assert metric_sum(s, "sluice_worker_budget_bytes") == 2 * 800_000_000
+
+
+def test_worker_up_follows_the_worker_threads(serve: Callable[..., LiveServer]) -> None:
+    live = serve(synthetic_config())
+    with live.client() as c:
+        s = scrape(c)
+        up = sorted((labels["worker"], v) for labels, v in s["sluice_worker_up"])
+        assert up == [("0", 1), ("1", 1)]
+        worker = live.runtime.workers[1]
+        worker.stop()
+        worker.join(5.0)
+        assert not worker.is_alive()
+        s = scrape(c)
+        assert metric_sum(s, "sluice_worker_up", worker="0") == 1
+        assert metric_sum(s, "sluice_worker_up", worker="1") == 0
