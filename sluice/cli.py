@@ -28,10 +28,12 @@ def _load(args: argparse.Namespace) -> Config:
     config = load_config(path) if path else default_config()
     env = os.environ.get
     port = args.port if args.port is not None else env("SLUICE_PORT")
+    grpc_port = args.grpc_port if args.grpc_port is not None else env("SLUICE_GRPC_PORT")
     overrides: dict[str, dict[str, Any]] = {
         "server": {
             "host": args.host or env("SLUICE_HOST"),
             "port": int(port) if port is not None else None,
+            "grpc_port": int(grpc_port) if grpc_port is not None else None,
             "admin_key": args.admin_key or env("SLUICE_ADMIN_KEY"),
         },
         "scheduling": {
@@ -54,6 +56,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="TOML config file (default: the packaged model)")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="also serve the gRPC API on this port "
+                   "(0: a free one; or $SLUICE_GRPC_PORT; needs the grpc extra)")
     p.add_argument("--admin-key", help="require this key on /admin (or $SLUICE_ADMIN_KEY)")
     p.add_argument("--scheduler", choices=["fifo", "workload_aware", "priority_edf", "wfq"])
     p.add_argument("--router", choices=["round_robin", "least_loaded", "residency_aware"])

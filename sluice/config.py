@@ -143,12 +143,30 @@ class TenantConfig(_Strict):
 
     id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     api_keys: list[str] = Field(default_factory=list)
+    api_keys_file: str | None = None
+    """A file with more keys, one per line (blank lines and ``#`` comments skipped): a
+    mounted Kubernetes Secret or Docker secret keeps them out of this file. Read when the
+    server starts."""
     weight: float = Field(default=1.0, gt=0)
     """Share of served tokens under the ``wfq`` scheduler, relative to other tenants."""
     priority: int = Field(default=5, ge=0, le=9)
     """Default priority class (0 most urgent) when a request names none."""
     default_deadline_ms: float | None = Field(default=None, gt=0)
     limits: TenantLimits = Field(default_factory=TenantLimits)
+
+    def all_api_keys(self) -> list[str]:
+        """``api_keys`` and those in ``api_keys_file`` (``ValueError`` naming the field if
+        the file cannot be read)."""
+        keys = list(self.api_keys)
+        if self.api_keys_file is not None:
+            try:
+                text = Path(self.api_keys_file).read_text()
+            except OSError as exc:
+                raise ValueError(f"tenants[{self.id!r}].api_keys_file: cannot read "
+                                 f"{self.api_keys_file}: {exc.strerror}") from None
+            keys += [k for k in (line.strip() for line in text.splitlines())
+                     if k and not k.startswith("#")]
+        return keys
 
 
 class QuotaConfig(_Strict):
@@ -179,6 +197,10 @@ class ServerConfig(_Strict):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
+    grpc_port: int | None = Field(default=None, ge=0, le=65535)
+    """Serve the gRPC API (``sluice.v1.Inference``, health, reflection) on this port of
+    ``host``, from the same process and event loop as HTTP; 0 picks a free port; unset: no
+    gRPC. Needs the ``grpc`` extra."""
     admin_key: str | None = None
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     default_model: str | None = None

@@ -34,11 +34,15 @@ class Auth:
 
     def __init__(self, tenants: Sequence[TenantConfig], admin_key: str | None) -> None:
         # Only digests of the keys are held: the tenants kept here carry none.
-        keyless = [t.model_copy(update={"api_keys": []}) for t in tenants]
+        keyless = [t.model_copy(update={"api_keys": [], "api_keys_file": None})
+                   for t in tenants]
         self._keys: list[tuple[bytes, TenantConfig]] = [
             (hash_key(k).encode(), bare) for t, bare in zip(tenants, keyless, strict=True)
-            for k in t.api_keys
+            for k in t.all_api_keys()
         ]
+        digests = [d for d, _ in self._keys]
+        if len(set(digests)) != len(digests):
+            raise ValueError("tenants: an API key is listed for more than one tenant")
         self._tenants = {t.id: t for t in keyless}
         self._admin = hash_key(admin_key).encode() if admin_key else None
 

@@ -3,11 +3,16 @@ field."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from sluice.config import QuotaConfig, TenantConfig, TenantLimits
 from sluice.policy.quota import QuotaLimits
+from sluice.server.auth import Auth
+from tests.server.live import LiveServer, assert_error, config_with
 
 
 def test_limits_become_per_second_policy_limits() -> None:
@@ -46,3 +51,31 @@ def test_quota_section() -> None:
     assert cfg.replicas == 3 and cfg.key_prefix == "sluice"
     with pytest.raises(ValidationError, match="replicas"):
         QuotaConfig(replicas=0)
+
+
+def test_api_keys_from_a_file_authenticate(tmp_path: Path,
+                                           serve: Callable[..., LiveServer]) -> None:
+    """Keys in ``api_keys_file`` (a mounted Secret) work like keys in the config file."""
+    keys = tmp_path / "acme.keys"
+    keys.write_text("# acme's keys\nkey-from-file\n\n  second-key  \n")
+    tenant = TenantConfig(id="acme", api_keys=["inline-key"], api_keys_file=str(keys))
+    assert tenant.all_api_keys() == ["inline-key", "key-from-file", "second-key"]
+    live = serve(config_with(tenants=[tenant.model_dump()]))
+    body = {"model": "synth-a", "input": "x"}
+    with live.client() as c:
+        for key in ("inline-key", "key-from-file", "second-key"):
+            r = c.post("/v1/embeddings", json=body, headers={"authorization": f"Bearer {key}"})
+            assert r.status_code == 200, r.text
+        r = c.post("/v1/embeddings", json=body, headers={"authorization": "Bearer # acme's"})
+        assert_error(r, 401, code="invalid_api_key")
+
+
+def test_an_unreadable_keys_file_is_refused_naming_the_field(tmp_path: Path) -> None:
+    tenant = TenantConfig(id="acme", api_keys_file=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match=r"tenants\['acme'\]\.api_keys_file"):
+        tenant.all_api_keys()
+    shared = tmp_path / "shared.keys"
+    shared.write_text("same\n")
+    with pytest.raises(ValueError, match="more than one tenant"):
+        Auth([TenantConfig(id="a", api_keys=["same"]),
+              TenantConfig(id="b", api_keys_file=str(shared))], None)
