@@ -19,7 +19,7 @@ RULE_FILES = sorted((PROMETHEUS / "rules").glob("*.yml"))
 ALERT_TESTS = PROMETHEUS / "tests" / "alerts_test.yml"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "sluice.json"
 K8S = DEPLOY / "k8s"
-ADAPTER = K8S / "prometheus-adapter.yaml"
+ADAPTER_RULES = K8S / "prometheus-adapter" / "config.yaml"
 
 #: What Grafana puts in place of the dashboard's variables when it runs a query.
 GRAFANA_VARIABLES = {"$__rate_interval": "1m", "$instance": ".*"}
@@ -74,12 +74,9 @@ def dashboard_queries() -> list[Query]:
 
 
 def adapter_config() -> dict[str, Any]:
-    """prometheus-adapter's rule config, from its ConfigMap."""
-    for doc in load_yaml_documents(ADAPTER):
-        if doc["kind"] == "ConfigMap":
-            config: dict[str, Any] = yaml.safe_load(doc["data"]["config.yaml"])
-            return config
-    raise AssertionError(f"no ConfigMap in {ADAPTER}")
+    """prometheus-adapter's rule config (its ConfigMap is generated from this file)."""
+    config: dict[str, Any] = yaml.safe_load(ADAPTER_RULES.read_text())
+    return config
 
 
 def adapter_queries(namespace: str, pod: str) -> list[Query]:
@@ -88,7 +85,7 @@ def adapter_queries(namespace: str, pod: str) -> list[Query]:
     out = []
     for rule in adapter_config()["rules"]:
         series = rule["seriesQuery"].split("{")[0].strip("'\" ")
-        expr = (rule["metricsQuery"]
+        expr = (" ".join(rule["metricsQuery"].split())
                 .replace("<<.Series>>", series)
                 .replace("<<.LabelMatchers>>", f'namespace="{namespace}",pod=~"{pod}"')
                 .replace("<<.GroupBy>>", "pod"))
