@@ -16,11 +16,13 @@ PY=${PYTHON:-python3}
 
 # Services and tools the tests drive for real, from Debian's packages (as root, no sudo):
 # redis-server (the quota tests start their own on a free loopback port and stop it by
-# PID; only the binary is needed) and chromium (the status page is checked in a headless
-# browser).
+# PID; only the binary is needed), chromium (the status page is checked in a headless
+# browser) and prometheus, which brings promtool (deploy/prometheus is checked and unit
+# tested by promtool, and a real Prometheus scrapes a live sluice on a loopback port).
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v prometheus >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" -ne 0 ]; then
         echo "missing ${missing[*]}: install with apt-get as root" >&2
@@ -32,6 +34,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 export SLUICE_REQUIRE_CHROMIUM=1  # the browser test fails rather than skips
 export SLUICE_REQUIRE_REDIS=1  # the Redis tests fail rather than skip
+export SLUICE_REQUIRE_PROMETHEUS=1  # the Prometheus tests fail rather than skip
 
 .venv/bin/ruff check sluice tests bench
 .venv/bin/mypy sluice
