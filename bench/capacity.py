@@ -1,0 +1,131 @@
+"""One pod's capacity, for the autoscaler's target (docs/operations.md, "Scale").
+
+Serves the model exactly as deploy/k8s/configmap.yaml configures a pod (same model, worker,
+slots and threads; tenants, Redis and gRPC left out), then closed loops of streaming
+completions: at concurrency = the pod's slots (every request runs, none waits) and at twice
+that (as many wait as run). From these:
+
+- ``mu_per_s``: requests the pod completes per second when full (the service rate);
+- ``ttft_full_p95_s``: time to first token with every slot busy and nothing waiting;
+- ``wait_per_request_s``: how much each request waiting ahead adds to a new request's
+  TTFT: by Little's law 1/mu; measured as (mean TTFT at 2× − mean TTFT at 1×) / (requests
+  waiting at 2×); the larger of the two is used;
+
+and the target number of waiting requests per pod that keeps TTFT p95 within the
+objective: floor((SLO − ttft_full_p95_s) / wait_per_request_s). Writes
+bench/results/capacity.json.
+
+    flock /tmp/sluice-heavy.lock python bench/capacity.py     # about 3 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import platform
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.llm_bench import PROMPTS
+from bench.loadgen import closed_loop, summarize
+from bench.servers import free_port, running, sluice_cmd
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+CONFIGMAP = ROOT / "deploy" / "k8s" / "configmap.yaml"
+TTFT_SLO_S = 2.0
+"""The p95 time-to-first-token objective (deploy/prometheus: sluice:slo:ttft_p95_seconds)."""
+
+
+def pod_toml() -> tuple[str, dict[str, Any]]:
+    """The pod's sluice.toml without what needs a cluster (tenants, Redis, gRPC port)."""
+    [doc] = [d for d in yaml.safe_load_all(CONFIGMAP.read_text()) if d["kind"] == "ConfigMap"]
+    config = tomllib.loads(doc["data"]["sluice.toml"])
+    model = config["models"][0]
+    lines = [
+        "[server]", f'default_model = "{model["id"]}"',
+        "[scheduling]", "queue_capacity = 512",
+        "[workers]", f"count = {config['workers']['count']}",
+        f"budget_bytes = {config['workers']['budget_bytes']}", "inbox_capacity = 256",
+        "[[models]]", f'id = "{model["id"]}"', 'kind = "generative"', 'backend = "llamacpp"',
+        'task = "generation"', f"memory_bytes = {model['memory_bytes']}",
+        "options = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in model["options"].items())
+        + " }",
+    ]
+    return "\n".join(lines) + "\n", model
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-tokens", type=int, default=128,
+                        help="tokens generated per request (EOS ignored)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="requests per client at each concurrency")
+    parser.add_argument("--out", default=str(RESULTS / "capacity.json"))
+    args = parser.parse_args()
+
+    toml, model = pod_toml()
+    slots = int(model["options"]["n_seq_max"])
+    port = free_port()
+    cmd, _ = sluice_cmd(toml, port)
+    base = f"http://127.0.0.1:{port}"
+    phases: dict[str, dict[str, Any]] = {}
+    with running(cmd, f"{base}/ready"):
+        # Warm-up: one request through the whole path.
+        asyncio.run(closed_loop(base, model["id"], PROMPTS, concurrency=1, n_requests=1,
+                                max_tokens=8))
+        for label, concurrency in (("full", slots), ("double", 2 * slots)):
+            samples, wall = asyncio.run(closed_loop(
+                base, model["id"], PROMPTS, concurrency=concurrency,
+                n_requests=concurrency * args.rounds, max_tokens=args.max_tokens))
+            row = summarize(samples, wall, ttft_slo_s=TTFT_SLO_S, tpot_slo_s=math.inf)
+            row["concurrency"] = concurrency
+            ttfts = [x.ttft_s for x in samples if x.ok and x.ttft_s is not None]
+            row["ttft_mean_s"] = sum(ttfts) / len(ttfts)
+            phases[label] = row
+            print(f"{label:6s} c={concurrency:2d}: {row['requests_per_s']:.3f} req/s "
+                  f"{row['tokens_per_s']:.1f} tok/s  ttft p50 {row['ttft_p50_s']:.3f} s "
+                  f"p95 {row['ttft_p95_s']:.3f} s  errors {row['errors']}", flush=True)
+
+    full, double = phases["full"], phases["double"]
+    mu = full["requests_per_s"]
+    waiting_at_double = double["concurrency"] - slots
+    measured_wait = (double["ttft_mean_s"] - full["ttft_mean_s"]) / waiting_at_double
+    wait_per_request = max(1 / mu, measured_wait)
+    budget = TTFT_SLO_S - full["ttft_p95_s"]
+    target = max(1, math.floor(budget / wait_per_request))
+    result = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor(),
+                    "python": platform.python_version()},
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": model["id"],
+        "pod": {"slots": slots, "n_threads": model["options"].get("n_threads"),
+                "workers": 1},
+        "request": {"max_tokens": args.max_tokens, "prompts": "bench/llm_bench.py PROMPTS"},
+        "ttft_slo_p95_s": TTFT_SLO_S,
+        "phases": phases,
+        "mu_per_s": mu,
+        "one_over_mu_s": 1 / mu,
+        "ttft_full_p95_s": full["ttft_p95_s"],
+        "wait_per_request_measured_s": measured_wait,
+        "wait_per_request_s": wait_per_request,
+        "ttft_budget_for_waiting_s": budget,
+        "target_waiting_per_pod": target,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"mu = {mu:.3f} req/s; each waiting request adds {measured_wait:.3f} s to TTFT "
+          f"(1/mu = {1 / mu:.3f} s); budget {budget:.3f} s → target {target} waiting per pod")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

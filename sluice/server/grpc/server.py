@@ -1,0 +1,59 @@
+"""The gRPC server: ``sluice.v1.Inference``, health and reflection on one ``grpc.aio`` server,
+on the HTTP server's event loop (started and stopped by the app's lifespan) and its own
+port."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from sluice.server.context import AppContext
+from sluice.server.grpc.health import ReadinessHealth
+from sluice.server.grpc.service import InferenceService
+from sluice.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger("sluice.grpc")
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class GrpcServer:
+    """Owns the ``grpc.aio.Server``; ``start`` binds ``host:port`` (0: a free port)."""
+
+    def __init__(self, ctx: AppContext, host: str, port: int) -> None:
+        self.ctx = ctx
+        self.host = host
+        self.requested_port = port
+        self.port: int | None = None
+        """The bound port, once started."""
+        self.health = ReadinessHealth(ctx)
+        limit = max(MAX_MESSAGE_BYTES, ctx.config.server.max_body_bytes)
+        self.server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", limit),
+        ])
+        inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(ctx), self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        names = (inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                 reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+
+    async def start(self) -> int:
+        address = f"[{self.host}]:{self.requested_port}" if ":" in self.host \
+            else f"{self.host}:{self.requested_port}"
+        self.port = self.server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"gRPC: cannot bind {address}")
+        await self.server.start()
+        await self.health.start()
+        log.info("serving gRPC on %s:%d", self.host, self.port)
+        return self.port
+
+    async def stop(self, grace_s: float) -> None:
+        """Health turns NOT_SERVING; new calls are refused; calls in flight get ``grace_s``
+        to finish, then are cancelled."""
+        await self.health.stop()
+        await self.server.stop(grace_s)

@@ -1,0 +1,254 @@
+"""``sluice.v1.Inference`` on ``grpc.aio``: the HTTP layer's code paths with gRPC at the edges.
+
+Per call: the metadata is the headers (``authorization`` → tenant through ``Auth``;
+``x-sluice-priority`` as over HTTP); the body is validated by the same pydantic models as the
+HTTP bodies (field names match, so an error names the same field); requests are built,
+admitted (tenant quota, then runtime admission) and awaited by the functions the routes use.
+The gRPC deadline is the request's sluice deadline: the time remaining when the call arrives
+becomes ``deadline_ms``, exactly like the body field over HTTP. Every ``APIError`` aborts the
+call with the status of ``sluice.server.grpc.errors``.
+
+A call the client cancels (or whose deadline passes) is cancelled by grpc.aio, which cancels
+the handler task: its requests are cancelled in turn and free their KV blocks at the next
+step. Past the deadline they are left to expire on their own, so they count as expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from functools import wraps
+from typing import Any, TypeVar
+
+import grpc
+from pydantic import BaseModel, ValidationError
+
+from sluice.config import TenantConfig
+from sluice.engine.bridge import AsyncHandle
+from sluice.engine.request import Final, RequestStatus
+from sluice.engine.request import Request as RtRequest
+from sluice.server.context import AppContext
+from sluice.server.errors import APIError, bad_param, validation_error
+from sluice.server.grpc.errors import grpc_error
+from sluice.server.routes.common import (
+    admit,
+    embedding_spec,
+    final_api_error,
+    generative_request,
+    model_list,
+    one_shot_requests,
+    spec_of_kind,
+    tokenizer_of,
+)
+from sluice.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    InferRequest,
+)
+from sluice.v1 import inference_pb2 as pb
+from sluice.v1 import inference_pb2_grpc as pb_grpc
+
+log = logging.getLogger("sluice.grpc")
+Context = grpc.aio.ServicerContext[Any, Any]
+R = TypeVar("R")
+
+
+def metadata_headers(context: Context) -> dict[str, str]:
+    """The call's text metadata as lower-case headers (binary ``-bin`` entries left out)."""
+    return {k.lower(): v for k, v in (context.invocation_metadata() or ())
+            if isinstance(v, str)}
+
+
+def deadline_ms(context: Context) -> float | None:
+    """The call's gRPC deadline as sluice's ``deadline_ms`` (None: the call has none)."""
+    remaining_s = context.time_remaining()
+    if remaining_s is None:
+        return None
+    if remaining_s <= 0:
+        raise APIError(504, "The call's deadline passed before it was admitted",
+                       type="deadline_exceeded", code="deadline")
+    return remaining_s * 1000.0
+
+
+def validated(model: type[BaseModel], data: dict[str, Any]) -> Any:
+    """``data`` through the HTTP layer's pydantic model; an invalid field is an
+    ``APIError`` naming it (INVALID_ARGUMENT)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise validation_error(list(exc.errors())) from None
+
+
+async def abort(context: Context, err: APIError) -> None:
+    """End the call with ``err``'s status and details (raises)."""
+    rich = grpc_error(err)
+    await context.abort(rich.code, rich.message, rich.trailing_metadata())
+
+
+def _unary(fn: Callable[[Any, Any, Context], Awaitable[R]]
+           ) -> Callable[[Any, Any, Context], Awaitable[R]]:
+    """A unary handler whose ``APIError`` becomes the call's status."""
+
+    @wraps(fn)
+    async def handler(self: Any, request: Any, context: Context) -> R:
+        try:
+            return await fn(self, request, context)
+        except APIError as err:
+            await abort(context, err)
+            raise AssertionError("unreachable: abort raises") from None
+
+    return handler
+
+
+def decision(req: RtRequest) -> pb.Decision:
+    """What the runtime decided for ``req`` (HTTP's ``x-sluice-*`` headers)."""
+    out = pb.Decision(request_id=str(req.request_id), tenant=req.tenant_id,
+                      variant=req.variant or "", route=req.route_reason[:200])
+    if req.worker_id is not None:
+        out.worker = req.worker_id
+    if req.predicted_wait_s is not None:
+        out.predicted_wait_ms = req.predicted_wait_s * 1000.0
+    t = req.times
+    if t.started_s is not None and t.queued_s is not None:
+        out.queue_wait_ms = (t.started_s - t.queued_s) * 1000.0
+    return out
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> pb.Usage:
+    return pb.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                    total_tokens=prompt_tokens + completion_tokens)
+
+
+class InferenceService(pb_grpc.InferenceServicer):
+    """The four RPCs of ``sluice.v1.Inference`` over one ``AppContext``."""
+
+    def __init__(self, ctx: AppContext) -> None:
+        self.ctx = ctx
+
+    def _tenant(self, headers: Mapping[str, str]) -> TenantConfig:
+        return self.ctx.auth.tenant_from_headers(headers)
+
+    def _settle(self, handles: list[AsyncHandle], context: Context) -> None:
+        """Called when the handler ends: requests still running are cancelled, unless the
+        deadline passed (then they expire and count as expired)."""
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            return
+        for h in handles:
+            if h.final is None:
+                h.cancel()
+
+    async def Generate(self, request: pb.GenerateRequest,
+                       context: Context) -> AsyncIterator[pb.GenerateResponse]:
+        headers = metadata_headers(context)
+        handles: list[AsyncHandle] = []
+        try:
+            tenant = self._tenant(headers)
+            req = await self._generative(request, headers, tenant, deadline_ms(context))
+            handles = await admit(self.ctx, [req])
+            async for event in handles[0].events():
+                if isinstance(event, Final):
+                    if event.status != RequestStatus.COMPLETED:
+                        raise final_api_error(event)
+                    yield pb.GenerateResponse(done=pb.Done(
+                        finish_reason=event.finish_reason,
+                        usage=usage(event.prompt_tokens, event.completion_tokens),
+                        decision=decision(req)))
+                    return
+                yield pb.GenerateResponse(token=pb.Token(
+                    index=event.index, token_id=event.token_id, text=event.text))
+        except APIError as err:
+            await abort(context, err)
+        finally:
+            self._settle(handles, context)
+
+    async def _generative(self, request: pb.GenerateRequest, headers: Mapping[str, str],
+                          tenant: TenantConfig, deadline: float | None) -> RtRequest:
+        """The runtime request for a ``GenerateRequest``, validated as the HTTP bodies are:
+        ``messages`` as a chat completion, ``prompt`` as a completion."""
+        fields: dict[str, Any] = {"model": request.model, "top_k": request.top_k,
+                                  "ignore_eos": request.ignore_eos}
+        for name in ("max_tokens", "temperature", "top_p", "seed"):
+            if request.HasField(name):
+                fields[name] = getattr(request, name)
+        if request.stop:
+            fields["stop"] = list(request.stop)
+        which = request.WhichOneof("input")
+        if which is None:
+            raise bad_param("prompt", "One of prompt or messages is required")
+        ctx = self.ctx
+        if which == "messages":
+            body = validated(ChatCompletionRequest, {**fields, "messages": [
+                {"role": m.role, "content": m.content} for m in request.messages.messages]})
+            spec_of_kind(ctx, body.model, "generative")
+            tok = tokenizer_of(ctx, body.model)
+            text = tok.render_chat([{"role": m.role, "content": m.text()}
+                                    for m in body.messages])
+            names = ("messages", "max_tokens")
+        else:
+            body = validated(CompletionRequest, {**fields, "prompt": request.prompt})
+            text, names = request.prompt, ("prompt", "max_tokens")
+        return await generative_request(
+            ctx, headers, body.model, tenant, text=text, token_ids=None,
+            max_tokens=body.max_tokens,
+            params={"temperature": body.temperature, "top_p": body.top_p,
+                    "top_k": body.top_k, "seed": body.seed, "stop": body.stop_list(),
+                    "ignore_eos": body.ignore_eos},
+            priority=None, deadline_ms=deadline, names=names)
+
+    async def _one_shot(self, context: Context, model: str, inputs: list[str]
+                        ) -> tuple[list[Final], list[RtRequest]]:
+        """Admit one request per input and await them all; cancelled with the call."""
+        headers = metadata_headers(context)
+        tenant = self._tenant(headers)
+        reqs = one_shot_requests(self.ctx, headers, model, tenant, inputs, None,
+                                 deadline_ms(context))
+        handles = await admit(self.ctx, reqs)
+        try:
+            finals = await asyncio.gather(*(h.result() for h in handles))
+        finally:
+            self._settle(handles, context)
+        for final in finals:
+            if final.status != RequestStatus.COMPLETED:
+                raise final_api_error(final)
+        return list(finals), reqs
+
+    @_unary
+    async def Infer(self, request: pb.InferRequest, context: Context) -> pb.InferResponse:
+        body = validated(InferRequest, {"model": request.model, "input": request.input})
+        spec_of_kind(self.ctx, body.model, "oneshot")
+        [final], [req] = await self._one_shot(context, body.model, [body.input])
+        out = pb.InferResponse(model=body.model, decision=decision(req))
+        if isinstance(final.result, dict):
+            scores = {str(k): float(v) for k, v in final.result.items()}
+            out.classification.scores.update(scores)
+            out.classification.label = max(scores, key=scores.__getitem__) if scores else ""
+        else:
+            out.embedding.values.extend(float(x) for x in final.result)
+        return out
+
+    @_unary
+    async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
+        body = validated(EmbeddingRequest, {"model": request.model,
+                                            "input": list(request.input)})
+        embedding_spec(self.ctx, body.model)
+        inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+        finals, reqs = await self._one_shot(context, body.model, inputs)
+        n_tokens = sum(len(x.split()) for x in inputs)
+        return pb.EmbedResponse(
+            model=body.model,
+            data=[pb.Embedding(values=[float(x) for x in f.result]) for f in finals],
+            usage=usage(n_tokens, 0), decision=decision(reqs[-1]))
+
+    @_unary
+    async def ListModels(self, request: pb.ListModelsRequest,
+                         context: Context) -> pb.ListModelsResponse:
+        self._tenant(metadata_headers(context))
+        return pb.ListModelsResponse(models=[
+            pb.Model(id=m["id"], kind=m["kind"], task=m["task"] or "",
+                     resident=bool(m.get("resident", False)),
+                     resident_on=m.get("resident_on", []), status=m.get("status", ""),
+                     variants=m.get("variants", []), policy=m.get("policy", ""))
+            for m in model_list(self.ctx)])
