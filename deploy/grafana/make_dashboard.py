@@ -56,8 +56,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
         Panel("Admissions and rejections by reason", [
             (rate("sluice_admitted_total", "model"), "admitted {{model}}"),
             (rate("sluice_rejections_total", "reason"), "rejected: {{reason}}"),
-        ], unit="reqps", description="Refusals at admission: queue_full / inbox_full "
-                                     "(503), quota (429), deadline_infeasible, draining."),
+        ], unit="reqps", description="Refusals at admission: queue_full (503), quota "
+                                     "(429), deadline_infeasible, draining."),
         Panel("Requests by outcome", [
             (rate("sluice_requests_total", "state"), "{{state}}"),
         ], unit="reqps", stack=True),

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +28,7 @@ from sluice.server.auth import Auth
 from sluice.server.context import AppContext
 from sluice.server.errors import APIError
 from sluice.server.metrics import PrometheusObserver, SnapshotCollector
-from sluice.server.middleware import GuardMiddleware
+from sluice.server.middleware import AccessLogMiddleware, GuardMiddleware
 from sluice.server.quota import QuotaCollector, QuotaGate
 from sluice.server.routes import ROUTERS
 
@@ -67,12 +68,21 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
             ctx.preloaded = True
         except Exception as exc:
             log.error("default model %s failed to load: %s", config.default_model, exc)
+        grpc_server = await _start_grpc(ctx)
         log.info("sluice ready: %d model(s), %d worker(s)", len(runtime.specs),
                  len(runtime.workers))
         try:
             yield
         finally:
-            cancelled = await asyncio.to_thread(runtime.stop, config.server.drain_timeout_s)
+            drain_s = config.server.drain_timeout_s
+            stopping = asyncio.to_thread(runtime.stop, drain_s)
+            if grpc_server is not None:
+                # gRPC calls in flight end with their requests, which runtime.stop ends at
+                # the drain timeout; both run together, so the drain takes one timeout.
+                runtime.begin_drain()
+                _, cancelled = await asyncio.gather(grpc_server.stop(drain_s), stopping)
+            else:
+                cancelled = await stopping
             log.info("sluice stopped; %d request(s) cancelled at shutdown", cancelled)
             await quota.aclose()
 
@@ -80,6 +90,8 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
                   summary="An adaptive inference server")
     app.state.ctx = ctx
     app.add_middleware(GuardMiddleware, max_body_bytes=config.server.max_body_bytes)
+    # Added last, so outermost: it logs every answer, the guard's 413s included.
+    app.add_middleware(AccessLogMiddleware, log_content=config.server.log_content)
     app.add_exception_handler(APIError, errors.api_error_handler)
     app.add_exception_handler(RequestValidationError, errors.validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, errors.http_error_handler)
@@ -87,3 +99,19 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+async def _start_grpc(ctx: AppContext) -> Any:
+    """The gRPC server on ``server.grpc_port`` (same event loop as HTTP), or None when it
+    is not configured. Imported here: it needs the ``grpc`` extra."""
+    port = ctx.config.server.grpc_port
+    if port is None:
+        return None
+    try:
+        from sluice.server.grpc.server import GrpcServer
+    except ImportError as exc:
+        raise RuntimeError(f"server.grpc_port is set but the grpc extra is not installed "
+                           f"(pip install 'sluice[grpc]'): {exc}") from None
+    server = GrpcServer(ctx, ctx.config.server.host, port)
+    ctx.grpc_port = await server.start()
+    return server

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fastapi import Request
 
@@ -16,8 +16,8 @@ DEFAULT_TENANT = TenantConfig(id="default")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-def _bearer(request: Request) -> str | None:
-    value = request.headers.get("authorization", "")
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("authorization", "")
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
@@ -51,15 +51,19 @@ class Auth:
         return bool(self._keys)
 
     def tenant(self, request: Request) -> TenantConfig:
+        return self.tenant_from_headers(request.headers)
+
+    def tenant_from_headers(self, headers: Mapping[str, str]) -> TenantConfig:
+        """The tenant of HTTP headers or gRPC metadata (lower-case names)."""
         if not self._keys:
-            name = request.headers.get("x-tenant-id")
+            name = headers.get("x-tenant-id")
             if name is None:
                 return self._tenants.get("default", DEFAULT_TENANT)
             if not _TENANT_RE.match(name):
                 raise APIError(400, "Invalid X-Tenant-ID header", param="x-tenant-id",
                                code="invalid_value")
             return self._tenants.get(name, TenantConfig(id=name))
-        key = _bearer(request)
+        key = _bearer(headers)
         if key is None:
             raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
         digest = hash_key(key).encode()
@@ -74,7 +78,7 @@ class Auth:
     def require_admin(self, request: Request) -> None:
         if self._admin is None:
             return
-        key = request.headers.get("x-admin-key") or _bearer(request)
+        key = request.headers.get("x-admin-key") or _bearer(request.headers)
         if key is None or not hmac.compare_digest(self._admin, hash_key(key).encode()):
             raise APIError(401, "Admin key required", type="authentication_error",
                            code="invalid_admin_key")

@@ -27,3 +27,5 @@ class AppContext:
     quota: QuotaGate
     preloaded: bool = False
     """The default model loaded at start-up (``/ready`` turns 200)."""
+    grpc_port: int | None = None
+    """The gRPC server's bound port, once started (``server.grpc_port``)."""

@@ -122,23 +122,27 @@ async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
-async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    """Malformed JSON → 400 ``invalid_json``; a bad field → 400 naming it."""
-    assert isinstance(exc, RequestValidationError)
-    errors: list[Any] = list(exc.errors())
+def validation_error(errors: list[Any]) -> APIError:
+    """The 400 for pydantic's errors about a body: malformed JSON → ``invalid_json``; a bad
+    field → ``invalid_value`` naming it (``param``, dotted: ``messages.0.role``)."""
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     if first.get("type") == "json_invalid" or not errors:
-        return APIError(400, "Request body is not valid JSON", code="invalid_json").response()
+        return APIError(400, "Request body is not valid JSON", code="invalid_json")
     if not loc and first.get("type") == "value_error":
         # A check across fields: the body is JSON, it just asks for something invalid.
         msg = first.get("msg", "invalid request")
-        return APIError(400, f"Invalid request: {msg}", code="invalid_value").response()
+        return APIError(400, f"Invalid request: {msg}", code="invalid_value")
     if not loc:
-        return APIError(400, "Request body must be a JSON object", code="invalid_json").response()
+        return APIError(400, "Request body must be a JSON object", code="invalid_json")
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid value")
-    return bad_param(param or "body", f"Invalid value for '{param}': {msg}").response()
+    return bad_param(param or "body", f"Invalid value for '{param}': {msg}")
+
+
+async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    return validation_error(list(exc.errors())).response()
 
 
 async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:

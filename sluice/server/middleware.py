@@ -1,4 +1,5 @@
-"""ASGI middleware: a request id on every response, and a body size limit (413)."""
+"""ASGI middleware: a request id on every response, a body size limit (413), and the access
+log (one line per request)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,16 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sluice.server import access
 from sluice.server.errors import APIError
 
 log = logging.getLogger("sluice.server")
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def request_id_from(given: str | None) -> str:
+    """The client's request id if well-formed, else a new one."""
+    return given if given and _ID_RE.match(given) else f"req-{uuid.uuid4().hex}"
 
 
 class _TooLarge(HTTPException):
@@ -40,7 +47,7 @@ class GuardMiddleware:
             return
         headers = dict(scope.get("headers") or [])
         given = headers.get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if _ID_RE.match(given) else f"req-{uuid.uuid4().hex}"
+        request_id = request_id_from(given)
         scope.setdefault("state", {})["request_id"] = request_id
         started = False
 
@@ -102,3 +109,32 @@ class GuardMiddleware:
             }
         )
         await send({"type": "http.response.body", "body": raw})
+
+
+class AccessLogMiddleware:
+    """One access line per HTTP request (``sluice.server.access``), written when the
+    response has been sent (or the connection ended). Outermost, so it sees every answer,
+    413s and 500s included; the request id is the one ``GuardMiddleware`` chose."""
+
+    def __init__(self, app: ASGIApp, log_content: bool = False) -> None:
+        self.app = app
+        self.log_content = log_content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        record = access.begin("", "http", scope.get("method", ""), scope.get("path", ""))
+        status = 0
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            record.request_id = str(scope.get("state", {}).get("request_id", ""))
+            access.emit(record, status or 500, log_content=self.log_content)

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
-from google.rpc import error_details_pb2
-from grpc_status import rpc_status
+from google.rpc import error_details_pb2, status_pb2
 
 from sluice.v1 import inference_pb2_grpc
 from tests.server.live import LiveServer
@@ -38,8 +37,14 @@ class Failure:
 
 
 def failure(err: grpc.RpcError) -> Failure:
-    assert isinstance(err, grpc.Call), err
-    status = rpc_status.from_call(err)
+    """The details of a failed call (sync or asyncio client)."""
+    assert isinstance(err, grpc.Call | grpc.aio.AioRpcError), err
+    status = None
+    for key, value in err.trailing_metadata() or ():
+        if key == "grpc-status-details-bin":
+            status = status_pb2.Status.FromString(value)
+            assert status.code == err.code().value[0]
+            assert status.message == err.details()
     reason = http_status = retry = None
     fields: list[str] = []
     if status is not None:

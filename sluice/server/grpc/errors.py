@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import grpc
 from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import Message
 from google.rpc import error_details_pb2, status_pb2
 
 from sluice.server.errors import APIError
@@ -28,7 +29,6 @@ DOMAIN = "sluice"
 BY_CODE: dict[str, grpc.StatusCode] = {
     "quota": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "queue_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
-    "inbox_full": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "no_feasible_worker": grpc.StatusCode.RESOURCE_EXHAUSTED,
     "deadline": grpc.StatusCode.DEADLINE_EXCEEDED,
     "deadline_infeasible": grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -68,7 +68,7 @@ def status_code(err: APIError) -> grpc.StatusCode:
     return BY_HTTP_STATUS.get(err.status, grpc.StatusCode.UNKNOWN)
 
 
-def _pack(message: object) -> any_pb2.Any:
+def _pack(message: Message) -> any_pb2.Any:
     packed = any_pb2.Any()
     packed.Pack(message)
     return packed
@@ -99,7 +99,7 @@ def grpc_error(err: APIError) -> GrpcError:
         delay = duration_pb2.Duration()
         seconds = max(0.0, err.retry_after_s)
         delay.seconds = int(seconds)
-        delay.nanos = int(round((seconds - math.floor(seconds)) * 1e9)) % 1_000_000_000
+        delay.nanos = round((seconds - math.floor(seconds)) * 1e9) % 1_000_000_000
         details.append(_pack(error_details_pb2.RetryInfo(retry_delay=delay)))
     if err.param is not None and code == grpc.StatusCode.INVALID_ARGUMENT:
         details.append(_pack(error_details_pb2.BadRequest(field_violations=[

@@ -19,7 +19,7 @@ INFERENCE_SERVICE = "sluice.v1.Inference"
 SERVICES = ("", INFERENCE_SERVICE)
 
 
-class ReadinessHealth(health_aio.HealthServicer):
+class ReadinessHealth(health_aio.HealthServicer):  # type: ignore[misc]  # untyped in stubs
     """The standard health service, its status taken from sluice's readiness."""
 
     def __init__(self, ctx: AppContext, poll_s: float = 0.5) -> None:

@@ -34,7 +34,9 @@ class GrpcServer:
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", limit),
         ])
-        inference_pb2_grpc.add_InferenceServicer_to_server(InferenceService(ctx), self.server)
+        # The generated registration function carries no annotations.
+        inference_pb2_grpc.add_InferenceServicer_to_server(  # type: ignore[no-untyped-call]
+            InferenceService(ctx), self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
                  health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from functools import wraps
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import grpc
 from pydantic import BaseModel, ValidationError
@@ -28,9 +27,11 @@ from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Final, RequestStatus
 from sluice.engine.request import Request as RtRequest
+from sluice.server import access
 from sluice.server.context import AppContext
 from sluice.server.errors import APIError, bad_param, validation_error
 from sluice.server.grpc.errors import grpc_error
+from sluice.server.middleware import request_id_from
 from sluice.server.routes.common import (
     admit,
     embedding_spec,
@@ -52,7 +53,7 @@ from sluice.v1 import inference_pb2_grpc as pb_grpc
 
 log = logging.getLogger("sluice.grpc")
 Context = grpc.aio.ServicerContext[Any, Any]
-R = TypeVar("R")
+"""A call's server-side context (any request and response type)."""
 
 
 def metadata_headers(context: Context) -> dict[str, str]:
@@ -81,25 +82,41 @@ def validated(model: type[BaseModel], data: dict[str, Any]) -> Any:
         raise validation_error(list(exc.errors())) from None
 
 
-async def abort(context: Context, err: APIError) -> None:
-    """End the call with ``err``'s status and details (raises)."""
-    rich = grpc_error(err)
-    await context.abort(rich.code, rich.message, rich.trailing_metadata())
+class _Call:
+    """One RPC's edges: its metadata, request id (echoed in the initial metadata), access
+    line, and the mapping of an ``APIError`` to the call's status."""
 
+    def __init__(self, ctx: AppContext, context: Context, method: str) -> None:
+        self.ctx = ctx
+        self.context = context
+        self.headers = metadata_headers(context)
+        self.request_id = request_id_from(self.headers.get("x-request-id"))
+        self.record = access.begin(self.request_id, "grpc", "POST",
+                                   f"/sluice.v1.Inference/{method}")
+        self.status = "OK"
 
-def _unary(fn: Callable[[Any, Any, Context], Awaitable[R]]
-           ) -> Callable[[Any, Any, Context], Awaitable[R]]:
-    """A unary handler whose ``APIError`` becomes the call's status."""
+    async def __aenter__(self) -> _Call:
+        await self.context.send_initial_metadata((("x-request-id", self.request_id),))
+        return self
 
-    @wraps(fn)
-    async def handler(self: Any, request: Any, context: Context) -> R:
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                        tb: Any) -> None:
         try:
-            return await fn(self, request, context)
-        except APIError as err:
-            await abort(context, err)
-            raise AssertionError("unreachable: abort raises") from None
-
-    return handler
+            if isinstance(exc, APIError):
+                rich = grpc_error(exc)
+                self.status = rich.code.name
+                await self.context.abort(rich.code, rich.message, rich.trailing_metadata())
+            elif isinstance(exc, asyncio.CancelledError):
+                remaining = self.context.time_remaining()
+                self.status = ("DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0
+                               else "CANCELLED")
+            elif exc is not None and not isinstance(exc, Exception):
+                self.status = "CANCELLED"
+            elif exc is not None and self.context.code() is None:
+                self.status = "INTERNAL"
+        finally:
+            access.emit(self.record, self.status,
+                        log_content=self.ctx.config.server.log_content)
 
 
 def decision(req: RtRequest) -> pb.Decision:
@@ -142,27 +159,26 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     async def Generate(self, request: pb.GenerateRequest,
                        context: Context) -> AsyncIterator[pb.GenerateResponse]:
-        headers = metadata_headers(context)
         handles: list[AsyncHandle] = []
-        try:
-            tenant = self._tenant(headers)
-            req = await self._generative(request, headers, tenant, deadline_ms(context))
-            handles = await admit(self.ctx, [req])
-            async for event in handles[0].events():
-                if isinstance(event, Final):
-                    if event.status != RequestStatus.COMPLETED:
-                        raise final_api_error(event)
-                    yield pb.GenerateResponse(done=pb.Done(
-                        finish_reason=event.finish_reason,
-                        usage=usage(event.prompt_tokens, event.completion_tokens),
-                        decision=decision(req)))
-                    return
-                yield pb.GenerateResponse(token=pb.Token(
-                    index=event.index, token_id=event.token_id, text=event.text))
-        except APIError as err:
-            await abort(context, err)
-        finally:
-            self._settle(handles, context)
+        async with _Call(self.ctx, context, "Generate") as call:
+            try:
+                tenant = self._tenant(call.headers)
+                req = await self._generative(request, call.headers, tenant,
+                                             deadline_ms(context))
+                handles = await admit(self.ctx, [req])
+                async for event in handles[0].events():
+                    if isinstance(event, Final):
+                        if event.status != RequestStatus.COMPLETED:
+                            raise final_api_error(event)
+                        yield pb.GenerateResponse(done=pb.Done(
+                            finish_reason=event.finish_reason,
+                            usage=usage(event.prompt_tokens, event.completion_tokens),
+                            decision=decision(req)))
+                        return
+                    yield pb.GenerateResponse(token=pb.Token(
+                        index=event.index, token_id=event.token_id, text=event.text))
+            finally:
+                self._settle(handles, context)
 
     async def _generative(self, request: pb.GenerateRequest, headers: Mapping[str, str],
                           tenant: TenantConfig, deadline: float | None) -> RtRequest:
@@ -198,57 +214,56 @@ class InferenceService(pb_grpc.InferenceServicer):
                     "ignore_eos": body.ignore_eos},
             priority=None, deadline_ms=deadline, names=names)
 
-    async def _one_shot(self, context: Context, model: str, inputs: list[str]
+    async def _one_shot(self, call: _Call, model: str, inputs: list[str]
                         ) -> tuple[list[Final], list[RtRequest]]:
         """Admit one request per input and await them all; cancelled with the call."""
-        headers = metadata_headers(context)
-        tenant = self._tenant(headers)
-        reqs = one_shot_requests(self.ctx, headers, model, tenant, inputs, None,
-                                 deadline_ms(context))
+        tenant = self._tenant(call.headers)
+        reqs = one_shot_requests(self.ctx, call.headers, model, tenant, inputs, None,
+                                 deadline_ms(call.context))
         handles = await admit(self.ctx, reqs)
         try:
             finals = await asyncio.gather(*(h.result() for h in handles))
         finally:
-            self._settle(handles, context)
+            self._settle(handles, call.context)
         for final in finals:
             if final.status != RequestStatus.COMPLETED:
                 raise final_api_error(final)
         return list(finals), reqs
 
-    @_unary
     async def Infer(self, request: pb.InferRequest, context: Context) -> pb.InferResponse:
-        body = validated(InferRequest, {"model": request.model, "input": request.input})
-        spec_of_kind(self.ctx, body.model, "oneshot")
-        [final], [req] = await self._one_shot(context, body.model, [body.input])
-        out = pb.InferResponse(model=body.model, decision=decision(req))
-        if isinstance(final.result, dict):
-            scores = {str(k): float(v) for k, v in final.result.items()}
-            out.classification.scores.update(scores)
-            out.classification.label = max(scores, key=scores.__getitem__) if scores else ""
-        else:
-            out.embedding.values.extend(float(x) for x in final.result)
-        return out
+        async with _Call(self.ctx, context, "Infer") as call:
+            body = validated(InferRequest, {"model": request.model, "input": request.input})
+            spec_of_kind(self.ctx, body.model, "oneshot")
+            [final], [req] = await self._one_shot(call, body.model, [body.input])
+            out = pb.InferResponse(model=body.model, decision=decision(req))
+            if isinstance(final.result, dict):
+                scores = {str(k): float(v) for k, v in final.result.items()}
+                out.classification.scores.update(scores)
+                out.classification.label = max(scores, key=scores.__getitem__) if scores else ""
+            else:
+                out.embedding.values.extend(float(x) for x in final.result)
+            return out
 
-    @_unary
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
-        body = validated(EmbeddingRequest, {"model": request.model,
-                                            "input": list(request.input)})
-        embedding_spec(self.ctx, body.model)
-        inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-        finals, reqs = await self._one_shot(context, body.model, inputs)
-        n_tokens = sum(len(x.split()) for x in inputs)
-        return pb.EmbedResponse(
-            model=body.model,
-            data=[pb.Embedding(values=[float(x) for x in f.result]) for f in finals],
-            usage=usage(n_tokens, 0), decision=decision(reqs[-1]))
+        async with _Call(self.ctx, context, "Embed") as call:
+            body = validated(EmbeddingRequest, {"model": request.model,
+                                                "input": list(request.input)})
+            embedding_spec(self.ctx, body.model)
+            inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+            finals, reqs = await self._one_shot(call, body.model, inputs)
+            n_tokens = sum(len(x.split()) for x in inputs)
+            return pb.EmbedResponse(
+                model=body.model,
+                data=[pb.Embedding(values=[float(x) for x in f.result]) for f in finals],
+                usage=usage(n_tokens, 0), decision=decision(reqs[-1]))
 
-    @_unary
     async def ListModels(self, request: pb.ListModelsRequest,
                          context: Context) -> pb.ListModelsResponse:
-        self._tenant(metadata_headers(context))
-        return pb.ListModelsResponse(models=[
-            pb.Model(id=m["id"], kind=m["kind"], task=m["task"] or "",
-                     resident=bool(m.get("resident", False)),
-                     resident_on=m.get("resident_on", []), status=m.get("status", ""),
-                     variants=m.get("variants", []), policy=m.get("policy", ""))
-            for m in model_list(self.ctx)])
+        async with _Call(self.ctx, context, "ListModels") as call:
+            self._tenant(call.headers)
+            return pb.ListModelsResponse(models=[
+                pb.Model(id=m["id"], kind=m["kind"], task=m["task"] or "",
+                         resident=bool(m.get("resident", False)),
+                         resident_on=m.get("resident_on", []), status=m.get("status", ""),
+                         variants=m.get("variants", []), policy=m.get("policy", ""))
+                for m in model_list(self.ctx)])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -20,6 +20,7 @@ from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Final, RequestStatus, SamplingParams
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.runtime import Rejected
+from sluice.server import access
 from sluice.server.context import AppContext
 from sluice.server.errors import (
     APIError,
@@ -79,8 +80,9 @@ def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
                        code="model_load_failed") from None
 
 
-def _header_int(request: Request, name: str, lo: float, hi: float) -> float | None:
-    raw = request.headers.get(name)
+def _header_number(headers: Mapping[str, str], name: str, lo: float,
+                   hi: float) -> float | None:
+    raw = headers.get(name)
     if raw is None:
         return None
     try:
@@ -92,18 +94,19 @@ def _header_int(request: Request, name: str, lo: float, hi: float) -> float | No
     return value
 
 
-def _controls(
-    request: Request, tenant: TenantConfig, priority: int | None, deadline_ms: float | None
+def controls(
+    ctx: AppContext, headers: Mapping[str, str], tenant: TenantConfig, priority: int | None,
+    deadline_ms: float | None,
 ) -> tuple[int, float | None]:
-    """Priority and absolute deadline: body, then headers, then the tenant's defaults."""
-    ctx = ctx_of(request)
+    """Priority and absolute deadline: body (or the gRPC deadline), then headers (or gRPC
+    metadata), then the tenant's defaults."""
     if priority is None:
-        header = _header_int(request, "x-sluice-priority", -1, 9)
+        header = _header_number(headers, "x-sluice-priority", -1, 9)
         if header is not None and not header.is_integer():
             raise bad_param("x-sluice-priority", "Header x-sluice-priority must be an integer")
         priority = int(header) if header is not None else tenant.priority
     if deadline_ms is None:
-        deadline_ms = _header_int(request, "x-sluice-deadline-ms", 0, 86_400_000)
+        deadline_ms = _header_number(headers, "x-sluice-deadline-ms", 0, 86_400_000)
     if deadline_ms is None:
         deadline_ms = tenant.default_deadline_ms
     deadline_s = None if deadline_ms is None else ctx.runtime.clock() + deadline_ms / 1000.0
@@ -188,8 +191,9 @@ def _open(ctx: AppContext, req: RtRequest) -> AsyncHandle:
 
 async def admit(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
     """The tenant's quota (429), then runtime admission (503), for the runtime requests of
-    one HTTP request. On a refusal the ones already submitted are cancelled and the rest
+    one API request. On a refusal the ones already submitted are cancelled and the rest
     ended, so the quota reservation is given back."""
+    access.note_admitted(reqs)
     await ctx.quota.admit(reqs)
     handles: list[AsyncHandle] = []
     try:
@@ -210,7 +214,8 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
-def _error_of(final: Final) -> APIError:
+def final_api_error(final: Final) -> APIError:
+    """The error for a request that ended without completing."""
     return final_error(final.error_code, final.error, final.status.name)
 
 
@@ -232,7 +237,7 @@ async def run_generative(
             handle.cancel()
             return Response(status_code=499)
         if final.status != RequestStatus.COMPLETED:
-            raise _with_headers(_error_of(final), req)
+            raise _with_headers(final_api_error(final), req)
         if ctx.config.server.log_content:
             log.debug("request %s completion: %r", req.request_id, final.text)
         return JSONResponse(shape.full(final), headers=decision_headers(req))
@@ -243,7 +248,7 @@ async def run_generative(
         handle.cancel()
         return Response(status_code=499)
     if isinstance(first, Final) and first.status != RequestStatus.COMPLETED:
-        raise _with_headers(_error_of(first), req)
+        raise _with_headers(final_api_error(first), req)
 
     async def body() -> AsyncIterator[bytes]:
         sent_first = False
@@ -256,7 +261,7 @@ async def run_generative(
                         if include_usage:
                             yield _sse(shape.usage_chunk(event))
                     else:
-                        err = _error_of(event)
+                        err = final_api_error(event)
                         yield _sse({"error": {"message": err.message, "type": err.type,
                                               "param": None, "code": err.code}})
                     yield _sse("[DONE]")
@@ -279,7 +284,8 @@ def _with_headers(err: APIError, req: RtRequest) -> APIError:
 
 
 async def generative_request(
-    request: Request,
+    ctx: AppContext,
+    headers: Mapping[str, str],
     model: str,
     tenant: TenantConfig,
     *,
@@ -292,8 +298,8 @@ async def generative_request(
     names: tuple[str, str] = ("messages", "max_tokens"),
 ) -> RtRequest:
     """A generative runtime request from text (tokenized here) or token ids, with its
-    token limit checked against the context and the tenant's priority and deadline."""
-    ctx = ctx_of(request)
+    token limit checked against the context and the tenant's priority and deadline.
+    ``headers``: the HTTP headers or gRPC metadata (``x-sluice-*`` controls)."""
     spec_of_kind(ctx, model, "generative")
     tok = tokenizer_of(ctx, model)
     if token_ids is not None:
@@ -304,8 +310,10 @@ async def generative_request(
     else:
         assert text is not None
         tokens = await _tokenize(tok, text, add_bos=True)
+        if ctx.config.server.log_content:
+            access.note_prompt(text)
     n = _max_tokens(ctx, tok, len(tokens), max_tokens, names)
-    prio, deadline_s = _controls(request, tenant, priority, deadline_ms)
+    prio, deadline_s = controls(ctx, headers, tenant, priority, deadline_ms)
     return ctx.runtime.new_request(
         model,
         prompt_tokens=tokens,
@@ -316,18 +324,27 @@ async def generative_request(
     )
 
 
-async def one_shot(
-    request: Request, model: str, tenant: TenantConfig, inputs: list[Any],
-    priority: int | None, deadline_ms: float | None,
-) -> tuple[list[Final], list[RtRequest]]:
-    """Submit one request per input (so dynamic batching sees each), await them all."""
-    ctx = ctx_of(request)
-    prio, deadline_s = _controls(request, tenant, priority, deadline_ms)
-    reqs = [
+def one_shot_requests(
+    ctx: AppContext, headers: Mapping[str, str], model: str, tenant: TenantConfig,
+    inputs: list[Any], priority: int | None, deadline_ms: float | None,
+) -> list[RtRequest]:
+    """One runtime request per input (so dynamic batching sees each)."""
+    prio, deadline_s = controls(ctx, headers, tenant, priority, deadline_ms)
+    return [
         ctx.runtime.new_request(model, input=x, tenant_id=tenant.id, priority=prio,
                                 deadline_s=deadline_s)
         for x in inputs
     ]
+
+
+async def one_shot(
+    request: Request, model: str, tenant: TenantConfig, inputs: list[Any],
+    priority: int | None, deadline_ms: float | None,
+) -> tuple[list[Final], list[RtRequest]]:
+    """Submit one request per input, await them all (a client that leaves cancels them)."""
+    ctx = ctx_of(request)
+    reqs = one_shot_requests(ctx, request.headers, model, tenant, inputs, priority,
+                             deadline_ms)
     handles = await admit(ctx, reqs)
     finals = await _race_disconnect(request, asyncio.gather(*(h.result() for h in handles)))
     if finals is None:
@@ -336,5 +353,41 @@ async def one_shot(
         raise APIError(499, "client disconnected", code="cancelled")
     for final, r in zip(finals, reqs, strict=True):
         if final.status != RequestStatus.COMPLETED:
-            raise _with_headers(_error_of(final), r)
+            raise _with_headers(final_api_error(final), r)
     return list(finals), reqs
+
+
+def embedding_spec(ctx: AppContext, model: str) -> ModelSpec:
+    """An embedding model's spec (404 unknown, 400 ``model_kind_mismatch`` otherwise)."""
+    spec = spec_of_kind(ctx, model, "oneshot")
+    if spec.task != "embedding":
+        raise bad_param("model", f"The model '{model}' is not an embedding model",
+                        code="model_kind_mismatch")
+    return spec
+
+
+def model_list(ctx: AppContext) -> list[dict[str, Any]]:
+    """Configured models and groups, with where each model is resident (``/v1/models``,
+    gRPC ``ListModels``)."""
+    snap = ctx.runtime.snapshot()
+    data: list[dict[str, Any]] = []
+    for spec in ctx.runtime.specs.values():
+        resident_on = [w.worker_id for w in snap.workers if spec.model_id in w.resident]
+        failed = [w.failed_models[spec.model_id] for w in snap.workers
+                  if spec.model_id in w.failed_models]
+        data.append({
+            "id": spec.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "sluice",
+            "kind": spec.kind,
+            "task": spec.task,
+            "resident": bool(resident_on),
+            "resident_on": resident_on,
+            "status": "failed" if failed and not resident_on else "available",
+        })
+    for group_id, group in ctx.runtime.variants.groups.items():
+        data.append({"id": group_id, "object": "model", "created": 0, "owned_by": "sluice",
+                     "kind": "group", "task": ctx.runtime.variants.lead_spec(group_id).task,
+                     "variants": list(group.variants), "policy": group.planner.policy})
+    return data

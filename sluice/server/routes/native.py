@@ -48,7 +48,7 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
     else:
         text = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.input])
     req = await generative_request(
-        request, body.model, tenant, text=text, token_ids=None,
+        ctx, request.headers, body.model, tenant, text=text, token_ids=None,
         max_tokens=body.max_new_tokens,
         params={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
                 "seed": body.seed, "stop": tuple(body.stop or ())},

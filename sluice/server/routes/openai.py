@@ -9,13 +9,14 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sluice.server.errors import bad_param
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
     ctx_of,
     decision_headers,
+    embedding_spec,
     generative_request,
+    model_list,
     one_shot,
     run_generative,
     spec_of_kind,
@@ -48,7 +49,7 @@ async def chat_completions(
     tok = tokenizer_of(ctx, body.model)
     prompt = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.messages])
     req = await generative_request(
-        request, body.model, tenant, text=prompt, token_ids=None,
+        ctx, request.headers, body.model, tenant, text=prompt, token_ids=None,
         max_tokens=body.max_completion_tokens or body.max_tokens, params=_sampling(body),
         priority=body.priority, deadline_ms=body.deadline_ms,
         names=("messages", "max_completion_tokens" if body.max_completion_tokens
@@ -68,7 +69,7 @@ async def completions(body: CompletionRequest, request: Request, tenant: Tenant)
                                                     else None)
     ids = None if text is not None else [int(t) for t in prompt]
     req = await generative_request(
-        request, body.model, tenant, text=text, token_ids=ids,
+        ctx_of(request), request.headers, body.model, tenant, text=text, token_ids=ids,
         max_tokens=body.max_tokens or 16, params=_sampling(body),
         priority=body.priority, deadline_ms=body.deadline_ms, names=("prompt", "max_tokens"),
     )
@@ -87,11 +88,7 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES)
 async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -> Response:
     """OpenAI embeddings for one-shot embedding models."""
-    ctx = ctx_of(request)
-    spec = spec_of_kind(ctx, body.model, "oneshot")
-    if spec.task != "embedding":
-        raise bad_param("model", f"The model '{body.model}' is not an embedding model",
-                        code="model_kind_mismatch")
+    embedding_spec(ctx_of(request), body.model)
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
     finals, reqs = await one_shot(request, body.model, tenant, inputs, body.priority,
                                   body.deadline_ms)
@@ -110,26 +107,4 @@ async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -
 @router.get("/v1/models", responses={401: {"description": "bad key"}})
 async def list_models(request: Request, tenant: Tenant) -> dict[str, Any]:
     """Configured models, with where each is resident."""
-    ctx = ctx_of(request)
-    snap = ctx.runtime.snapshot()
-    data = []
-    for spec in ctx.runtime.specs.values():
-        resident_on = [w.worker_id for w in snap.workers if spec.model_id in w.resident]
-        failed = [w.failed_models[spec.model_id] for w in snap.workers
-                  if spec.model_id in w.failed_models]
-        data.append({
-            "id": spec.model_id,
-            "object": "model",
-            "created": 0,
-            "owned_by": "sluice",
-            "kind": spec.kind,
-            "task": spec.task,
-            "resident": bool(resident_on),
-            "resident_on": resident_on,
-            "status": "failed" if failed and not resident_on else "available",
-        })
-    for group_id, group in ctx.runtime.variants.groups.items():
-        data.append({"id": group_id, "object": "model", "created": 0, "owned_by": "sluice",
-                     "kind": "group", "task": ctx.runtime.variants.lead_spec(group_id).task,
-                     "variants": list(group.variants), "policy": group.planner.policy})
-    return {"object": "list", "data": data}
+    return {"object": "list", "data": model_list(ctx_of(request))}
