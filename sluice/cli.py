@@ -35,6 +35,7 @@ def _load(args: argparse.Namespace) -> Config:
             "port": int(port) if port is not None else None,
             "grpc_port": int(grpc_port) if grpc_port is not None else None,
             "admin_key": args.admin_key or env("SLUICE_ADMIN_KEY"),
+            "log_content": True if getattr(args, "log_content", False) else None,
         },
         "scheduling": {
             "scheduler": args.scheduler,
@@ -70,6 +71,27 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--replicas", type=int, help="replicas sharing the quotas; each enforces "
                    "1/replicas while Redis is unreachable (or $SLUICE_QUOTA_REPLICAS)")
     p.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "info"))
+    p.add_argument("--log-format", choices=["text", "json"],
+                   default=os.environ.get("SLUICE_LOG_FORMAT", "text"),
+                   help="json: one JSON object per line, with an access line per request "
+                   "(or $SLUICE_LOG_FORMAT)")
+    p.add_argument("--log-content", action="store_true",
+                   help="log prompt text in access lines (debugging only)")
+
+
+def setup_logging(level: str, log_format: str) -> None:
+    """Root logging: text, or one JSON object per line (python-json-logger) whose keys are
+    the time, level, logger, message and any fields the record carries (the access log's)."""
+    handler = logging.StreamHandler()
+    if log_format == "json":
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter(
+            "%(asctime)s %(levelname)s %(name)s %(message)s",
+            rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -108,6 +130,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             timeout_graceful_shutdown=int(config.server.drain_timeout_s) + 1,
             h11_max_incomplete_event_size=64 * 1024,
+            # sluice writes its own access line per request (sluice.server.access).
+            access_log=False,
+            # JSON: uvicorn's loggers go through the root handler like everything else.
+            log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         )
     )
     log.info("serving on http://%s:%d", config.server.host, config.server.port)
@@ -231,8 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prof.add_argument("--log-level", default="warning")
     prof.set_defaults(func=cmd_profile)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
         return int(args.func(args))
     except ValidationError as exc:

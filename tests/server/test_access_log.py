@@ -1,0 +1,126 @@
+"""The access log: one line per API request, HTTP or gRPC, with the request id the client
+saw, tenant, model, variant, status, queue wait, TTFT, tokens and duration; prompt text only
+with ``server.log_content``; ``sluice serve --log-format json`` writes every line as JSON."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from sluice.v1 import inference_pb2 as pb
+from tests.procs import free_port, start_serve
+from tests.server.grpcclient import grpc_target, stub
+from tests.server.live import SYNTHETIC_TOML, LiveServer, config_with, synth_chat, synth_embed
+
+PROMPT = "a secret prompt about rivers"
+FIELDS = {"request_id", "protocol", "method", "path", "status", "tenant", "model", "variant",
+          "worker", "finish_reason", "error", "queue_wait_ms", "ttft_ms", "prompt_tokens",
+          "completion_tokens", "duration_ms"}
+
+
+def _config(**server: Any) -> Any:
+    return config_with(
+        models=[synth_chat("synth-chat"), synth_embed("synth-a")],
+        tenants=[{"id": "acme", "api_keys": ["key-acme"],
+                  "limits": {"requests_per_s": 0.1, "burst": 1}},
+                 {"id": "beta", "api_keys": ["key-beta"]}],
+        server={"grpc_port": 0, **server})
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    return [{k: getattr(r, k) for k in FIELDS | {"prompt"} if hasattr(r, k)}
+            for r in caplog.records if r.name == "sluice.access"]
+
+
+def test_one_line_per_request_with_the_decision(serve: Callable[..., LiveServer],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    live = serve(_config())
+    auth = {"authorization": "Bearer key-acme"}
+    with live.client() as c:
+        ok = c.post("/v1/completions", headers={**auth, "x-request-id": "req-one"},
+                    json={"model": "synth-chat", "prompt": PROMPT, "max_tokens": 5})
+        limited = c.post("/v1/embeddings", headers=auth, json={"model": "synth-a",
+                                                                "input": "x"})
+        missing = c.post("/v1/completions", headers=auth,
+                         json={"model": "nope", "prompt": "x"})
+        c.get("/health")  # operational endpoints are not logged at INFO
+    assert (ok.status_code, limited.status_code, missing.status_code) == (200, 429, 404)
+    with grpc.insecure_channel(grpc_target(live)) as ch:
+        out = list(stub(ch).Generate(pb.GenerateRequest(model="synth-chat", prompt=PROMPT,
+                                                        max_tokens=3),
+                                     metadata=[("authorization", "Bearer key-beta"),
+                                               ("x-request-id", "grpc-one")], timeout=10))
+    assert out[-1].done.usage.completion_tokens == 3
+
+    lines = _lines(caplog)
+    assert len(lines) == 4, lines
+    by_id = {line["request_id"]: line for line in lines}
+    http = by_id["req-one"]
+    assert set(http) == FIELDS
+    assert (http["protocol"], http["method"], http["path"], http["status"]) == (
+        "http", "POST", "/v1/completions", 200)
+    assert (http["tenant"], http["model"], http["finish_reason"]) == ("acme", "synth-chat",
+                                                                      "length")
+    assert http["completion_tokens"] == 5 and http["prompt_tokens"] > 0
+    assert http["queue_wait_ms"] >= 0 and 0 < http["ttft_ms"] <= http["duration_ms"]
+    assert http["worker"] == 0
+    [quota] = [x for x in lines if x["status"] == 429]
+    assert (quota["error"], quota["tenant"], quota["model"]) == ("quota", "acme", "synth-a")
+    assert quota["request_id"] == limited.headers["x-request-id"]
+    [nf] = [x for x in lines if x["status"] == 404]
+    assert nf["model"] is None and nf["tenant"] is None  # refused before any request existed
+    g = by_id["grpc-one"]
+    assert (g["protocol"], g["path"], g["status"], g["completion_tokens"]) == (
+        "grpc", "/sluice.v1.Inference/Generate", "OK", 3)
+    assert (g["tenant"], g["model"]) == ("beta", "synth-chat")
+    # No prompt text anywhere unless asked for.
+    assert PROMPT not in caplog.text
+    assert all("prompt" not in line for line in lines)
+
+
+def test_prompt_text_only_with_log_content(serve: Callable[..., LiveServer],
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    live = serve(_config(log_content=True))
+    with live.client() as c:
+        r = c.post("/v1/completions", headers={"authorization": "Bearer key-acme"},
+                   json={"model": "synth-chat", "prompt": PROMPT, "max_tokens": 2})
+    assert r.status_code == 200
+    [line] = _lines(caplog)
+    assert line["prompt"] == PROMPT
+
+
+def test_serve_log_format_json_writes_json_lines() -> None:
+    """``sluice serve --log-format json``: every line on stdout is one JSON object, and a
+    request's access line carries its fields as keys."""
+    cfg = Path(tempfile.mkdtemp()) / "sluice.toml"
+    cfg.write_text(SYNTHETIC_TOML.read_text())
+    port = free_port()
+    proc = start_serve(cfg, port, extra_args=("--log-format", "json", "--log-level", "info"))
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=10,
+                       json={"model": "synth-chat", "prompt": "hello", "max_tokens": 3})
+        assert r.status_code == 200
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.stdout is not None
+    lines = [line for line in out.decode().splitlines() if line.strip()]
+    parsed = [json.loads(line) for line in lines]  # each line is JSON
+    assert all({"time", "level", "logger", "message"} <= set(p) for p in parsed)
+    [access] = [p for p in parsed if p["logger"] == "sluice.access"]
+    assert access["request_id"] == r.headers["x-request-id"]
+    assert (access["status"], access["completion_tokens"], access["model"]) == (
+        200, 3, "synth-chat")
+    assert any(p["logger"].startswith("uvicorn") for p in parsed)
