@@ -64,6 +64,16 @@ def pod_toml() -> tuple[str, dict[str, Any]]:
     return "\n".join(lines) + "\n", model
 
 
+def hpa_target(mu_per_s: float, ttft_full_p95_s: float, measured_wait_s: float,
+               slo_s: float = TTFT_SLO_S) -> tuple[float, float, int]:
+    """(seconds each waiting request adds to TTFT, TTFT budget left for waiting, target
+    waiting requests per pod). The added wait is the larger of Little's law (1/mu) and the
+    measurement, so a noisy measurement never raises the target; at least 1."""
+    wait_s = max(1.0 / mu_per_s, measured_wait_s)
+    budget_s = slo_s - ttft_full_p95_s
+    return wait_s, budget_s, max(1, math.floor(budget_s / wait_s))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--max-tokens", type=int, default=128,
@@ -100,9 +110,7 @@ def main() -> int:
     mu = full["requests_per_s"]
     waiting_at_double = double["concurrency"] - slots
     measured_wait = (double["ttft_mean_s"] - full["ttft_mean_s"]) / waiting_at_double
-    wait_per_request = max(1 / mu, measured_wait)
-    budget = TTFT_SLO_S - full["ttft_p95_s"]
-    target = max(1, math.floor(budget / wait_per_request))
+    wait_per_request, budget, target = hpa_target(mu, full["ttft_p95_s"], measured_wait)
     result = {
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "python": platform.python_version()},

@@ -110,3 +110,33 @@ def test_report_rebuilds_table_and_ratios_from_the_points() -> None:
     [r] = result["ratios"]
     assert r["mix_accuracy_points_vs_accurate"] == pytest.approx(2.5)
     assert r["goodput_vs_accurate"] == pytest.approx(1.0)
+
+
+def test_hpa_target_is_the_ttft_budget_over_the_wait_each_request_adds() -> None:
+    from bench.capacity import hpa_target
+
+    # 1 req/s when full: each waiting request adds 1 s (Little); 2 s objective, 0.3 s TTFT
+    # with every slot busy → 1.7 s of budget → 1 waiting request per pod.
+    assert hpa_target(1.0, 0.3, 0.8) == (1.0, pytest.approx(1.7), 1)
+    # A measured wait above 1/mu is the one used.
+    wait, _, target = hpa_target(4.0, 0.2, 0.5)
+    assert wait == 0.5 and target == 3
+    # Never below one, even when full already misses the objective.
+    assert hpa_target(1.0, 2.5, 1.0)[2] == 1
+
+
+def test_grpc_overhead_summary_pairs_the_protocols_per_client_count() -> None:
+    from bench.grpc_overhead import summarize as overhead
+
+    def r(protocol: str, clients: int, server: float, tpot: float) -> dict[str, Any]:
+        return {"protocol": protocol, "clients": clients, "server_cpu_ms_per_token": server,
+                "client_cpu_ms_per_token": server / 2, "tpot_ms": tpot, "tokens_per_s": 100.0}
+
+    rows = [r("http", 1, 30.0, 20.0), r("http", 1, 32.0, 22.0), r("grpc", 1, 29.0, 20.0),
+            r("grpc", 1, 29.0, 20.0), r("http", 8, 10.0, 60.0), r("grpc", 8, 9.0, 57.0)]
+    s = overhead(rows)
+    assert s["1"]["http"]["server_cpu_ms_per_token"] == 31.0
+    assert s["1"]["server_cpu_us_per_token_saved_by_grpc"] == pytest.approx(2000.0)
+    assert s["1"]["ratio_server_cpu_grpc_over_http"] == pytest.approx(29 / 31)
+    assert s["8"]["ratio_tpot_grpc_over_http"] == pytest.approx(0.95)
+    assert s["8"]["http"]["server_cpu_ms_per_token_stdev"] == 0.0
