@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.v1 import inference_pb2 as pb
 from tests.procs import free_port, start_serve
@@ -102,21 +103,33 @@ def test_prompt_text_only_with_log_content(serve: Callable[..., LiveServer],
 
 
 def test_serve_log_format_json_writes_json_lines() -> None:
-    """``sluice serve --log-format json``: every line on stdout is one JSON object, and a
-    request's access line carries its fields as keys."""
+    """``sluice serve --log-format json --grpc-port 0``: every line on stdout is one JSON
+    object, a request's access line carries its fields as keys, the gRPC server answers
+    health on the port it logged, and SIGTERM drains both to a clean exit."""
     cfg = Path(tempfile.mkdtemp()) / "sluice.toml"
     cfg.write_text(SYNTHETIC_TOML.read_text())
     port = free_port()
-    proc = start_serve(cfg, port, extra_args=("--log-format", "json", "--log-level", "info"))
+    proc = start_serve(cfg, port, extra_args=("--log-format", "json", "--log-level", "info",
+                                              "--grpc-port", "0"))
+    assert proc.stdout is not None
+    early: list[str] = []
     try:
+        while not any("serving gRPC on" in line for line in early):
+            early.append(proc.stdout.readline().decode())
+            assert len(early) < 50, early
+        grpc_port = int(json.loads(early[-1])["message"].rsplit(":", 1)[1])
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
+            check = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
+                                                         timeout=5)
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=10,
                        json={"model": "synth-chat", "prompt": "hello", "max_tokens": 3})
         assert r.status_code == 200
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
-        assert proc.stdout is not None
-    lines = [line for line in out.decode().splitlines() if line.strip()]
+    assert proc.returncode == 0
+    lines = [line for line in [*early, *out.decode().splitlines()] if line.strip()]
     parsed = [json.loads(line) for line in lines]  # each line is JSON
     assert all({"time", "level", "logger", "message"} <= set(p) for p in parsed)
     [access] = [p for p in parsed if p["logger"] == "sluice.access"]
