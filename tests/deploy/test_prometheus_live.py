@@ -63,7 +63,9 @@ def _config() -> Config:
     return config_with(
         models=[chat, embed, _variant("slow", 0.9, 0.03), _variant("fast", 0.8, 0.002)],
         groups=[{"id": "sentiment", "variants": ["slow", "fast"], "low_load_utilization": 0.0}],
-        tenants=[{"id": "limited", "limits": {"requests_per_s": 0.5, "burst": 1}}],
+        # One request per 100 s: every request after the first is a 429, however slow the
+        # machine runs the load.
+        tenants=[{"id": "limited", "limits": {"requests_per_s": 0.01, "burst": 1}}],
         scheduling={"queue_capacity": 4},
         workers={"count": 2, "budget_bytes": 10**9, "inbox_capacity": 2},
     )
