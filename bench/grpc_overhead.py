@@ -26,6 +26,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,14 +37,17 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llm_bench import PROMPTS
-from bench.servers import free_port, running, sluice_cmd
+from bench.servers import free_port, process_cpu_s, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 from sluice.v1 import inference_pb2 as pb
 from sluice.v1 import inference_pb2_grpc
 
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
 MODEL = "gemma-3-270m"
 MAX_TOKENS = 64
+_model = MODEL
+"""The model the clients ask for (``--smoke`` switches to the synthetic one)."""
 
 
 def toml(gguf: Path) -> str:
@@ -65,16 +69,9 @@ options = {{ path = "{gguf}", n_ctx = 8192, n_seq_max = 8, n_threads = 2 }}
 """
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
 async def http_one(client: httpx.AsyncClient, base: str, prompt: str) -> list[float]:
     """Token arrival times of one streamed completion over SSE."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+    body = {"model": _model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
             "stream": True, "ignore_eos": True}
     times: list[float] = []
     async with client.stream("POST", f"{base}/v1/completions", json=body, timeout=300) as r:
@@ -90,7 +87,7 @@ async def http_one(client: httpx.AsyncClient, base: str, prompt: str) -> list[fl
 async def grpc_one(s: inference_pb2_grpc.InferenceStub, prompt: str) -> list[float]:
     """Token arrival times of one Generate stream."""
     times: list[float] = []
-    request = pb.GenerateRequest(model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS,
+    request = pb.GenerateRequest(model=_model, prompt=prompt, max_tokens=MAX_TOKENS,
                                  temperature=0.0, ignore_eos=True)
     async for message in s.Generate(request, timeout=300):
         if message.WhichOneof("event") == "token" and message.token.text:
@@ -120,9 +117,9 @@ async def phase(protocol: str, base: str, target: str, clients: int,
 
 def measure(protocol: str, pid: int, base: str, target: str, clients: int,
             per_client: int) -> dict[str, Any]:
-    server0, client0 = cpu_s(pid), time.process_time()
+    server0, client0 = process_cpu_s(pid), time.process_time()
     streams, wall = asyncio.run(phase(protocol, base, target, clients, per_client))
-    server_cpu, client_cpu = cpu_s(pid) - server0, time.process_time() - client0
+    server_cpu, client_cpu = process_cpu_s(pid) - server0, time.process_time() - client0
     tokens = sum(len(s) for s in streams)
     gaps = [(s[-1] - s[0]) / (len(s) - 1) for s in streams if len(s) > 1]
     return {"protocol": protocol, "clients": clients, "requests": len(streams),
@@ -190,10 +187,18 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--per-client", type=int, default=2,
                         help="requests per client per phase")
+    parser.add_argument("--smoke", action="store_true",
+                        help="check the script on the synthetic model; writes to /tmp")
     args = parser.parse_args()
-    gguf = default_gguf_path()
+    global _model
+    results = RESULTS
+    if args.smoke:
+        _model, results = "synth-chat", Path(tempfile.mkdtemp(prefix="grpc-overhead-"))
+        config = (ROOT / "examples" / "synthetic.toml").read_text()
+    else:
+        config = toml(default_gguf_path())
     port, grpc_port = free_port(), free_port()
-    cmd, _ = sluice_cmd(toml(gguf), port)
+    cmd, _ = sluice_cmd(config, port)
     cmd += ["--grpc-port", str(grpc_port)]
     base, target = f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"
     rows: list[dict[str, Any]] = []
@@ -220,15 +225,15 @@ def main() -> int:
               f"client CPU {s['ratio_client_cpu_grpc_over_http']:.3f}, "
               f"TPOT {s['ratio_tpot_grpc_over_http']:.3f}, "
               f"tok/s {s['ratio_tokens_per_s_grpc_over_http']:.3f}")
-    RESULTS.mkdir(exist_ok=True)
+    results.mkdir(exist_ok=True)
     out = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                        "python": platform.python_version()},
            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "model": MODEL, "max_tokens": MAX_TOKENS, "repeats": args.repeats,
+           "model": _model, "max_tokens": MAX_TOKENS, "repeats": args.repeats,
            "rows": rows, "summary": summary}
-    (RESULTS / "grpc_overhead.json").write_text(json.dumps(out, indent=2) + "\n")
-    plot(summary, RESULTS / "grpc_overhead.png")
-    print(f"wrote {RESULTS / 'grpc_overhead.json'} and .png")
+    (results / "grpc_overhead.json").write_text(json.dumps(out, indent=2) + "\n")
+    plot(summary, results / "grpc_overhead.png")
+    print(f"wrote {results / 'grpc_overhead.json'} and .png")
     return 0
 
 

@@ -16,6 +16,27 @@ from pathlib import Path
 import httpx
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def process_schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) summed over the threads of
+    process ``pid``, from /proc/<pid>/task/*/schedstat. The second is what contention from
+    other processes cost it."""
+    run_ns = wait_ns = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            run, wait, _ = (task / "schedstat").read_text().split()
+        except (FileNotFoundError, ValueError):
+            continue  # a thread that just ended
+        run_ns, wait_ns = run_ns + int(run), wait_ns + int(wait)
+    return run_ns / 1e9, wait_ns / 1e9
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
