@@ -91,7 +91,7 @@ def setup_logging(level: str, log_format: str) -> None:
             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    logging.basicConfig(level=level.upper(), handlers=[handler])
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -21,7 +21,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sluice.v1 import inference_pb2 as pb
 from tests.procs import free_port, start_serve
 from tests.server.grpcclient import grpc_target, stub
-from tests.server.live import SYNTHETIC_TOML, LiveServer, config_with, synth_chat, synth_embed
+from tests.server.live import (
+    SYNTHETIC_TOML,
+    LiveServer,
+    config_with,
+    synth_chat,
+    synth_embed,
+    wait_for,
+)
 
 PROMPT = "a secret prompt about rivers"
 FIELDS = {"request_id", "protocol", "method", "path", "status", "tenant", "model", "variant",
@@ -64,7 +71,7 @@ def test_one_line_per_request_with_the_decision(serve: Callable[..., LiveServer]
                                                ("x-request-id", "grpc-one")], timeout=10))
     assert out[-1].done.usage.completion_tokens == 3
 
-    lines = _lines(caplog)
+    lines = wait_for(lambda: (lambda got: got if len(got) >= 4 else None)(_lines(caplog)))
     assert len(lines) == 4, lines
     by_id = {line["request_id"]: line for line in lines}
     http = by_id["req-one"]
@@ -98,7 +105,8 @@ def test_prompt_text_only_with_log_content(serve: Callable[..., LiveServer],
         r = c.post("/v1/completions", headers={"authorization": "Bearer key-acme"},
                    json={"model": "synth-chat", "prompt": PROMPT, "max_tokens": 2})
     assert r.status_code == 200
-    [line] = _lines(caplog)
+    # The line is written once the response is sent: the client may read it first.
+    [line] = wait_for(lambda: _lines(caplog))
     assert line["prompt"] == PROMPT
 
 
