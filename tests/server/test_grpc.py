@@ -408,3 +408,16 @@ def test_generated_modules_match_the_proto() -> None:
     _strip_json_names(fresh.message_type)  # the generated modules leave them out
     built = descriptor_pb2.FileDescriptorProto.FromString(pb.DESCRIPTOR.serialized_pb)
     assert built == fresh
+
+
+def test_an_unexpected_error_is_internal_without_internals(
+        live: LiveServer, channel: grpc.Channel, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice.server.grpc import service
+
+    def broken(ctx: Any) -> Any:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(service, "model_list", broken)
+    f = _fails(lambda: stub(channel).ListModels(pb.ListModelsRequest(), timeout=5))
+    assert (f.code, f.reason, f.message) == (grpc.StatusCode.INTERNAL, "internal_error",
+                                             "Internal error.")

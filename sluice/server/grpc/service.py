@@ -102,6 +102,12 @@ class _Call:
     async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                         tb: Any) -> None:
         try:
+            if isinstance(exc, Exception) and not isinstance(exc, APIError | grpc.aio.AbortError):
+                # A bug, not an outcome: logged here, and the client gets INTERNAL with
+                # nothing internal in it (as HTTP's 500).
+                log.error("unhandled error in call %s", self.request_id, exc_info=exc)
+                exc = APIError(500, "Internal error.", type="server_error",
+                               code="internal_error")
             if isinstance(exc, APIError):
                 rich = grpc_error(exc)
                 self.status = rich.code.name
@@ -112,8 +118,6 @@ class _Call:
                                else "CANCELLED")
             elif exc is not None and not isinstance(exc, Exception):
                 self.status = "CANCELLED"
-            elif exc is not None and self.context.code() is None:
-                self.status = "INTERNAL"
         finally:
             access.emit(self.record, self.status,
                         log_content=self.ctx.config.server.log_content)
