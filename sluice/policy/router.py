@@ -18,11 +18,22 @@ ROUTER_NAMES = ("round_robin", "least_loaded", "residency_aware")
 TIER_RESIDENT = 0
 TIER_FITS_FREE = 1
 TIER_NEEDS_EVICTION = 2
-_TIER_WORDS = {
+TIER_WORDS = {
     TIER_RESIDENT: "resident",
     TIER_FITS_FREE: "fits free memory",
     TIER_NEEDS_EVICTION: "needs eviction",
 }
+"""How a reason names each residency tier."""
+
+
+class HoldsModels(Protocol):
+    """What residency tiers read: a worker, or a whole replica (its workers pooled)."""
+
+    @property
+    def resident(self) -> frozenset[str]: ...
+
+    @property
+    def free_bytes(self) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +79,7 @@ def is_feasible(worker: WorkerView, model_id: str, model_bytes: int) -> bool:
     return model_id in worker.resident or worker.budget_bytes >= model_bytes
 
 
-def residency_tier(worker: WorkerView, model_id: str, model_bytes: int) -> int:
+def residency_tier(worker: HoldsModels, model_id: str, model_bytes: int) -> int:
     """0 if the model is resident, 1 if it fits the worker's free bytes, 2 if loading it needs
     eviction (also when evictable bytes do not suffice yet: models in use will be released)."""
     if model_id in worker.resident:
@@ -152,7 +163,7 @@ class ResidencyAwareRouter:
         tier, load, worker_id = min(
             (residency_tier(w, model_id, model_bytes), w.load, w.worker_id) for w in available
         )
-        return RouteDecision(worker_id, tier, f"{_TIER_WORDS[tier]}, load {load}")
+        return RouteDecision(worker_id, tier, f"{TIER_WORDS[tier]}, load {load}")
 
 
 def make_router(name: str) -> Router:
