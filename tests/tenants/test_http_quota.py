@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
 
 from sluice.server.quota import MemoryQuotaStore, QuotaGate
 from tests.server.live import (
@@ -209,3 +210,15 @@ def test_memory_backend_with_replicas_enforces_a_share(serve: Callable[..., Live
     with live.client(headers=AUTH) as c:
         codes = [c.post("/v1/embeddings", json=EMBED).status_code for _ in range(3)]
     assert codes == [200, 200, 429]
+
+
+def test_the_share_follows_the_live_replica_count(serve: Callable[..., LiveServer]) -> None:
+    # Ray Serve replicas call set_replicas as the fleet grows and shrinks (sluice.cluster).
+    live = tenant_server(serve, {"requests_per_s": 0.01, "burst": 6})
+    gate(live).set_replicas(3)
+    with live.client(headers=AUTH) as c:
+        codes = [c.post("/v1/embeddings", json=EMBED).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]  # 1/3 of a burst of 6
+        assert metric_sum(scrape(c), "sluice_quota_replicas") == 3
+    with pytest.raises(ValueError, match="replicas"):
+        gate(live).set_replicas(0)

@@ -23,6 +23,10 @@ class QuotaCollector(Collector):
             "sluice_quota_fallback",
             "1 while this replica enforces local buckets because the shared quota store "
             "is unreachable", value=int(gate.in_fallback))
+        yield GaugeMetricFamily(
+            "sluice_quota_replicas",
+            "Replicas assumed to share the quotas; this replica's local share is 1/replicas",
+            value=gate.replicas)
         store = gate.store
         if isinstance(store, FailoverQuotaStore):
             yield CounterMetricFamily("sluice_quota_backend_errors",

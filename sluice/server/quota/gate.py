@@ -96,6 +96,7 @@ class QuotaGate:
         self._observer = observer
         self._clock = clock
         self._limits = dict(tenant_limits(tenants))
+        self._replicas = config.replicas
         self.store: QuotaStore = store if store is not None else self._make_store(config)
         self._tasks: set[asyncio.Task[None]] = set()
         # /metrics bookkeeping, touched on the event loop only.
@@ -108,13 +109,29 @@ class QuotaGate:
     def _make_store(self, config: QuotaConfig) -> QuotaStore:
         share = 1.0 / config.replicas
         if config.backend == "memory":
-            return ScaledStore(MemoryQuotaStore(self._clock, clamp_to_capacity=share < 1),
-                                share)
+            # Clamping changes nothing at share 1 (a request over the whole budget is refused
+            # as too_large first), and the share may drop later (``set_replicas``).
+            return ScaledStore(MemoryQuotaStore(self._clock, clamp_to_capacity=True), share)
         assert config.redis_url is not None  # QuotaConfig checks it
         shared = RedisQuotaStore(config.redis_url, key_prefix=config.key_prefix,
                                  timeout_s=config.timeout_ms / 1000.0)
         return FailoverQuotaStore(shared, MemoryQuotaStore(self._clock, clamp_to_capacity=True),
                                   share=share, reconnect_interval_s=config.reconnect_interval_s)
+
+    @property
+    def replicas(self) -> int:
+        """Replicas assumed to share the quotas: each enforces 1/replicas of every limit from
+        its own buckets (always without Redis; while Redis is unreachable with it)."""
+        return self._replicas
+
+    def set_replicas(self, replicas: int) -> None:
+        """Follow the live replica count (``quota.replicas`` is only the starting value): a
+        fleet that grows shrinks each replica's fallback share, one that shrinks widens it."""
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        self._replicas = replicas
+        if isinstance(self.store, FailoverQuotaStore | ScaledStore):
+            self.store.share = 1.0 / replicas
 
     @property
     def in_fallback(self) -> bool:
