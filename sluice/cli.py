@@ -95,11 +95,16 @@ def setup_logging(level: str, log_format: str) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load(args)
+    if args.ray:  # replicas on Ray Serve, from the [cluster] section (sluice.cluster)
+        from sluice.cluster.app import serve_on_ray
+
+        return serve_on_ray(config, address=args.ray_address)
+
     import uvicorn
 
     from sluice.server.app import create_app
 
-    config = _load(args)
     app = create_app(config)
     runtime = app.state.ctx.runtime
 
@@ -225,6 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP server")
     _common(serve)
+    serve.add_argument("--ray", action="store_true",
+                       help="run replicas on Ray Serve per the [cluster] section "
+                            "(needs the cluster extra)")
+    serve.add_argument("--ray-address", help="join this Ray cluster (default: "
+                       "cluster.address, else start a local Ray)")
     serve.set_defaults(func=cmd_serve)
     models = sub.add_parser("models", help="list the configured models")
     _common(models)

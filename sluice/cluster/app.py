@@ -1,0 +1,171 @@
+"""The Serve application: a front-end deployment and the replica deployment, from one Config.
+
+``replica_options`` and ``ingress_options`` turn the ``[cluster]`` section (and the sizes in
+the rest of the file) into Serve deployment options: replicas min/max with sluice's
+autoscaling policy, resources per replica, the request router and its kwargs, the bounds on
+what a replica holds and what waits in front of it, the drain time. ``build_app`` binds
+them; ``serve_on_ray`` is ``sluice serve --ray``: join (or start) Ray, run the app on Serve's
+HTTP proxy at ``server.host:server.port``, and on SIGINT/SIGTERM delete it (Serve drains
+every replica first) and leave.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import warnings
+from typing import Any, cast
+
+from sluice.config import Config
+
+log = logging.getLogger("sluice.cluster")
+
+REPLICA_DEPLOYMENT = "SluiceReplica"
+INGRESS_DEPLOYMENT = "SluiceIngress"
+DRAIN_MARGIN_S = 10.0
+"""Shutdown time a replica gets beyond ``server.drain_timeout_s`` (stopping its runtime)."""
+
+
+def _serve() -> Any:
+    """``ray.serve``, imported late (the ``cluster`` extra) and typed loosely."""
+    from ray import serve
+
+    return serve
+
+
+def max_ongoing_per_replica(config: Config) -> int:
+    """What one replica holds at once: ``cluster.max_ongoing_requests``, or its queue plus
+    its workers' inboxes — the most it admits before answering 503 itself."""
+    if config.cluster.max_ongoing_requests is not None:
+        return config.cluster.max_ongoing_requests
+    return config.scheduling.queue_capacity + config.workers.count * config.workers.inbox_capacity
+
+
+def replica_options(config: Config) -> dict[str, Any]:
+    """Serve options of the replica deployment (plain data; the router config is built by
+    ``build_app``)."""
+    c = config.cluster
+    actor: dict[str, Any] = {"num_cpus": c.num_cpus}
+    if c.num_gpus:
+        actor["num_gpus"] = c.num_gpus
+    if c.memory_bytes:
+        actor["memory"] = c.memory_bytes
+    if c.resources:
+        actor["resources"] = dict(c.resources)
+    options: dict[str, Any] = {
+        "max_ongoing_requests": max_ongoing_per_replica(config),
+        "max_queued_requests": c.max_queued_requests,
+        "ray_actor_options": actor,
+        "graceful_shutdown_timeout_s": config.server.drain_timeout_s + DRAIN_MARGIN_S,
+        "graceful_shutdown_wait_loop_s": 0.5,
+        "health_check_period_s": c.health_check_period_s,
+    }
+    if c.min_replicas == c.max_replicas:
+        options["num_replicas"] = c.min_replicas
+    else:
+        options["autoscaling_config"] = {
+            "min_replicas": c.min_replicas,
+            "max_replicas": c.max_replicas,
+            "initial_replicas": c.initial_replicas,
+            "upscale_delay_s": c.upscale_delay_s,
+            "downscale_delay_s": c.downscale_delay_s,
+            "look_back_period_s": c.look_back_period_s,
+        }
+    return options
+
+
+def router_kwargs(config: Config) -> dict[str, Any]:
+    """The request router's kwargs: the policy, its bound, and each model's size."""
+    c = config.cluster
+    return {"policy": c.router, "load_factor": c.load_factor,
+            "model_bytes": {m.id: m.memory_bytes for m in config.models}}
+
+
+def ingress_options(config: Config) -> dict[str, Any]:
+    """Serve options of the front end: it holds every request a replica holds or waits
+    for, and the proxy queues at most ``max_queued_requests`` in front of it."""
+    c = config.cluster
+    return {
+        "num_replicas": c.ingress_replicas,
+        "max_ongoing_requests": c.max_replicas * max_ongoing_per_replica(config)
+        + c.max_queued_requests,
+        "max_queued_requests": c.max_queued_requests,
+        "ray_actor_options": {"num_cpus": c.ingress_num_cpus},
+        "graceful_shutdown_timeout_s": config.server.drain_timeout_s + DRAIN_MARGIN_S,
+    }
+
+
+def build_app(config: Config) -> Any:
+    """The bound Serve application (front end → replicas)."""
+    from ray.serve import config as serve_config
+
+    from sluice.cluster.autoscale import SluiceAutoscalePolicy
+    from sluice.cluster.ingress import SluiceIngress
+    from sluice.cluster.replica import SluiceReplica
+    from sluice.cluster.router import SluiceRequestRouter
+
+    serve, cfg = _serve(), cast(Any, serve_config)  # Ray's annotations are partial
+    c = config.cluster
+    options = replica_options(config)
+    if "autoscaling_config" in options:
+        policy = cfg.AutoscalingPolicy(
+            policy_function=SluiceAutoscalePolicy,
+            policy_kwargs={"target_load_per_replica": c.target_load_per_replica,
+                           "target_kv_use": c.target_kv_use})
+        with warnings.catch_warnings():
+            # Serve still compares look_back_period_s with its deprecated metrics_interval_s
+            # (10 s); the push intervals that replaced it are environment variables.
+            warnings.filterwarnings("ignore", message=".*look_back_period_s.*",
+                                    category=FutureWarning)
+            options["autoscaling_config"] = cfg.AutoscalingConfig(
+                **options["autoscaling_config"], policy=policy)
+    options["request_router_config"] = cfg.RequestRouterConfig(
+        request_router_class=SluiceRequestRouter,
+        request_router_kwargs=router_kwargs(config),
+        request_routing_stats_period_s=c.stats_period_s,
+        request_routing_stats_timeout_s=max(c.stats_period_s, 5.0),
+    )
+    data = config.model_dump(mode="json")
+    replica = serve.deployment(SluiceReplica, name=REPLICA_DEPLOYMENT).options(**options)
+    ingress = serve.deployment(SluiceIngress, name=INGRESS_DEPLOYMENT).options(
+        **ingress_options(config))
+    return ingress.bind(replica.bind(data), data)
+
+
+def start(config: Config, *, address: str | None = None) -> None:
+    """Join the Ray cluster at ``address`` (``cluster.address`` when None; a new local
+    Ray when both are unset), start Serve's proxy on ``server.host:server.port`` and run
+    the app; returns once every replica is running."""
+    import ray
+
+    serve = _serve()
+    address = address or config.cluster.address
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": config.server.host, "port": config.server.port})
+    serve.run(build_app(config), name=config.cluster.app_name, route_prefix="/")
+    log.info("sluice on Ray Serve: http://%s:%d (app %s)", config.server.host,
+             config.server.port, config.cluster.app_name)
+
+
+def stop(config: Config) -> None:
+    """Delete the app (Serve drains each replica first) and shut Serve down."""
+    serve = _serve()
+    serve.delete(config.cluster.app_name)
+    serve.shutdown()
+
+
+def serve_on_ray(config: Config, *, address: str | None = None) -> int:
+    """``sluice serve --ray``: run until SIGINT/SIGTERM, then drain and leave."""
+    import ray
+
+    start(config, address=address)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("draining the replicas")
+    stop(config)
+    ray.shutdown()
+    return 0
