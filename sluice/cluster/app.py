@@ -12,6 +12,7 @@ every replica first) and leave.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import warnings
@@ -82,15 +83,24 @@ def router_kwargs(config: Config) -> dict[str, Any]:
             "model_bytes": {m.id: m.memory_bytes for m in config.models}}
 
 
+INGRESS_OVERFLOW = 4
+"""A front end holds this many × ``max_queued_requests`` beyond what the replicas hold and
+wait for: the overflow it answers itself (503 with a computed Retry-After)."""
+
+
 def ingress_options(config: Config) -> dict[str, Any]:
     """Serve options of the front end: it holds every request a replica holds or waits
-    for, and the proxy queues at most ``max_queued_requests`` in front of it."""
+    for, plus an overflow it refuses itself; only past twice that does the proxy refuse
+    with Serve's own 503."""
     c = config.cluster
+    per_ingress = math.ceil(c.max_replicas * max_ongoing_per_replica(config) / c.ingress_replicas)
+    held = per_ingress + (1 + INGRESS_OVERFLOW) * c.max_queued_requests
     return {
         "num_replicas": c.ingress_replicas,
-        "max_ongoing_requests": c.max_replicas * max_ongoing_per_replica(config)
-        + c.max_queued_requests,
-        "max_queued_requests": c.max_queued_requests,
+        "max_ongoing_requests": held,
+        # Requests still being assigned count as queued at the proxy, so a burst of
+        # simultaneous arrivals needs room here even while the front end has plenty.
+        "max_queued_requests": held,
         "ray_actor_options": {"num_cpus": c.ingress_num_cpus},
         "graceful_shutdown_timeout_s": config.server.drain_timeout_s + DRAIN_MARGIN_S,
     }

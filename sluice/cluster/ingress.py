@@ -150,8 +150,8 @@ class SluiceIngress:
                         tuple(request.scope.get("headers", ())), body,
                         tuple(client) if client else None)
         for attempt in range(1, ATTEMPTS + 1):
-            parts = cast(PartStream, self._handle.remote(hint, call))
             try:
+                parts = cast(PartStream, self._handle.remote(hint, call))
                 start = await parts.__anext__()
             except BackPressureError as exc:
                 return self._overloaded(exc).response()
