@@ -245,7 +245,7 @@ class ClusterConfig(_Strict):
     """Autoscaling: KV-block use per replica to size the fleet for."""
     upscale_delay_s: float = Field(default=5.0, ge=0)
     downscale_delay_s: float = Field(default=60.0, ge=0)
-    look_back_period_s: float = Field(default=10.0, gt=0)
+    look_back_period_s: float = Field(default=15.0, gt=0)
     """Window over which replica reports are averaged for autoscaling."""
     stats_period_s: float = Field(default=1.0, gt=0)
     """How often each replica reports residency and load to the routers."""

@@ -11,11 +11,13 @@ every replica first) and leave.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import signal
 import threading
 import warnings
+from collections.abc import Iterator
 from typing import Any, cast
 
 from sluice.config import Config
@@ -26,6 +28,28 @@ REPLICA_DEPLOYMENT = "SluiceReplica"
 INGRESS_DEPLOYMENT = "SluiceIngress"
 DRAIN_MARGIN_S = 10.0
 """Shutdown time a replica gets beyond ``server.drain_timeout_s`` (stopping its runtime)."""
+
+
+@contextlib.contextmanager
+def lookback_warning_silenced() -> Iterator[None]:
+    """Serve (2.60) still compares ``look_back_period_s`` with its deprecated
+    ``metrics_interval_s`` (10 s) each time it parses an autoscaling config, and warns below
+    it; the push intervals that replaced that field are environment variables."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*look_back_period_s.*",
+                                category=FutureWarning)
+        yield
+
+
+def running_replicas(app_name: str, deployment: str = REPLICA_DEPLOYMENT) -> int | None:
+    """A deployment's running replicas, from Serve's status (None if it is not there)."""
+    with lookback_warning_silenced():
+        status = _serve().status()
+    app = status.applications.get(app_name)
+    found = app.deployments.get(deployment) if app else None
+    if found is None:
+        return None
+    return int(sum(n for state, n in found.replica_states.items() if state == "RUNNING"))
 
 
 def _serve() -> Any:
@@ -123,11 +147,7 @@ def build_app(config: Config) -> Any:
             policy_function=SluiceAutoscalePolicy,
             policy_kwargs={"target_load_per_replica": c.target_load_per_replica,
                            "target_kv_use": c.target_kv_use})
-        with warnings.catch_warnings():
-            # Serve still compares look_back_period_s with its deprecated metrics_interval_s
-            # (10 s); the push intervals that replaced it are environment variables.
-            warnings.filterwarnings("ignore", message=".*look_back_period_s.*",
-                                    category=FutureWarning)
+        with lookback_warning_silenced():
             options["autoscaling_config"] = cfg.AutoscalingConfig(
                 **options["autoscaling_config"], policy=policy)
     options["request_router_config"] = cfg.RequestRouterConfig(
@@ -143,6 +163,12 @@ def build_app(config: Config) -> Any:
     return ingress.bind(replica.bind(data), data)
 
 
+def run_app(config: Config) -> None:
+    """Deploy (or update) the app on the running Serve, at ``/``; returns once it runs."""
+    with lookback_warning_silenced():
+        _serve().run(build_app(config), name=config.cluster.app_name, route_prefix="/")
+
+
 def start(config: Config, *, address: str | None = None) -> None:
     """Join the Ray cluster at ``address`` (``cluster.address`` when None; a new local
     Ray when both are unset), start Serve's proxy on ``server.host:server.port`` and run
@@ -154,7 +180,7 @@ def start(config: Config, *, address: str | None = None) -> None:
     if not ray.is_initialized():
         ray.init(address=address, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": config.server.host, "port": config.server.port})
-    serve.run(build_app(config), name=config.cluster.app_name, route_prefix="/")
+    run_app(config)
     log.info("sluice on Ray Serve: http://%s:%d (app %s)", config.server.host,
              config.server.port, config.cluster.app_name)
 

@@ -29,6 +29,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from sluice.cluster.app import running_replicas
 from sluice.cluster.asgi import HttpCall, ResponseStart, call_asgi
 from sluice.cluster.autoscale import KV_METRIC, LOAD_METRIC
 from sluice.cluster.hints import RouteHint
@@ -61,23 +62,11 @@ def routing_stats(replica_id: str, ctx: AppContext) -> dict[str, Any]:
             "quota_replicas": ctx.quota.replicas}
 
 
-def _replica_id() -> str:
+def serve_context() -> Any:
+    """This replica's Serve context (app, deployment, replica id)."""
     from ray import serve
 
-    return str(serve.get_replica_context().replica_id.unique_id)
-
-
-def _running_replicas() -> int | None:
-    """This deployment's running replicas, from Serve's status (None if not found)."""
-    from ray import serve
-
-    rc = serve.get_replica_context()
-    app = serve.status().applications.get(rc.app_name)
-    deployment = app.deployments.get(rc.deployment) if app else None
-    if deployment is None:
-        return None
-    running = sum(n for state, n in deployment.replica_states.items() if state == "RUNNING")
-    return int(running) or None
+    return serve.get_replica_context()
 
 
 class SluiceReplica:
@@ -85,7 +74,7 @@ class SluiceReplica:
 
     async def __init__(self, config_data: dict[str, Any]) -> None:  # type: ignore[misc]
         self.config = Config.model_validate(config_data)
-        self.replica_id = _replica_id()
+        self.replica_id = str(serve_context().replica_id.unique_id)
         self.app = create_app(self.config)
         self.ctx: AppContext = self.app.state.ctx
         self._lifespan = self.app.router.lifespan_context(self.app)
@@ -117,8 +106,9 @@ class SluiceReplica:
     async def _follow_replica_count(self) -> None:
         while True:
             try:
-                n = await asyncio.to_thread(_running_replicas)
-                if n is not None and n != self.ctx.quota.replicas:
+                rc = serve_context()
+                n = await asyncio.to_thread(running_replicas, rc.app_name, rc.deployment)
+                if n and n != self.ctx.quota.replicas:
                     self.ctx.quota.set_replicas(n)
                     log.info("replica %s: %d replicas share the quotas", self.replica_id, n)
             except Exception as exc:  # a status hiccup must not stop the replica

@@ -35,11 +35,9 @@ def cluster_config(cluster: dict[str, Any], *, redis_url: str | None = None,
 
 def deploy(config: Config) -> None:
     """Run the sluice app (front end + replicas) on the session's Serve, at ``/``."""
-    from ray import serve
+    from sluice.cluster.app import run_app
 
-    from sluice.cluster.app import build_app
-
-    serve.run(build_app(config), name=config.cluster.app_name, route_prefix="/")
+    run_app(config)
 
 
 def undeploy(config: Config) -> None:
@@ -73,13 +71,9 @@ def replica_stats(actor: Any) -> dict[str, Any]:
 
 
 def running_replicas(app_name: str) -> int:
-    from ray import serve
+    from sluice.cluster.app import running_replicas as running
 
-    app = serve.status().applications.get(app_name)
-    if app is None:
-        return 0
-    deployment = app.deployments["SluiceReplica"]
-    return sum(n for state, n in deployment.replica_states.items() if state == "RUNNING")
+    return running(app_name) or 0
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str,
