@@ -185,11 +185,15 @@ def start(config: Config, *, address: str | None = None) -> None:
              config.server.port, config.cluster.app_name)
 
 
+def stop_app(config: Config) -> None:
+    """Delete the app; Serve drains each replica (its requests finish) before stopping it."""
+    _serve().delete(config.cluster.app_name)
+
+
 def stop(config: Config) -> None:
-    """Delete the app (Serve drains each replica first) and shut Serve down."""
-    serve = _serve()
-    serve.delete(config.cluster.app_name)
-    serve.shutdown()
+    """Delete the app (draining every replica) and shut Serve down."""
+    stop_app(config)
+    _serve().shutdown()
 
 
 def serve_on_ray(config: Config, *, address: str | None = None) -> int:

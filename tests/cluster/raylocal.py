@@ -41,9 +41,9 @@ def deploy(config: Config) -> None:
 
 
 def undeploy(config: Config) -> None:
-    from ray import serve
+    from sluice.cluster.app import stop_app
 
-    serve.delete(config.cluster.app_name)
+    stop_app(config)
 
 
 def replica_actors(app_name: str) -> dict[str, Any]:
