@@ -35,6 +35,7 @@ fi
 export SLUICE_REQUIRE_CHROMIUM=1  # the browser test fails rather than skips
 export SLUICE_REQUIRE_REDIS=1  # the Redis tests fail rather than skip
 export SLUICE_REQUIRE_PROMETHEUS=1  # the Prometheus tests fail rather than skip
+export SLUICE_REQUIRE_RAY=1  # the Ray Serve tests (tests/cluster) fail rather than skip
 
 .venv/bin/ruff check sluice tests bench
 .venv/bin/mypy sluice
