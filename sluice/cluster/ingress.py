@@ -128,7 +128,7 @@ class SluiceIngress:
     def _completed(self) -> None:
         self._completions.record(time.monotonic())
 
-    def _overloaded(self, exc: BackPressureError) -> APIError:
+    def _overloaded(self) -> APIError:
         queued = self.config.cluster.max_queued_requests
         rate = self._completions.rate_per_s(time.monotonic())
         retry_s = retry_after_for_backlog(queued, rate, MIN_RETRY_AFTER_S, MAX_RETRY_AFTER_S)
@@ -153,8 +153,8 @@ class SluiceIngress:
             try:
                 parts = cast(PartStream, self._handle.remote(hint, call))
                 start = await parts.__anext__()
-            except BackPressureError as exc:
-                return self._overloaded(exc).response()
+            except BackPressureError:
+                return self._overloaded().response()
             except RayError as exc:  # the replica died before answering: try another
                 log.warning("replica failed before answering (%s), attempt %d",
                             type(exc).__name__, attempt)

@@ -9,13 +9,12 @@ tests skip, unless ``SLUICE_REQUIRE_RAY=1`` (``scripts/test.sh`` sets it), when 
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
+from tests.cluster.raylocal import require_ray
 from tests.tenants.redisproc import RedisProcess, free_port, redis_binary
 
 RAY_ENV = {
@@ -37,25 +36,9 @@ class LocalRay:
     url: str
 
 
-def _require_ray() -> Any:
-    try:
-        with warnings.catch_warnings():
-            # Ray's own modules still use pydantic v1 idioms; not ours to fix.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            import ray
-            from ray import serve  # noqa: F401
-            from ray.serve import config, handle, request_router  # noqa: F401
-    except ImportError:
-        if os.environ.get("SLUICE_REQUIRE_RAY") == "1":
-            pytest.fail("ray[serve] is not installed (scripts/test.sh installs the cluster "
-                        "extra)")
-        pytest.skip("ray[serve] is not installed")
-    return ray
-
-
 @pytest.fixture(scope="session")
 def local_ray() -> Iterator[LocalRay]:
-    ray = _require_ray()
+    ray = require_ray()
     from ray import serve
 
     saved = {k: os.environ.get(k) for k in RAY_ENV}

@@ -3,9 +3,13 @@ models, deploying it on the session's Serve, finding its replica actors, polling
 
 from __future__ import annotations
 
+import os
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from sluice.config import Config
 from tests.server.live import config_with, synth_chat, synth_embed
@@ -13,6 +17,23 @@ from tests.server.live import config_with, synth_chat, synth_embed
 SYSTEM = ("You are the billing assistant of a small company. You answer questions about "
           "invoices, refunds and payment dates, briefly and politely. ")
 KEYS = {"open": "key-open", "limited": "key-limited"}
+
+
+def require_ray() -> Any:
+    """``ray`` with Serve imported; skip without it, unless ``SLUICE_REQUIRE_RAY=1``."""
+    try:
+        with warnings.catch_warnings():
+            # Ray's own modules still use pydantic v1 idioms; not ours to fix.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import ray
+            from ray import serve  # noqa: F401
+            from ray.serve import config, handle, request_router  # noqa: F401
+    except ImportError:
+        if os.environ.get("SLUICE_REQUIRE_RAY") == "1":
+            pytest.fail("ray[serve] is not installed (scripts/test.sh installs the cluster "
+                        "extra)")
+        pytest.skip("ray[serve] is not installed")
+    return ray
 
 
 def cluster_config(cluster: dict[str, Any], *, redis_url: str | None = None,
