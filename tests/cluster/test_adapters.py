@@ -79,3 +79,18 @@ def test_autoscale_policy_on_serve_like_context() -> None:
     assert state["kept"] == 1 and "→ 3" in state["sluice_reason"]
     ctx.aggregated_metrics, ctx.total_queued_requests = None, 0.0  # no report yet: stay
     assert policy(ctx)[0] == 2
+
+
+def test_serve_ray_flag_hands_the_config_to_ray_serve(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sluice import cli
+    from sluice.cluster import app
+    from tests.server.live import SYNTHETIC_TOML
+
+    calls: list[tuple[Config, str | None]] = []
+    monkeypatch.setattr(app, "serve_on_ray",
+                        lambda config, address=None: calls.append((config, address)) or 0)
+    assert cli.main(["serve", "--ray", "--ray-address", "auto", "-c", str(SYNTHETIC_TOML),
+                     "--port", "9123"]) == 0
+    [(config, address)] = calls
+    assert address == "auto" and config.server.port == 9123
+    assert config.cluster.min_replicas == 1  # the file has no [cluster]: the defaults
