@@ -59,7 +59,7 @@ def start_server(config: Config, backends: Mapping[str, Backend] | None = None) 
     """Start uvicorn on 127.0.0.1 with an ephemeral port; return once it serves."""
     app = create_app(config, backends)
     uv_config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                               lifespan="on", timeout_graceful_shutdown=5)
+                               lifespan="on", timeout_graceful_shutdown=5, http="h11")
     server = uvicorn.Server(uv_config)
     # Signal handlers can only be installed from the main thread.
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
