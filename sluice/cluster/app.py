@@ -169,17 +169,21 @@ def run_app(config: Config) -> None:
         _serve().run(build_app(config), name=config.cluster.app_name, route_prefix="/")
 
 
-def start(config: Config, *, address: str | None = None) -> None:
-    """Join the Ray cluster at ``address`` (``cluster.address`` when None; a new local
-    Ray when both are unset), start Serve's proxy on ``server.host:server.port`` and run
-    the app; returns once every replica is running."""
+def connect(config: Config, *, address: str | None = None) -> None:
+    """Join the Ray cluster at ``address`` (``cluster.address`` when None; a new local Ray
+    when both are unset), unless this process is already connected."""
     import ray
 
-    serve = _serve()
-    address = address or config.cluster.address
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": config.server.host, "port": config.server.port})
+        ray.init(address=address or config.cluster.address, include_dashboard=False,
+                 log_to_driver=False)
+
+
+def start(config: Config, *, address: str | None = None) -> None:
+    """Connect to Ray, start Serve's proxy on ``server.host:server.port`` and run the app;
+    returns once every replica is running."""
+    connect(config, address=address)
+    _serve().start(http_options={"host": config.server.host, "port": config.server.port})
     run_app(config)
     log.info("sluice on Ray Serve: http://%s:%d (app %s)", config.server.host,
              config.server.port, config.cluster.app_name)
@@ -200,11 +204,15 @@ def serve_on_ray(config: Config, *, address: str | None = None) -> int:
     """``sluice serve --ray``: run until SIGINT/SIGTERM, then drain and leave."""
     import ray
 
-    start(config, address=address)
+    connect(config, address=address)
+    # Over the handlers ray.init installed, before the (long) deployment, so a signal that
+    # comes while the replicas start still drains them rather than ending the process.
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    start(config, address=address)
+    while not done.wait(0.5):  # a timed wait, so the handler runs between waits
+        pass
     log.info("draining the replicas")
     stop(config)
     ray.shutdown()
