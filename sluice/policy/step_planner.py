@@ -24,7 +24,16 @@ views):
 - **Prefix reuse**: an admitted request may start after the longest prefix of its prompt
   that a running sequence has already fed (the first such sequence on a tie), if that is
   at least ``min_prefix_tokens`` and leaves one prompt token to feed for logits; its first
-  chunk then starts there.
+  chunk then starts there. A request that wants prompt log-probabilities never copies (it
+  needs the logits of every prompt position), and its prefill chunks want all logits and
+  hold at most ``prompt_logprobs_chunk_tokens`` (a logits row per token is 1 MiB on a
+  262k vocabulary).
+- **Choices** (``n`` > 1): the admission of a request with ``n`` choices takes ``n``
+  slots (in ``free_slots`` order) and reserves ``prompt + max_tokens`` in each; choice 0
+  prefills in ``Admission.slot`` and ``fork_slots`` wait. When the prefill ends, the
+  engine forks: it copies the prompt's KV into each fork slot (the prefix-reuse copy) and
+  samples every choice's first token from the one logits row, so the prompt is computed
+  once. A request with more choices than free slots waits (``slots``).
 - **Baselines**: ``static`` and ``serial`` admit only into an empty engine; ``serial`` one
   request at a time; ``static`` when the line fills every slot or its head has waited
   ``static_max_wait_s``.
@@ -32,8 +41,8 @@ views):
 Extension points: a ``StepBudget`` bounds prefill tokens and admissions by more than the
 token count (a step-time model keeping each running sequence's time per output token
 within a target); the waiting line is admitted in the order it is given, so a scheduler
-orders it first; admissions are a list of decisions, so forks of one prompt (``n`` > 1)
-or preemptions can be added as further decisions applied in order.
+orders it first; admissions are a list of decisions, so preemptions can be added as
+further decisions applied in order.
 """
 
 from __future__ import annotations
@@ -72,9 +81,13 @@ class EngineConfig:
     recomputing it."""
     min_prefix_tokens: int = 16
     """Shortest shared prefix worth copying."""
+    prompt_logprobs_chunk_tokens: int = 32
+    """Longest prefill piece of a prompt whose log-probabilities are wanted (its pass
+    returns a logits row per token)."""
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens"):
+        for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens",
+                     "prompt_logprobs_chunk_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
         if self.mode not in ("continuous", "static", "serial"):
@@ -99,6 +112,8 @@ class RunningSeq:
     tokens: Sequence[int]
     """Prompt + generated tokens; prefix reuse compares the first ``n_fed``. Read only
     while planning (the engine passes its own list rather than copying it every step)."""
+    prompt_logprobs: bool = False
+    """Its prefill chunks want every position's logits (and are kept short)."""
 
     @property
     def prefilling(self) -> bool:
@@ -115,10 +130,14 @@ class WaitingSeq:
     max_tokens: int
     waiting_since_s: float
     """When it began waiting (static mode waits from the head's)."""
+    n: int = 1
+    """Choices: the slots it takes (each reserving ``reserve_tokens``)."""
+    prompt_logprobs: bool = False
+    """It wants every prompt position's logits: no prefix copy, short chunks."""
 
     @property
     def reserve_tokens(self) -> int:
-        """KV tokens it reserves when admitted: its whole budget."""
+        """KV tokens it reserves in each of its slots when admitted: its whole budget."""
         return len(self.prompt_tokens) + self.max_tokens
 
 
@@ -187,6 +206,8 @@ class PlannedChunk:
     """Sample after this chunk (it ends the prompt, or it is a decode)."""
     decode: bool
     """One generated token (else a piece of the prompt)."""
+    all_logits: bool = False
+    """Return the logits after every token of the chunk (prompt log-probabilities)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,13 +220,22 @@ class PrefixCopy:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """Start waiting request ``request_id`` in ``slot``, reserving ``reserve_tokens``."""
+    """Start waiting request ``request_id`` in ``slot``, reserving ``reserve_tokens``
+    there and in each of ``fork_slots``."""
 
     request_id: int
     slot: int
     reserve_tokens: int
     prefix: PrefixCopy | None
     """Copied before its first chunk, which then starts at ``prefix.n_tokens``."""
+    fork_slots: tuple[int, ...] = ()
+    """Slots of choices 1..n-1: held from now, filled by a copy of ``slot``'s prompt KV
+    when its prefill ends (the fork)."""
+
+    @property
+    def slots(self) -> tuple[int, ...]:
+        """Every slot the admission takes, ``slot`` first."""
+        return (self.slot, *self.fork_slots)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,15 +275,23 @@ def static_wakeup_s(config: EngineConfig, n_running: int, head: WaitingSeq | Non
 
 
 def reserve_admission(kv: KVBlockAllocator, admission: Admission) -> tuple[int, ...]:
-    """Reserve an admission's KV blocks (its block table). A plan made against
-    ``kv.snapshot()`` always fits; a refusal means the plan is stale (``RuntimeError``)."""
-    table = kv.allocate(admission.slot, admission.reserve_tokens)
-    if table is None:
-        raise RuntimeError(
-            f"plan admits request {admission.request_id} into slot {admission.slot} with "
-            f"{admission.reserve_tokens} tokens, but only {kv.free_blocks} blocks are free"
-        )
-    return table
+    """Reserve an admission's KV blocks in each of its slots; returns ``slot``'s block
+    table. A plan made against ``kv.snapshot()`` always fits; a refusal means the plan is
+    stale (``RuntimeError``, with nothing reserved)."""
+    tables: list[tuple[int, ...]] = []
+    for slot in admission.slots:
+        table = kv.allocate(slot, admission.reserve_tokens)
+        if table is None:
+            for done in admission.slots[: len(tables)]:
+                kv.free(done)
+            need = kv.snapshot().blocks_needed(admission.reserve_tokens) * len(admission.slots)
+            raise RuntimeError(
+                f"stale plan: it admits request {admission.request_id} into slots "
+                f"{admission.slots} with {admission.reserve_tokens} tokens each ({need} "
+                f"blocks), but only {kv.free_blocks} blocks are free"
+            )
+        tables.append(table)
+    return tables[0]
 
 
 def common_prefix_tokens(a: Sequence[int], b: Sequence[int], limit: int) -> int:
@@ -287,7 +325,7 @@ class _Draft:
                 self._chunk(seq.slot, seq.n_fed, 1, want_logits=True, decode=True)
         for seq in self.view.running:
             if seq.prefilling and self.tokens_left > 0:
-                self._prefill(seq.slot, seq.n_prompt, seq.n_fed)
+                self._prefill(seq.slot, seq.n_prompt, seq.n_fed, seq.prompt_logprobs)
         held_back = self._admit()
         return StepPlan(tuple(self.chunks), tuple(self.admissions), held_back)
 
@@ -295,41 +333,64 @@ class _Draft:
         return StepLoad(
             decode_tokens=self.decode_tokens,
             prefill_tokens=self.config.max_batch_tokens - self.tokens_left - self.decode_tokens,
-            sequences=len(self.view.running) + len(self.admissions),
+            sequences=len(self.view.running) + sum(len(a.slots) for a in self.admissions),
         )
 
-    def _chunk(self, slot: int, start: int, n: int, want_logits: bool, decode: bool) -> None:
-        self.chunks.append(PlannedChunk(slot, start, n, want_logits, decode))
+    def _chunk(self, slot: int, start: int, n: int, want_logits: bool, decode: bool,
+               all_logits: bool = False) -> None:
+        self.chunks.append(PlannedChunk(slot, start, n, want_logits, decode, all_logits))
         self.tokens_left -= n
         self.decode_tokens += decode
 
-    def _prefill(self, slot: int, n_prompt: int, n_fed: int) -> None:
-        take = min(n_prompt - n_fed, self.config.prefill_chunk_tokens, self.tokens_left)
+    def _prefill(self, slot: int, n_prompt: int, n_fed: int, all_logits: bool) -> None:
+        cap = (self.config.prompt_logprobs_chunk_tokens if all_logits
+               else self.config.prefill_chunk_tokens)
+        take = min(n_prompt - n_fed, cap, self.tokens_left)
         if take > 0:
             take = min(take, self.budget.prefill_room_tokens(self._load()))
         if take > 0:
-            self._chunk(slot, n_fed, take, want_logits=n_fed + take >= n_prompt, decode=False)
+            self._chunk(slot, n_fed, take, want_logits=n_fed + take >= n_prompt, decode=False,
+                        all_logits=all_logits)
 
     def _admit(self) -> HoldReason | None:
         """Admit from the head of the line; the reason the next one waits, if one does."""
         waiting = self.view.waiting
         limit, at_limit = self._admit_limit()
+        free = self.view.free_slots
+        taken = 0  # slots handed out so far, from the front of ``free``
         for i, head in enumerate(waiting):
             if i == limit:
                 return at_limit
+            if head.n > len(free) - taken:
+                return "slots"
             if self.tokens_left <= 0:
                 return "tokens"
-            if not self.kv.can_allocate(head.reserve_tokens):
+            kv_after = self._kv_after(head)
+            if kv_after is None:
                 return "kv"  # head-of-line waits for blocks; order is kept
             if not self.budget.may_admit(self._load(), head):
                 return "step_budget"
-            slot = self.view.free_slots[i]
-            self.kv = self.kv.after_reserving(head.reserve_tokens)
-            prefix = self._prefix_for(head.prompt_tokens) if self.config.prefix_reuse else None
+            slots = free[taken : taken + head.n]
+            taken += head.n
+            self.kv = kv_after
+            reuse = self.config.prefix_reuse and not head.prompt_logprobs
+            prefix = self._prefix_for(head.prompt_tokens) if reuse else None
             n_fed = prefix.n_tokens if prefix else 0
-            self.admissions.append(Admission(head.request_id, slot, head.reserve_tokens, prefix))
-            self._prefill(slot, len(head.prompt_tokens), n_fed)
+            self.admissions.append(
+                Admission(head.request_id, slots[0], head.reserve_tokens, prefix, slots[1:])
+            )
+            self._prefill(slots[0], len(head.prompt_tokens), n_fed, head.prompt_logprobs)
         return None
+
+    def _kv_after(self, head: WaitingSeq) -> KVSnapshot | None:
+        """The plan's KV counts once ``head`` reserves its budget in each of its ``n``
+        slots, or None if that does not fit."""
+        kv = self.kv
+        for _ in range(head.n):
+            if not kv.can_allocate(head.reserve_tokens):
+                return None
+            kv = kv.after_reserving(head.reserve_tokens)
+        return kv
 
     def _admit_limit(self) -> tuple[int, HoldReason]:
         """How many requests this plan may admit by slots and batching mode, and the reason
@@ -344,7 +405,7 @@ class _Draft:
         if mode == "serial":
             return 1, "mode"
         wake = static_wakeup_s(self.config, 0, view.waiting[0] if view.waiting else None)
-        full = len(view.waiting) >= len(view.free_slots)  # every slot is free here
+        full = sum(w.n for w in view.waiting) >= len(view.free_slots)  # every slot is free
         ready = full or wake is None or view.now >= wake
         return (len(view.free_slots), "slots") if ready else (0, "mode")
 

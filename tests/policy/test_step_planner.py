@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -241,6 +242,55 @@ def test_a_step_budget_sizes_prefill_chunks_and_stops_admissions() -> None:
     ]
 
 
+def test_a_request_with_n_choices_takes_n_slots_and_reserves_each() -> None:
+    plan = plan_step(config(), view(waits=(waiting(1, n_prompt=6, max_tokens=10), replace(
+        waiting(2, n_prompt=5, max_tokens=3), n=3)), snapshot=kv(free=20)))
+    assert plan.admissions == (
+        Admission(1, slot=0, reserve_tokens=16, prefix=None),
+        Admission(2, slot=1, reserve_tokens=8, prefix=None, fork_slots=(2, 3)),
+    )
+    # Only choice 0 prefills: the prompt is computed once, the forks copy it.
+    assert [(c.slot, c.n_tokens, c.want_logits) for c in plan.chunks] == [
+        (0, 6, True), (1, 5, True)]
+    alloc = KVBlockAllocator(20, 8, 512)
+    for adm in plan.admissions:
+        reserve_admission(alloc, adm)
+    assert alloc.free_blocks == 20 - 2 - 3 * 1
+    alloc.check_integrity()
+
+
+def test_choices_wait_for_enough_slots_and_blocks_keeping_order() -> None:
+    three = replace(waiting(1, n_prompt=4, max_tokens=4), n=3)
+    plan = plan_step(config(), view((decoding(0), decoding(1)), (three, waiting(2))))
+    assert plan.admissions == () and plan.held_back == "slots"  # 2 free slots, 3 choices
+    plan = plan_step(config(), view(waits=(three, waiting(2)), snapshot=kv(free=2)))
+    assert plan.admissions == () and plan.held_back == "kv"  # one block each, 3 needed
+    plan = plan_step(config(), view(waits=(three, waiting(2)), snapshot=kv(free=4)))
+    assert [a.slots for a in plan.admissions] == [(0, 1, 2), (3,)]
+
+
+def test_a_failed_reservation_of_choices_reserves_nothing() -> None:
+    alloc = KVBlockAllocator(3, 8, 512)
+    with pytest.raises(RuntimeError, match="stale"):
+        reserve_admission(alloc, Admission(1, 0, 16, None, fork_slots=(1,)))
+    assert alloc.free_blocks == 3
+    alloc.check_integrity()
+
+
+def test_prompt_logprobs_need_every_position_no_prefix_and_short_chunks() -> None:
+    donor = decoding(0, n_prompt=12, generated=3)
+    prompt = (*donor.tokens[:10], 7, 7)
+    want = replace(waiting(1, prompt=prompt), prompt_logprobs=True)
+    plan = plan_step(config(prompt_logprobs_chunk_tokens=5), view((donor,), (want,)))
+    assert plan.admissions[0].prefix is None
+    assert plan.chunks[-1] == PlannedChunk(1, 0, 5, want_logits=False, decode=False,
+                                           all_logits=True)
+    running = RunningSeq(1, 101, 12, 10, 0, prompt, prompt_logprobs=True)
+    plan = plan_step(config(prompt_logprobs_chunk_tokens=5), view((running,)))
+    assert plan.chunks == (PlannedChunk(1, 10, 2, want_logits=True, decode=False,
+                                        all_logits=True),)
+
+
 def test_common_prefix_is_bounded_by_the_limit() -> None:
     assert common_prefix_tokens([1, 2, 3, 4], [1, 2, 3, 9], 10) == 3
     assert common_prefix_tokens([1, 2, 3, 4], [1, 2, 3, 4], 2) == 2
@@ -264,6 +314,7 @@ def random_case(draw: st.DrawFn) -> tuple[EngineConfig, StepView]:
         static_max_wait_s=draw(st.sampled_from([0.0, 1.0])),
         prefix_reuse=draw(st.booleans()),
         min_prefix_tokens=draw(st.integers(0, 4)),
+        prompt_logprobs_chunk_tokens=draw(st.integers(1, 8)),
     )
     alphabet = st.integers(0, 2)  # few symbols, so prompts share prefixes
     slots = draw(st.permutations(range(n_slots)))
@@ -277,7 +328,7 @@ def random_case(draw: st.DrawFn) -> tuple[EngineConfig, StepView]:
         else:
             n_fed = draw(st.integers(0, len(prompt) - 1))
         running.append(RunningSeq(slot, 100 + slot, len(prompt), n_fed, len(generated),
-                                  (*prompt, *generated)))
+                                  (*prompt, *generated), prompt_logprobs=draw(st.booleans())))
     waits = []
     for i in range(draw(st.integers(0, 8))):
         prompt = draw(st.lists(alphabet, min_size=1, max_size=24))
@@ -285,7 +336,8 @@ def random_case(draw: st.DrawFn) -> tuple[EngineConfig, StepView]:
             donor = draw(st.sampled_from(running)).tokens
             prompt = [*donor[: draw(st.integers(0, len(donor)))], *prompt]
         waits.append(WaitingSeq(i, tuple(prompt), draw(st.integers(1, 16)),
-                                draw(st.floats(0.0, 2.0))))
+                                draw(st.floats(0.0, 2.0)), n=draw(st.sampled_from([1, 1, 2, 3])),
+                                prompt_logprobs=draw(st.booleans())))
     snapshot = KVSnapshot(total, draw(st.integers(0, total)), block, draw(st.integers(1, 128)))
     return cfg, StepView(tuple(running), tuple(waits), tuple(slots[n_running:]), snapshot,
                          draw(st.floats(0.0, 3.0)))
@@ -301,9 +353,14 @@ def test_plans_never_over_commit(case: tuple[EngineConfig, StepView]) -> None:
     # Budget, slots and blocks.
     assert sum(c.n_tokens for c in plan.chunks) <= cfg.max_batch_tokens
     assert len({c.slot for c in plan.chunks}) == len(plan.chunks)
-    assert [a.slot for a in plan.admissions] == list(v.free_slots[: len(plan.admissions)])
-    blocks = sum(v.kv.blocks_needed(a.reserve_tokens) for a in plan.admissions)
+    handed_out = [slot for a in plan.admissions for slot in a.slots]
+    assert handed_out == list(v.free_slots[: len(handed_out)])
+    blocks = sum(v.kv.blocks_needed(a.reserve_tokens) * len(a.slots) for a in plan.admissions)
     assert blocks <= v.kv.free_blocks
+    wants = {w.request_id: w for w in v.waiting}
+    for a in plan.admissions:  # one slot per choice; the fork slots are fed nothing yet
+        assert len(a.slots) == wants[a.request_id].n
+        assert not {c.slot for c in plan.chunks} & set(a.fork_slots)
     # Head-of-line order, and a reason whenever someone is left waiting.
     assert [a.request_id for a in plan.admissions] == [
         w.request_id for w in v.waiting[: len(plan.admissions)]]
@@ -327,8 +384,12 @@ def test_plans_never_over_commit(case: tuple[EngineConfig, StepView]) -> None:
             adm = admitted[c.slot]
             prompt = v.waiting[[a.slot for a in plan.admissions].index(c.slot)].prompt_tokens
             n_prompt, n_fed = len(prompt), adm.prefix.n_tokens if adm.prefix else 0
-        assert c.start_pos == n_fed and 1 <= c.n_tokens <= cfg.prefill_chunk_tokens
+        owner_wants = (by_slot[c.slot].prompt_logprobs if c.slot in by_slot
+                       else wants[admitted[c.slot].request_id].prompt_logprobs)
+        cap = cfg.prompt_logprobs_chunk_tokens if owner_wants else cfg.prefill_chunk_tokens
+        assert c.start_pos == n_fed and 1 <= c.n_tokens <= cap
         assert c.want_logits == (n_fed + c.n_tokens == n_prompt)
+        assert c.all_logits == owner_wants
     # Nothing runnable is skipped while tokens are left.
     if sum(c.n_tokens for c in plan.chunks) < cfg.max_batch_tokens:
         assert {c.slot for c in plan.chunks} >= set(by_slot)
@@ -336,6 +397,7 @@ def test_plans_never_over_commit(case: tuple[EngineConfig, StepView]) -> None:
     for a, w in zip(plan.admissions, v.waiting, strict=False):
         if a.prefix is None:
             continue
+        assert not w.prompt_logprobs  # it needs every prompt position computed
         donor = by_slot[a.prefix.donor_slot]
         n = a.prefix.n_tokens
         assert max(1, cfg.min_prefix_tokens) <= n <= min(donor.n_fed, len(w.prompt_tokens) - 1)
