@@ -1,15 +1,26 @@
-"""Token sampling on a numpy logits row (faster here than llama.cpp's sampler chain
-called from Python: 142 vs 116 tok/s at batch 8).
+"""Picking a token from one (already processed) logits row: temperature, ``min_p``,
+``top_k``, ``top_p``.
 
-Gemma's vocabulary has 262,144 entries, so nothing here sorts the whole row: greedy is
-an argmax, plain sampling inverts the CDF, and top-k / top-p look at a partitioned head
-(the whole row only when the nucleus really reaches past it).
+Gemma's vocabulary has 262,144 entries, so nothing here sorts the whole row: greedy is an
+argmax; plain sampling exponentiates in float32 (numpy's float64 ``exp`` is 4x slower) and
+inverts the CDF by block sums (a pairwise sum per 1,024 tokens, then one block's running
+sum) instead of a sequential running sum over the row; ``min_p`` and ``top_k`` keep a
+candidate set; ``top_p`` looks at a partitioned head (the whole row only when the nucleus
+really reaches past it). Measured on a 262,144 row: plain sampling 1.2 ms (was 5 ms with a
+float64 ``exp`` and ``cumsum``), greedy 0.05 ms.
+
+Filters apply in this order, each on the survivors of the one before: temperature, then
+``min_p`` (tokens whose probability is below ``min_p`` times the top token's are
+dropped), then ``top_k``, then ``top_p`` (the smallest most-likely set holding ``top_p``
+of the remaining mass). Temperature comes first as in vLLM and the OpenAI API; llama.cpp
+applies its filters before temperature. Penalties, logit bias and grammar masks change
+the row before it gets here (``sluice.engine.logits``).
 
 Every well-typed value is served, whatever its size: any integer seed (reduced to 64 bits,
 ``new_rng``), temperatures below ``MIN_TEMPERATURE`` (greedy: dividing by them would
-overflow), ``top_k`` past the vocabulary (no cut). A row whose distribution is not finite
-(a NaN, a +inf, or every entry -inf) raises ``SamplingError``: the engine ends that
-request alone with a clear error.
+overflow), ``top_k`` past the vocabulary (no cut), ``min_p`` of 0 (off) up to 1 (only the
+top tokens). A row whose distribution is not finite (a NaN, a +inf, or every entry -inf)
+raises ``SamplingError``: the engine ends that request alone with a clear error.
 """
 
 from __future__ import annotations
@@ -30,48 +41,61 @@ is already a point mass to float precision, and smaller divisors overflow."""
 SEED_MASK = (1 << 64) - 1
 """Seeds are reduced to their low 64 bits (two's complement for negative seeds)."""
 
+CDF_BLOCK = 1024
+"""Tokens per block when inverting the CDF of a long row."""
+
 
 class SamplingError(ValueError):
     """The logits row does not define a distribution (NaN, +inf, or nothing finite)."""
 
 
-def new_rng(seed: int) -> np.random.Generator:
+def new_rng(seed: int, stream: int = 0) -> np.random.Generator:
     """The generator for a request's seed: any Python integer (negative, or wider than 64
     bits, as OpenAI and llama.cpp accept) maps to its low 64 bits, so equal seeds give
-    equal streams and none is refused."""
-    return np.random.default_rng(int(seed) & SEED_MASK)
+    equal streams and none is refused. ``stream`` > 0 gives choice ``stream`` of an
+    ``n``-choice request its own independent stream (choice 0 is the plain seed's)."""
+    low = int(seed) & SEED_MASK
+    if stream == 0:
+        return np.random.default_rng(low)
+    return np.random.default_rng([low, int(stream)])
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
     """Pick the next token: argmax at temperatures below ``MIN_TEMPERATURE``, else
-    top-k / top-p sampling. Raises ``SamplingError`` when ``logits`` is not a
-    distribution."""
+    temperature / min-p / top-k / top-p sampling. Raises ``SamplingError`` when
+    ``logits`` is not a distribution."""
+    row = np.asarray(logits, dtype=np.float32)
     temperature = params.temperature
     if not temperature >= MIN_TEMPERATURE:  # also NaN
-        index = int(np.argmax(logits))  # the first NaN, if any: checked below
-        _check_finite(float(logits[index]))
+        index = int(np.argmax(row))  # the first NaN, if any: checked below
+        _check_finite(float(row[index]))
         return index
-    if math.isinf(temperature):  # the limit: every finite logit equally likely
-        scaled = np.where(np.isfinite(logits), 0.0, logits.astype(np.float64))
-    else:
-        scaled = logits.astype(np.float64) / temperature
-    top = float(scaled.max())  # NaN if any entry is NaN, +inf if any is +inf
+    top = float(row.max())  # NaN if any entry is NaN, +inf if any is +inf
     _check_finite(top)
-    size = scaled.size
-    if 0 < params.top_k < size:
-        cand = np.argpartition(scaled, -params.top_k)[-params.top_k :]
-        return _nucleus(scaled, top, cand, params.top_p, rng, total=None)
-    weights = np.exp(scaled - top)
-    total = float(weights.sum())
-    if params.top_p >= 1.0:
-        cdf = np.cumsum(weights)
-        index = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
-        return min(index, size - 1)
-    head = min(NUCLEUS_HEAD, size)
-    cand = np.argpartition(scaled, -head)[-head:] if head < size else np.arange(size)
-    if head < size and float(weights[cand].sum()) < params.top_p * total:
-        cand = np.arange(size)  # a flat distribution: the nucleus reaches past the head
-    return _nucleus(scaled, top, cand, params.top_p, rng, total=total)
+    # min_p and top_k select on the raw row (temperature keeps the order, and min_p's
+    # bound (l - top) / T >= log(min_p) is l >= top + T log(min_p)); only the survivors
+    # are scaled.
+    cand: np.ndarray | None = None  # indices of the survivors; None = the whole row
+    if params.min_p > 0.0 and not math.isinf(temperature):
+        bound = top + temperature * math.log(min(params.min_p, 1.0))
+        cand = np.flatnonzero(row >= np.float32(bound))
+    n_cand = row.size if cand is None else cand.size
+    if 0 < params.top_k < n_cand:
+        vals = row if cand is None else row[cand]
+        part = np.argpartition(vals, -params.top_k)[-params.top_k :]
+        cand = part if cand is None else cand[part]
+    kept = row if cand is None else row[cand]
+    if math.isinf(temperature):  # the limit: every finite logit equally likely
+        scaled = np.where(np.isfinite(kept), np.float32(0.0), np.float32(-np.inf))
+    else:
+        # Shifted so the top is 0 (exp never overflows), then divided in float32: the
+        # quotient may reach -1e5 x the logit range, far inside float32's range.
+        scaled = (kept - np.float32(top)) * np.float32(1.0 / temperature)
+    if params.top_p < 1.0:
+        chosen = _nucleus(scaled, params.top_p, rng)
+    else:
+        chosen = draw_index(np.exp(scaled), rng)
+    return chosen if cand is None else int(cand[chosen])
 
 
 def _check_finite(value: float) -> None:
@@ -80,18 +104,56 @@ def _check_finite(value: float) -> None:
         raise SamplingError(f"the model's next-token logits are not a distribution ({what})")
 
 
-def _nucleus(scaled: np.ndarray, top: float, cand: np.ndarray, top_p: float,
-             rng: np.random.Generator, total: float | None) -> int:
-    """Sample among ``cand`` (which holds the row's maximum ``top``, a finite number) after
-    keeping the smallest most-likely set holding ``top_p`` of the mass (of ``total``, the
-    whole row's, or of the candidates' when None)."""
-    vals = scaled[cand]
-    order = np.argsort(-vals, kind="stable")
-    cand, vals = cand[order], vals[order]
-    probs = np.exp(vals - top)
-    mass = probs.sum() if total is None else total
-    if top_p < 1.0:
-        keep = int(np.searchsorted(np.cumsum(probs) / mass, top_p) + 1)
-        cand, probs = cand[:keep], probs[:keep]
-    probs = probs / probs.sum()
-    return int(cand[int(rng.choice(cand.size, p=probs))])
+def _nucleus(scaled: np.ndarray, top_p: float, rng: np.random.Generator) -> int:
+    """Sample an index of ``scaled`` (which holds its maximum, 0) after keeping the
+    smallest most-likely set holding ``top_p`` of its mass."""
+    weights = np.exp(scaled)
+    total = float(weights.sum(dtype=np.float64))
+    size = scaled.size
+    head = min(NUCLEUS_HEAD, size)
+    idx = np.argpartition(scaled, -head)[-head:] if head < size else np.arange(size)
+    if head < size and float(weights[idx].sum(dtype=np.float64)) < top_p * total:
+        idx = np.arange(size)  # a flat distribution: the nucleus reaches past the head
+    idx = idx[np.argsort(-scaled[idx], kind="stable")]
+    probs = weights[idx].astype(np.float64)
+    keep = int(np.searchsorted(np.cumsum(probs) / total, top_p) + 1)
+    idx = idx[:keep]
+    return int(idx[draw_index(weights[idx], rng)])
+
+
+def draw_index(weights: np.ndarray, rng: np.random.Generator) -> int:
+    """An index drawn with probability proportional to ``weights`` (non-negative, some
+    positive). Never returns an index of weight 0, whatever the rounding."""
+    n = weights.size
+    if n <= 2 * CDF_BLOCK:
+        return _invert(weights, rng.random())
+    n_full = n // CDF_BLOCK
+    sums = weights[: n_full * CDF_BLOCK].reshape(n_full, CDF_BLOCK).sum(axis=1, dtype=np.float64)
+    if n_full * CDF_BLOCK < n:
+        sums = np.append(sums, weights[n_full * CDF_BLOCK :].sum(dtype=np.float64))
+    cdf = np.cumsum(sums)
+    u = rng.random() * float(cdf[-1])
+    block = _positive_at_or_before(sums, int(np.searchsorted(cdf, u, side="right")))
+    before = float(cdf[block - 1]) if block else 0.0
+    seg = weights[block * CDF_BLOCK : (block + 1) * CDF_BLOCK]
+    fraction = (u - before) / float(sums[block])
+    return block * CDF_BLOCK + _invert(seg, min(max(fraction, 0.0), 1.0))
+
+
+def _invert(weights: np.ndarray, fraction: float) -> int:
+    """The index where the running sum of ``weights`` passes ``fraction`` of the total."""
+    cdf = np.cumsum(weights, dtype=np.float64)
+    index = int(np.searchsorted(cdf, fraction * float(cdf[-1]), side="right"))
+    return _positive_at_or_before(weights, index)
+
+
+def _positive_at_or_before(weights: np.ndarray, index: int) -> int:
+    """``index`` if its weight is positive, else the nearest positive one before it (after
+    it when none is before): rounding may land a draw on a masked token's edge."""
+    index = min(index, weights.size - 1)
+    if weights[index] > 0:
+        return index
+    before = np.flatnonzero(weights[: index + 1] > 0)
+    if before.size:
+        return int(before[-1])
+    return int(np.flatnonzero(weights > 0)[0])
