@@ -52,13 +52,35 @@ class ForwardChunk:
 
     ``tokens`` occupy positions ``start_pos .. start_pos + len(tokens) - 1`` of the
     sequence in slot ``seq_slot``. When ``want_logits`` is set the backend returns the
-    logits after the chunk's last token.
+    logits after the chunk's last token; when ``all_logits`` is set it returns the logits
+    after every token of the chunk (``len(tokens)`` rows, in position order: prompt
+    log-probabilities), whatever ``want_logits`` says.
     """
 
     seq_slot: int
     tokens: tuple[int, ...]
     start_pos: int
     want_logits: bool
+    all_logits: bool = False
+
+    @property
+    def n_rows(self) -> int:
+        """Logits rows this chunk adds to the forward's output."""
+        if self.all_logits:
+            return len(self.tokens)
+        return 1 if self.want_logits else 0
+
+
+@dataclass(frozen=True, eq=False)
+class TokenTable:
+    """Every token of a vocabulary, as a grammar engine needs it. Compared and hashed by
+    identity: tokenizers of one model file share one table, and caches key on it."""
+
+    pieces: tuple[bytes, ...]
+    """``pieces[t]``: the bytes token ``t`` adds to generated text; for a special token,
+    its name (e.g. ``b"<eos>"``)."""
+    special: frozenset[int]
+    """Control tokens (BOS, EOS, turn markers, unknown): never part of generated text."""
 
 
 @runtime_checkable
@@ -96,6 +118,11 @@ class Tokenizer(Protocol):
         """The prompt text for a chat conversation, ending where the assistant replies."""
         ...
 
+    def token_table(self) -> TokenTable:
+        """Every token's bytes and which are special (for grammar engines; built once,
+        then cached by the tokenizer)."""
+        ...
+
 
 @runtime_checkable
 class GenerativeModel(Tokenizer, Protocol):
@@ -112,8 +139,9 @@ class GenerativeModel(Tokenizer, Protocol):
     n_ctx_total: int
 
     def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
-        """Run one forward pass; return float32 logits, one row per chunk with
-        ``want_logits`` (in chunk order), shape ``(n_wanted, vocab_size)``."""
+        """Run one forward pass; return float32 logits, ``chunk.n_rows`` rows per chunk
+        (in chunk order; one for ``want_logits``, one per token for ``all_logits``), shape
+        ``(sum of n_rows, vocab_size)``."""
         ...
 
     def release_sequence(self, seq_slot: int) -> None:

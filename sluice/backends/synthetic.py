@@ -7,7 +7,8 @@ generative ``step_fixed_s`` + ``decode_per_seq_s`` × decoding sequences +
 inputs. Faults: ``fail_load`` (every load raises), ``fail_on_calls`` (the listed
 1-based ``run_batch``/``forward`` calls raise) and ``nan_logits_after_token`` (the logits
 row after that token id is all NaN: one sequence's distribution breaks, not the pass), for
-tests.
+tests. ``byte_tokens`` makes ids 3..258 the 256 single bytes, so grammars over text
+(JSON) can be decoded; ``all_logits`` chunks get a row per position.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sluice.backends.base import (
     ModelLoadError,
     ModelSpec,
     OneShotModel,
+    TokenTable,
 )
 
 SPECIAL_TOKENS = 3
@@ -109,6 +111,8 @@ class SyntheticTokenizer:
         self.n_ctx_per_seq = int(spec.options.get("n_ctx_per_seq", 512))
         self.n_ctx_total = self.n_ctx_per_seq * self.n_seq_max
         self.eos_token_ids = frozenset({EOS_ID})
+        self.byte_tokens = bool(spec.options.get("byte_tokens", False))
+        """Ids 3..258 are the 256 single bytes (grammar tests need JSON's characters)."""
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
         ids = [self._word_id(w) for w in text.split()]
@@ -125,11 +129,18 @@ class SyntheticTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         if token_id < SPECIAL_TOKENS:
             return b""
+        if self.byte_tokens and token_id < SPECIAL_TOKENS + 256:
+            return bytes([token_id - SPECIAL_TOKENS])
         return f" w{token_id}".encode()
 
     def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         turns = [f"{m['role']}: {m['content']}" for m in messages]
         return " ".join([*turns, "assistant:"])
+
+    def token_table(self) -> TokenTable:
+        names = (b"<eos>", b"<bos>", b"<pad>")
+        pieces = [*names, *(self.token_bytes(t) for t in range(SPECIAL_TOKENS, self.vocab_size))]
+        return TokenTable(tuple(pieces), frozenset(range(SPECIAL_TOKENS)))
 
 
 class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
@@ -159,7 +170,7 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
             + self._cost.option_s(self.spec, "decode_per_seq_s", 0.0005) * n_decode
             + self._cost.option_s(self.spec, "prefill_per_token_s", 0.0001) * n_prefill
         )
-        rows = []
+        rows: list[np.ndarray] = []
         for c in chunks:
             have = self.slot_len.get(c.seq_slot, 0)
             if c.start_pos != have or not 0 <= c.seq_slot < self.n_seq_max:
@@ -170,7 +181,9 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
             if end > self.n_ctx_per_seq:
                 raise BackendError(f"slot {c.seq_slot} overflows its {self.n_ctx_per_seq} tokens")
             self.slot_len[c.seq_slot] = end
-            if c.want_logits:
+            if c.all_logits:
+                rows.extend(self._logits(t, c.start_pos + i + 1) for i, t in enumerate(c.tokens))
+            elif c.want_logits:
                 rows.append(self._logits(c.tokens[-1], end))
         return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
 

@@ -106,7 +106,7 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
                     f"slot {c.seq_slot} overflows its {self.n_ctx_per_seq} tokens (needs {end})"
                 )
             planned[c.seq_slot] = end
-            n_wanted += c.want_logits
+            n_wanted += c.n_rows
         # llama.cpp (non-unified KV) splits a batch whose sequence ids are not ascending
         # into one micro-batch per sequence: measured 3.5x slower at batch 8. Feed the
         # chunks in slot order and hand the logits rows back in the caller's order.
@@ -124,10 +124,13 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
             self.slot_len[slot] = length
         if in_order:
             return out
-        # row k of ``out`` belongs to the k-th wanted chunk in slot order
-        wanted_sorted = [i for i in order if chunks[i].want_logits]
-        row_of = {chunk_index: row for row, chunk_index in enumerate(wanted_sorted)}
-        rows = [row_of[i] for i in range(len(chunks)) if chunks[i].want_logits]
+        # ``out`` holds each chunk's rows in slot order; gather them in the caller's order
+        start_in_out = {}
+        row = 0
+        for i in order:
+            start_in_out[i] = row
+            row += chunks[i].n_rows
+        rows = [start_in_out[i] + k for i in range(len(chunks)) for k in range(chunks[i].n_rows)]
         return out[rows]
 
     def _run(self, chunks: Sequence[ForwardChunk], out: np.ndarray) -> None:
@@ -149,12 +152,16 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
                 start = c.start_pos + done
                 b.pos[span] = np.arange(start, start + take, dtype=np.int32)
                 b.seq[span] = c.seq_slot
-                b.logits[span] = 0
                 done += take
                 fill += take
-                if done == len(tokens) and c.want_logits:
-                    b.logits[fill - 1] = 1
-                    pending_rows.append(fill - 1)
+                if c.all_logits:
+                    b.logits[span] = 1
+                    pending_rows.extend(range(span.start, span.stop))
+                else:
+                    b.logits[span] = 0
+                    if done == len(tokens) and c.want_logits:
+                        b.logits[fill - 1] = 1
+                        pending_rows.append(fill - 1)
         if fill:
             row = self._decode(fill, pending_rows, out, row)
 
