@@ -3,9 +3,22 @@
 The step loop reads like the design: plan = the pure step planner decides which tokens to
 feed (one decode token per running sequence, then prefill chunks, then newly admitted
 requests while KV blocks and slots allow; see ``sluice.policy.step_planner``); apply = the
-engine starts what it admitted (slot, KV blocks, prefix copy); logits = one ``forward``
-call; update = sample, stream, retire. A retiring sequence frees its slot and blocks at
-once, so the next waiting request is admitted in the very next plan.
+engine starts what it admitted (slots, KV blocks, prefix copy); logits = one ``forward``
+call; update = fork, choose, stream, retire. A retiring sequence frees its slot and blocks
+at once, so the next waiting request is admitted in the very next plan.
+
+A request is a ``_Group`` of ``n`` choices, each a ``_Sequence`` in its own slot. Choice 0
+prefills; when its prefill ends the group forks (``_fork``): the prompt's KV is copied into
+the slots the admission held, and every choice draws its first token from the one logits
+row. The request ends (one ``Final``, with ``choices`` when ``n`` > 1) when its last choice
+does; a cancel, a deadline or a failure ends every choice at once.
+
+Token choice (``sluice.engine.chooser``): log-sum-exps, bias and penalties vectorised over
+the step's rows, then per sequence the grammar mask, sampling and log-probabilities. The
+crash barrier: everything one request does alone (starting its choosers and grammar,
+prompt log-probabilities, choosing, accepting, detokenizing) runs in ``_barrier``, so an
+exception there fails that request alone; a fault in the shared forward pass fails that
+pass's requests.
 
 ``mode`` selects the baselines we measure against: ``static`` admits only into an empty
 engine (waiting up to ``static_max_wait_s`` to fill it) and runs that batch to the end;
@@ -20,12 +33,24 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import numpy as np
 
 from sluice.backends.base import ForwardChunk, GenerativeModel
-from sluice.engine.request import Request, RequestStatus, TokenEvent
-from sluice.engine.sampling import SamplingError, new_rng, sample_token
+from sluice.engine.chooser import BatchRows, Pick, TokenChooser
+from sluice.engine.constraints import ConstraintError, GrammarFailure, start_grammar
+from sluice.engine.logprobs import prompt_token_logprobs
+from sluice.engine.request import (
+    FINISH_REASON,
+    ChoiceFinal,
+    Request,
+    RequestStatus,
+    TokenEvent,
+    TokenLogprob,
+)
+from sluice.engine.sampling import SamplingError, sample_token
 from sluice.engine.textstream import TextStream
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_planner import (
@@ -45,17 +70,37 @@ __all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig"]
 
 
 @dataclass(eq=False)
-class _Sequence:
-    """A running request bound to a slot: ``tokens`` = prompt + generated so far."""
+class _Group:
+    """One request: its ``n`` choices, the slots held for those not yet forked, and what
+    the finished ones produced."""
 
     req: Request
+    n: int
+    seed: int
+    fork_slots: list[int] = field(default_factory=list)
+    """Slots (and KV) held for choices 1..n-1 until choice 0's prefill ends."""
+    finished: dict[int, ChoiceFinal] = field(default_factory=dict)
+    live: list[_Sequence] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One choice bound to a slot: ``tokens`` = prompt + generated so far."""
+
+    group: _Group
+    choice: int
     slot: int
     tokens: list[int]
     n_prompt: int
-    rng: np.random.Generator
+    chooser: TokenChooser
     text: TextStream
     n_fed: int = 0
     generated: int = 0
+
+    @property
+    def req(self) -> Request:
+        return self.group.req
 
     @property
     def prefilling(self) -> bool:
@@ -63,7 +108,8 @@ class _Sequence:
 
     def view(self) -> RunningSeq:
         return RunningSeq(
-            self.slot, self.req.request_id, self.n_prompt, self.n_fed, self.generated, self.tokens
+            self.slot, self.req.request_id, self.n_prompt, self.n_fed, self.generated,
+            self.tokens, prompt_logprobs=self.group.prompt_logprobs is not None,
         )
 
 
@@ -77,7 +123,17 @@ class _Batch:
 
 def _waiting_view(req: Request) -> WaitingSeq:
     since = req.times.started_s or req.arrival_s
-    return WaitingSeq(req.request_id, req.prompt_tokens, req.params.max_tokens, since)
+    p = req.params
+    return WaitingSeq(req.request_id, req.prompt_tokens, p.max_tokens, since, n=max(1, p.n),
+                      prompt_logprobs=p.prompt_logprobs)
+
+
+class _RequestFault(Exception):
+    """A request's own work failed: it alone ends, with this message and code."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ContinuousEngine:
@@ -99,29 +155,40 @@ class ContinuousEngine:
         )
         self.waiting: deque[Request] = deque()
         self.running: dict[int, _Sequence] = {}
+        self._groups: dict[int, _Group] = {}
+        """Started requests by request id (a group outlives none of its sequences)."""
         self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
         """A stack: ``pop()`` gives slot 0 first; a freed slot is reused first."""
         self.steps = 0
         self.last_batch_size = 0
         self.reused_prefix_tokens = 0
         """Prompt tokens not recomputed thanks to prefix reuse (a counter)."""
+        self.forked_prompt_tokens = 0
+        """Prompt tokens not recomputed because ``n`` choices shared one prefill."""
 
     # -- queue ---------------------------------------------------------------------------
 
     def add(self, req: Request) -> None:
-        """Queue a request; one that can never fit in a sequence slot fails at once."""
+        """Queue a request; one that can never be held (slots or KV) fails at once."""
         need = len(req.prompt_tokens) + req.params.max_tokens
-        if self.kv.never_fits(need):
-            req.finish(
-                RequestStatus.FAILED,
-                self._clock(),
-                error=f"prompt ({len(req.prompt_tokens)}) + max_tokens "
-                f"({req.params.max_tokens}) exceeds {self.kv.max_seq_tokens} tokens per sequence",
-                error_code="context_length_exceeded",
-            )
-            self._on_retire(req)
-            return
-        self.waiting.append(req)
+        n = req.params.n
+        if not 1 <= n <= self.model.n_seq_max:
+            self._refuse(req, f"n must be between 1 and {self.model.n_seq_max} (the "
+                              f"sequences this model runs at once), got {n}",
+                         "invalid_request_error")
+        elif self.kv.never_fits(need):
+            self._refuse(req, f"prompt ({len(req.prompt_tokens)}) + max_tokens "
+                              f"({req.params.max_tokens}) exceeds {self.kv.max_seq_tokens} "
+                              "tokens per sequence", "context_length_exceeded")
+        elif self.kv.blocks_needed(need) * n > self.kv.total_blocks:
+            self._refuse(req, f"{n} choices of prompt + max_tokens ({need} tokens) exceed "
+                              "the model's KV cache", "context_length_exceeded")
+        else:
+            self.waiting.append(req)
+
+    def _refuse(self, req: Request, error: str, code: str) -> None:
+        req.finish(RequestStatus.FAILED, self._clock(), error=error, error_code=code)
+        self._on_retire(req)
 
     @property
     def has_work(self) -> bool:
@@ -133,7 +200,7 @@ class ContinuousEngine:
 
     def requests(self) -> list[Request]:
         """Every request the engine holds (waiting and running)."""
-        return [*self.waiting, *(s.req for s in self.running.values())]
+        return [*self.waiting, *(g.req for g in self._groups.values())]
 
     def next_wakeup_s(self, now: float) -> float | None:
         """Static mode: when the oldest waiting request stops waiting for a full batch."""
@@ -152,7 +219,7 @@ class ContinuousEngine:
             return False
         logits = self._forward(batch)  # execute
         if logits is not None:
-            self._update(batch, logits)  # sample, stream, retire
+            self._update(batch, logits)  # fork, choose, stream, retire
         return True
 
     def view(self, now: float) -> StepView:
@@ -171,20 +238,22 @@ class ContinuousEngine:
         not_started = self._start(plan.admissions, now)
         batch = _Batch()
         for chunk in plan.chunks:
-            if chunk.slot in not_started:
-                continue
-            seq = self.running[chunk.slot]
+            seq = self.running.get(chunk.slot)
+            if chunk.slot in not_started or seq is None:
+                continue  # not started, or its request failed while starting
             tokens = tuple(seq.tokens[chunk.start_pos : chunk.start_pos + chunk.n_tokens])
             batch.chunks.append(
-                ForwardChunk(chunk.slot, tokens, chunk.start_pos, chunk.want_logits)
+                ForwardChunk(chunk.slot, tokens, chunk.start_pos, chunk.want_logits,
+                             chunk.all_logits)
             )
             batch.owners.append(seq)
         self.last_batch_size = len(batch.chunks)
         return batch
 
     def _start(self, admissions: tuple[Admission, ...], now: float) -> set[int]:
-        """Start admitted requests in plan order: take the slot, reserve its KV blocks,
-        forget the slot's old KV, copy a shared prefix. Returns the slots left unstarted.
+        """Start admitted requests in plan order: take the slots, reserve their KV blocks,
+        forget the slot's old KV, copy a shared prefix, build choice 0's chooser. Returns
+        the slots left unstarted.
 
         A request cancelled or ended by another thread since the plan was made stays in the
         line, where the next step's sweep ends it properly; the admissions after it wait
@@ -193,26 +262,40 @@ class ContinuousEngine:
             index = self._waiting_index(adm.request_id)
             req = self.waiting[index]
             if not req.mark_running(now):
-                return {a.slot for a in admissions[i:]}
+                return {s for a in admissions[i:] for s in a.slots}
             del self.waiting[index]
-            self._free_slots.remove(adm.slot)
+            for slot in adm.slots:
+                self._free_slots.remove(slot)
             reserve_admission(self.kv, adm)
             self.model.release_sequence(adm.slot)
             seed = req.params.seed if req.params.seed is not None else req.request_id
-            seq = _Sequence(
-                req=req,
-                slot=adm.slot,
-                tokens=list(req.prompt_tokens),
-                n_prompt=len(req.prompt_tokens),
-                rng=new_rng(seed),
-                text=TextStream(req.params.stop),
-            )
+            group = _Group(req, n=len(adm.slots), seed=seed, fork_slots=list(adm.fork_slots))
+            if req.params.prompt_logprobs:
+                group.prompt_logprobs = [None]
+            self._groups[req.request_id] = group
+            seq = self._barrier(group, partial(self._first_sequence, group, adm))
+            if seq is None:  # its parameters or grammar failed it (fork slots are freed)
+                self._free_slot(adm.slot)
+                continue
             self.running[adm.slot] = seq
+            group.live.append(seq)
             if adm.prefix is not None:
                 self.model.copy_sequence(adm.prefix.donor_slot, adm.slot, adm.prefix.n_tokens)
                 seq.n_fed = adm.prefix.n_tokens
                 self.reused_prefix_tokens += adm.prefix.n_tokens
         return set()
+
+    def _first_sequence(self, group: _Group, adm: Admission) -> _Sequence:
+        """Choice 0 of a just-admitted request (its grammar compiled, its parameters
+        checked: a fault here is the request's own)."""
+        req = group.req
+        grammar = None
+        if req.params.constraint is not None:
+            grammar = start_grammar(req.params.constraint, self.model)
+        chooser = TokenChooser(req.params, group.seed, 0, req.prompt_tokens,
+                               self.model.vocab_size, grammar)
+        return _Sequence(group, 0, adm.slot, list(req.prompt_tokens), len(req.prompt_tokens),
+                         chooser, TextStream(req.params.stop))
 
     def _waiting_index(self, request_id: int) -> int:
         # Admissions come from the head of the line, so this is almost always index 0.
@@ -229,58 +312,182 @@ class ContinuousEngine:
             self._fail(batch, exc)
             return None
 
+    # -- after the pass: fork, choose, stream, retire ---------------------------------------
+
     def _update(self, batch: _Batch, logits: np.ndarray) -> None:
         now = self._clock()
         self.steps += 1
+        jobs: list[tuple[_Sequence, int]] = []  # (sequence, its logits row)
         row = 0
         for chunk, seq in zip(batch.chunks, batch.owners, strict=True):
+            first_row, row = row, row + chunk.n_rows
             seq.n_fed += len(chunk.tokens)
-            if not chunk.want_logits:
+            if chunk.all_logits:
+                self._barrier(seq.group, partial(self._prompt_logprobs, seq, chunk,
+                                                 logits[first_row:row]))
+            if not chunk.want_logits or seq.req.is_terminal:
                 continue
-            row += 1
-            try:
-                token = sample_token(logits[row - 1], seq.req.params, seq.rng)
-            except SamplingError as exc:  # this request's distribution: it alone fails
-                self._retire(seq, RequestStatus.FAILED, now, error=str(exc),
-                             error_code="internal_error")
-                continue
-            self._accept(seq, token, now)
+            if seq.group.fork_slots and not seq.prefilling:
+                forked = self._barrier(seq.group, partial(self._fork, seq))
+                jobs.extend((s, row - 1) for s in forked or ())
+            elif self.running.get(seq.slot) is seq:
+                jobs.append((seq, row - 1))
+        if not jobs:
+            return
+        plain = all(seq.chooser.plain for seq, _ in jobs)
+        rows = None if plain else BatchRows.build(logits, [(s.chooser, r) for s, r in jobs])
+        for j, (seq, r) in enumerate(jobs):
+            if self.running.get(seq.slot) is not seq:
+                continue  # its request ended earlier in this update
+            work = None if rows is None else rows.work[j]
+            lse = np.nan if rows is None else float(rows.lse[r])
+            self._barrier(seq.group, partial(self._choose_and_accept, seq, logits[r], work,
+                                             lse, now))
 
-    def _accept(self, seq: _Sequence, token: int, now: float) -> None:
+    def _prompt_logprobs(self, seq: _Sequence, chunk: ForwardChunk, rows: np.ndarray) -> None:
+        """Log-probabilities of the prompt tokens this all-logits chunk predicts."""
+        record = seq.group.prompt_logprobs
+        if record is None:
+            return
+        start = chunk.start_pos
+        targets = seq.tokens[start + 1 : min(start + len(chunk.tokens), seq.n_prompt - 1) + 1]
+        values = prompt_token_logprobs(rows, targets)
+        record.extend(TokenLogprob(t, v) for t, v in zip(targets, values, strict=True))
+
+    def _fork(self, parent: _Sequence) -> list[_Sequence]:
+        """Choice 0's prefill just ended: copy its prompt KV into the held slots and start
+        choices 1..n-1 there. Returns every choice, parent first."""
+        group = parent.group
+        out = [parent]
+        for choice, slot in enumerate(list(group.fork_slots), start=1):
+            self.model.copy_sequence(parent.slot, slot, parent.n_prompt)
+            group.fork_slots.remove(slot)
+            child = _Sequence(
+                group, choice, slot, list(parent.tokens), parent.n_prompt,
+                parent.chooser.fork(choice, group.seed, parent.tokens, self.model.vocab_size),
+                TextStream(group.req.params.stop), n_fed=parent.n_prompt,
+            )
+            self.running[slot] = child
+            group.live.append(child)
+            self.forked_prompt_tokens += parent.n_prompt
+            out.append(child)
+        return out
+
+    def _choose_and_accept(self, seq: _Sequence, raw: np.ndarray, work: np.ndarray | None,
+                           lse: float, now: float) -> None:
+        """One sequence's token: choose it, then stream it (or retire)."""
+        chooser = seq.chooser
+        if chooser.plain:
+            pick = Pick(sample_token(raw, seq.req.params, chooser.rng))
+        else:
+            tokens_left = seq.req.params.max_tokens - seq.generated
+            pick = chooser.pick(raw if work is None else work, raw, lse, tokens_left)
+        self._accept(seq, pick, now)
+
+    def _accept(self, seq: _Sequence, pick: Pick, now: float) -> None:
         params = seq.req.params
         deadline = seq.req.deadline_s
         if deadline is not None and now >= deadline:
             # The pass ended past the deadline: its token is not delivered, so a request
             # either completes in time or ends expired, never completes late.
-            self._retire(seq, RequestStatus.EXPIRED, now, error="deadline passed while running",
-                         error_code="deadline")
+            self._end(seq.group, RequestStatus.EXPIRED, now,
+                      error="deadline passed while running", error_code="deadline")
             return
-        if token in self.model.eos_token_ids and not params.ignore_eos:
-            self._retire(seq, RequestStatus.COMPLETED, now, finish_reason="stop")
+        token = pick.token
+        grammar = seq.chooser.grammar
+        if token in self.model.eos_token_ids and (grammar is not None or not params.ignore_eos):
+            self._finish_choice(seq, "stop", now)
             return
+        seq.chooser.accept(token)
         seq.tokens.append(token)
         index = seq.generated
         seq.generated += 1
         delta = seq.text.push(self.model.token_bytes(token))
-        seq.req.emit_token(TokenEvent(index=index, token_id=token, text=delta, time_s=now))
-        if seq.text.stopped:
-            self._retire(seq, RequestStatus.COMPLETED, now, finish_reason="stop")
+        seq.req.emit_token(TokenEvent(index=index, token_id=token, text=delta, time_s=now,
+                                      choice=seq.choice, logprob=pick.logprob,
+                                      top_logprobs=pick.top_logprobs))
+        if seq.text.stopped or (grammar is not None and grammar.done):
+            self._finish_choice(seq, "stop", now)
         elif seq.generated >= params.max_tokens:
-            self._retire(seq, RequestStatus.COMPLETED, now, finish_reason="length")
+            self._finish_choice(seq, "length", now)
+
+    # -- retiring ----------------------------------------------------------------------------
+
+    def _barrier(self, group: _Group, work: Callable[[], Any]) -> Any:
+        """Run one request's own work; an exception there ends that request alone (FAILED,
+        with a message saying what broke) and returns None."""
+        try:
+            return work()
+        except Exception as exc:  # attributable to this request: it alone fails
+            message, code = _fault_message(exc)
+            self._end(group, RequestStatus.FAILED, self._clock(), error=message,
+                      error_code=code)
+            return None
+
+    def _free_slot(self, slot: int) -> None:
+        self.model.release_sequence(slot)
+        self.kv.free(slot)
+        self._free_slots.append(slot)
+
+    def _drop_sequence(self, seq: _Sequence, now: float) -> None:
+        """Free a choice's slot and KV, and flush its held-back text."""
+        if self.running.get(seq.slot) is seq:
+            del self.running[seq.slot]
+            self._free_slot(seq.slot)
+        if seq in seq.group.live:
+            seq.group.live.remove(seq)
+        tail = seq.text.flush()
+        if tail:
+            seq.req.emit_token(TokenEvent(index=seq.generated - 1, token_id=-1, text=tail,
+                                          time_s=now, choice=seq.choice))
+
+    def _finish_choice(self, seq: _Sequence, reason: str, now: float) -> None:
+        """A choice ended normally; the request completes with its last choice."""
+        self._drop_sequence(seq, now)
+        group = seq.group
+        group.finished[seq.choice] = ChoiceFinal(seq.choice, seq.text.text, reason,
+                                                 seq.generated)
+        if not group.live and not group.fork_slots:
+            self._end(group, RequestStatus.COMPLETED, now)
+
+    def _end(self, group: _Group, status: RequestStatus, now: float, **final: Any) -> None:
+        """End a request and every choice it still runs: free their slots, KV and held
+        fork slots, then deliver its one ``Final``."""
+        for seq in list(group.live):
+            self._drop_sequence(seq, now)
+            group.finished.setdefault(seq.choice, ChoiceFinal(
+                seq.choice, seq.text.text, final.get("finish_reason", "") or
+                _reason_of(status), seq.generated))
+        for slot in group.fork_slots:
+            self._free_slot(slot)
+        group.fork_slots.clear()
+        self._groups.pop(group.req.request_id, None)
+        req = group.req
+        if not req.is_terminal:
+            choices = tuple(group.finished.get(i) or ChoiceFinal(i, "", _reason_of(status), 0)
+                            for i in range(group.n))
+            first = choices[0]
+            final.setdefault("finish_reason", first.finish_reason)
+            final.setdefault("text", first.text)
+            final.setdefault("completion_tokens", sum(c.completion_tokens for c in choices))
+            if group.n > 1:
+                final.setdefault("choices", choices)
+            if group.prompt_logprobs is not None:
+                final.setdefault("prompt_logprobs", tuple(group.prompt_logprobs))
+            req.finish(status, now, **final)
+        self._on_retire(req)
 
     def _retire_stopped(self, now: float) -> None:
         """Cancelled, expired or already-ended requests leave before the next pass."""
-        for seq in list(self.running.values()):
-            req = seq.req
+        for group in list(self._groups.values()):
+            req = group.req
             if req.is_terminal:
-                self._retire(seq, req.status, now)
+                self._end(group, req.status, now)
             elif req.cancel_requested:
-                self._retire(seq, RequestStatus.CANCELLED, now, error="cancelled by client")
+                self._end(group, RequestStatus.CANCELLED, now, error="cancelled by client")
             elif req.deadline_s is not None and now >= req.deadline_s:
-                self._retire(
-                    seq, RequestStatus.EXPIRED, now, error="deadline passed while running",
-                    error_code="deadline",
-                )
+                self._end(group, RequestStatus.EXPIRED, now,
+                          error="deadline passed while running", error_code="deadline")
         keep: deque[Request] = deque()
         for req in self.waiting:
             if req.cancel_requested:
@@ -296,27 +503,11 @@ class ContinuousEngine:
                 keep.append(req)
         self.waiting = keep
 
-    def _retire(self, seq: _Sequence, status: RequestStatus, now: float, **final: object) -> None:
-        self.running.pop(seq.slot, None)
-        self.model.release_sequence(seq.slot)
-        self.kv.free(seq.slot)
-        self._free_slots.append(seq.slot)
-        if status.is_terminal and not seq.req.is_terminal:
-            tail = seq.text.flush()
-            if tail:
-                seq.req.emit_token(
-                    TokenEvent(index=seq.generated - 1, token_id=-1, text=tail, time_s=now)
-                )
-            seq.req.finish(status, now, text=seq.text.text, **final)
-        self._on_retire(seq.req)
-
     def _fail(self, batch: _Batch, exc: Exception) -> None:
         now = self._clock()
-        for seq in {id(s): s for s in batch.owners}.values():
-            self._retire(
-                seq, RequestStatus.FAILED, now, error=f"backend error: {exc}",
-                error_code="backend_error",
-            )
+        for group in {id(s.group): s.group for s in batch.owners}.values():
+            self._end(group, RequestStatus.FAILED, now, error=f"backend error: {exc}",
+                      error_code="backend_error")
 
     def abort_all(self, now: float, error: str) -> None:
         """Cancel everything (shutdown)."""
@@ -324,3 +515,19 @@ class ContinuousEngine:
             req.finish(RequestStatus.CANCELLED, now, error=error, error_code="shutdown")
         self._retire_stopped(now)
 
+
+def _reason_of(status: RequestStatus) -> str:
+    return FINISH_REASON.get(status, "error")
+
+
+def _fault_message(exc: Exception) -> tuple[str, str]:
+    """What a client is told when its request's own work fails."""
+    if isinstance(exc, SamplingError):
+        return str(exc), "internal_error"
+    if isinstance(exc, ConstraintError):
+        return f"invalid response_format: {exc}", "invalid_request_error"
+    if isinstance(exc, GrammarFailure):
+        return f"constrained decoding failed: {exc}", "grammar_error"
+    if isinstance(exc, ValueError):
+        return str(exc), "invalid_request_error"
+    return f"internal error in this request ({type(exc).__name__}: {exc})", "internal_error"

@@ -222,7 +222,8 @@ class Request:
                 return
             if self.times.first_token_s is None:
                 self.times.first_token_s = event.time_s
-            self.completion_tokens = event.index + 1
+            if event.token_id >= 0:  # not the text a retiring sequence flushes
+                self.completion_tokens += 1  # every choice's tokens count
             listeners = tuple(self.listeners)
         for listener in listeners:
             listener(event)
