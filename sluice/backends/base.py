@@ -106,8 +106,9 @@ class Tokenizer(Protocol):
     vocab_size: int
     eos_token_ids: frozenset[int]
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        """Token ids of ``text``."""
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        """Token ids of ``text``; ``special``: text such as ``<start_of_turn>`` becomes its
+        special token (else it is plain text)."""
         ...
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -114,8 +114,11 @@ class SyntheticTokenizer:
         self.byte_tokens = bool(spec.options.get("byte_tokens", False))
         """Ids 3..258 are the 256 single bytes (grammar tests need JSON's characters)."""
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
-        ids = [self._word_id(w) for w in text.split()]
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        if self.byte_tokens:
+            ids = [SPECIAL_TOKENS + b for b in text.encode()]
+        else:
+            ids = [self._word_id(w) for w in text.split()]
         return [BOS_ID, *ids] if add_bos else ids
 
     def _word_id(self, word: str) -> int:

@@ -46,8 +46,13 @@ def top_logprobs(row: np.ndarray, lse: float, k: int) -> tuple[TokenLogprob, ...
     if k <= 0:
         return ()
     part = np.argpartition(row, -k)[-k:] if k < row.size else np.arange(row.size)
-    order = np.lexsort((part, -row[part]))
-    return tuple(TokenLogprob(int(t), float(row[t]) - lse) for t in part[order])
+    kth = row[part].min()
+    above = part[row[part] > kth]
+    # argpartition breaks a tie at the k-th value arbitrarily: take the lowest ids
+    tied = np.flatnonzero(row == kth)[: k - above.size]
+    chosen = np.concatenate([above, tied])
+    order = np.lexsort((chosen, -row[chosen]))
+    return tuple(TokenLogprob(int(t), float(row[t]) - lse) for t in chosen[order])
 
 
 def prompt_token_logprobs(rows: np.ndarray, next_tokens: Sequence[int]) -> list[float]:

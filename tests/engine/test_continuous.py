@@ -32,7 +32,7 @@ def request(n_prompt: int = 4, max_tokens: int = 5, **params: Any) -> Request:
     req = Request(
         request_id=next(_ids), model_id="chat", kind="generative", arrival_s=0.0,
         prompt_tokens=tuple(range(10, 10 + n_prompt)),
-        params=SamplingParams(max_tokens=max_tokens, temperature=0.0, **params),
+        params=SamplingParams(**{"max_tokens": max_tokens, "temperature": 0.0, **params}),
     )
     req.mark_queued(0.0)
     return req

@@ -67,14 +67,14 @@ class LlamaCppTokenizer:
         """Free the native model. Idempotent."""
         self._finalizer()
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         data = text.encode("utf-8")
         capacity = len(data) + 2
         while True:
             buf = (ctypes.c_int32 * capacity)()
             with self._lock:
                 n = self._lib.llama_tokenize(
-                    self._vocab, data, len(data), buf, capacity, add_bos, True
+                    self._vocab, data, len(data), buf, capacity, add_bos, special
                 )
             if n >= 0:
                 return buf[:n]

@@ -4,8 +4,9 @@ llguidance takes every token's bytes (special tokens prefixed with 0xFF, the con
 its own llama.cpp bridge ``llguidance.llamacpp`` uses), the EOS ids that end generation
 where the grammar accepts, and a tokenize function. The bytes come from the backend's
 ``token_table`` (``llama_token_to_piece`` for GGUF models); tokenizing goes through the
-tokenizer object (held weakly: the grammar vocabulary never keeps a model alive), not a
-raw ``llama_vocab`` pointer that could outlive its model.
+tokenizer object (held weakly: the grammar vocabulary never keeps a model alive), plain
+(special-token text stays text), not through a raw ``llama_vocab`` pointer that could
+outlive its model.
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ def ll_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
     built: list[llguidance.LLTokenizer] = []
 
     def tokenize(text: str) -> list[int]:
-        # llguidance tokenizes only for features sluice does not use (token healing);
-        # if the tokenizer that built this is gone, its greedy tokenization serves.
+        # llguidance tokenizes the text a grammar forces, so this must be the model's own
+        # plain tokenization (no special-token parsing); if the tokenizer that built this
+        # vocabulary is gone, llguidance's greedy tokenization of the same pieces serves.
         owner = ref()
         if owner is not None:
-            return list(owner.tokenize(text, add_bos=False))
+            return list(owner.tokenize(text, add_bos=False, special=False))
         return list(built[0].greedy_tokenize(text))
 
     built.append(ll_tokenizer_from_table(table.pieces, table.special,
