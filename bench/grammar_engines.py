@@ -81,7 +81,7 @@ def _vocab() -> tuple[Any, Any, Any, list[bytes], set[int], list[int], int]:
     for t in range(n_vocab):
         n = lib.llama_token_to_piece(vocab, t, buf, 256, 0, True)
         pieces.append(buf.raw[:n])
-        attr = lib.llama_token_get_attr(vocab, t)
+        attr = lib.llama_vocab_get_attr(vocab, t)
         if attr & (lib.LLAMA_TOKEN_ATTR_CONTROL | lib.LLAMA_TOKEN_ATTR_UNKNOWN):
             special.add(t)
     eos = [t for t in range(n_vocab) if lib.llama_vocab_is_eog(vocab, t)]

@@ -131,7 +131,7 @@ class LlamaCppTokenizer:
                     piece = big.raw[:n]
                 else:
                     piece = buf.raw[:n]
-                attr = lib.llama_token_get_attr(vocab, t)
+                attr = lib.llama_vocab_get_attr(vocab, t)
                 if attr & special_attr or (
                     attr & lib.LLAMA_TOKEN_ATTR_USER_DEFINED
                     and piece.startswith(b"<") and piece.endswith(b">")
