@@ -180,3 +180,18 @@ def test_a_bad_grammar_or_a_grammar_fault_fails_that_request_alone(
     assert broken.final.error_code == "grammar_error"
     assert neighbour.final and neighbour.final.status == RequestStatus.COMPLETED
     assert eng.kv.free_blocks == eng.kv.total_blocks
+
+
+@pytest.mark.parametrize("prefix", [
+    "", '{"name": "Bob the', '{"name": "Bob", "age": 3', '{"name": "x", "age": 12, "tags": [',
+    '{"name": "x", "age": 1, "tags": ["a", "bc', '{"name": "x", "age": 1, "tags": [], "kind": "d',
+])
+def test_a_closing_path_completes_any_state_to_a_valid_answer(prefix: str) -> None:
+    model = byte_model()
+    grammar = constraints_module.start_grammar(JSON_SCHEMA, model)
+    for token in model.tokenize(prefix, add_bos=False):
+        grammar.advance(token)
+    path = grammar.closing_path(grammar._matcher, 80)
+    assert path is not None
+    tail = b"".join(model.token_bytes(t) for t in path).decode()
+    jsonschema.validate(json.loads(prefix + tail), SCHEMA)

@@ -127,9 +127,10 @@ def _client_message(error: str) -> str:
 @functools.lru_cache(maxsize=8)
 def _alphabet(lltok: llguidance.LLTokenizer) -> tuple[int, ...]:
     """Single-character tokens a closing search tries, most useful for closing first:
-    quotes and brackets close, ``0`` ``t`` ``f`` ``n`` start short values, then the
-    rest of printable ASCII."""
-    order = '"}]0,:tfn' + "".join(chr(c) for c in range(0x20, 0x7F))
+    a quote closes a string (or opens the shortest value), brackets and commas end a
+    number or a container, ``0`` ``t`` ``f`` ``n`` start short values, then the rest of
+    printable ASCII. (``0`` before ``,`` would extend a number forever.)"""
+    order = '"}],:0tfn' + "".join(chr(c) for c in range(0x20, 0x7F))
     ids: list[int] = []
     seen: set[str] = set()
     for ch in order:
@@ -190,6 +191,8 @@ class GrammarState:
         after it, then the next token of a closing that fits."""
         if token in self._eos or tokens_left > CLOSE_HORIZON_TOKENS:
             return token
+        if self._plan and token == self._plan[0]:
+            return token  # the model chose the closing path itself
         if self._plan is None:
             self._plan = self.closing_path(self._matcher, tokens_left)
         after = self._matcher.deep_copy()
