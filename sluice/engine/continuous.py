@@ -57,6 +57,7 @@ from sluice.policy.step_planner import (
     Admission,
     BatchingMode,
     EngineConfig,
+    PrefixCopy,
     RunningSeq,
     StepPlan,
     StepView,
@@ -280,10 +281,13 @@ class ContinuousEngine:
             self.running[adm.slot] = seq
             group.live.append(seq)
             if adm.prefix is not None:
-                self.model.copy_sequence(adm.prefix.donor_slot, adm.slot, adm.prefix.n_tokens)
-                seq.n_fed = adm.prefix.n_tokens
-                self.reused_prefix_tokens += adm.prefix.n_tokens
+                self._barrier(group, partial(self._copy_prefix, seq, adm.prefix))
         return set()
+
+    def _copy_prefix(self, seq: _Sequence, prefix: PrefixCopy) -> None:
+        self.model.copy_sequence(prefix.donor_slot, seq.slot, prefix.n_tokens)
+        seq.n_fed = prefix.n_tokens
+        self.reused_prefix_tokens += prefix.n_tokens
 
     def _first_sequence(self, group: _Group, adm: Admission) -> _Sequence:
         """Choice 0 of a just-admitted request (its grammar compiled, its parameters
