@@ -10,11 +10,11 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the 'llm' extra)")
-jsonschema = pytest.importorskip("jsonschema")
 
 from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend, LlamaCppGenerative
