@@ -115,13 +115,13 @@ class Tokenizer(Protocol):
         """The bytes a token contributes to the output text."""
         ...
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """The prompt text for a chat conversation, ending where the assistant replies."""
-        ...
-
     def token_table(self) -> TokenTable:
         """Every token's bytes and which are special (for grammar engines; built once,
         then cached by the tokenizer)."""
+        ...
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """The prompt text for a chat conversation, ending where the assistant replies."""
         ...
 
 

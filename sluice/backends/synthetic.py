@@ -136,14 +136,14 @@ class SyntheticTokenizer:
             return bytes([token_id - SPECIAL_TOKENS])
         return f" w{token_id}".encode()
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        turns = [f"{m['role']}: {m['content']}" for m in messages]
-        return " ".join([*turns, "assistant:"])
-
     def token_table(self) -> TokenTable:
         names = (b"<eos>", b"<bos>", b"<pad>")
         pieces = [*names, *(self.token_bytes(t) for t in range(SPECIAL_TOKENS, self.vocab_size))]
         return TokenTable(tuple(pieces), frozenset(range(SPECIAL_TOKENS)))
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        turns = [f"{m['role']}: {m['content']}" for m in messages]
+        return " ".join([*turns, "assistant:"])
 
 
 class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):

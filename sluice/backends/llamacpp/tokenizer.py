@@ -89,17 +89,6 @@ class LlamaCppTokenizer:
             self._pieces[token_id] = piece
         return piece
 
-    def _piece(self, token_id: int) -> bytes:
-        size = 32
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            # special=False: control tokens (BOS, EOS, <end_of_turn>) render as b"".
-            with self._lock:
-                n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, size, 0, False)
-            if n >= 0:
-                return buf.raw[:n]
-            size = -n
-
     def token_table(self) -> TokenTable:
         """Every token's piece (``llama_token_to_piece`` with special tokens rendered by
         name, as llguidance's own llama.cpp bridge reads them) and the special set:
@@ -139,6 +128,17 @@ class LlamaCppTokenizer:
                     special.add(t)
                 pieces.append(piece)
         return TokenTable(tuple(pieces), frozenset(special))
+
+    def _piece(self, token_id: int) -> bytes:
+        size = 32
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            # special=False: control tokens (BOS, EOS, <end_of_turn>) render as b"".
+            with self._lock:
+                n = self._lib.llama_token_to_piece(self._vocab, token_id, buf, size, 0, False)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
 
     def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
         return apply_template(self._lib, self.chat_template, messages)
