@@ -26,6 +26,8 @@ import ctypes
 import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -294,22 +296,44 @@ def _apply_cost(n_vocab: int, repeat: int = 50) -> dict[str, float]:
     return _summary_us(samples)
 
 
+def _one_engine(name: str, repeat: int) -> dict[str, Any]:
+    """Measure one engine in this process (run in a child process by ``main``)."""
+    lib, _model, vocab, pieces, special, eos, n_vocab = _vocab()
+    ctx = {"lib": lib, "vocab": vocab, "pieces": pieces, "special": special, "eos": eos,
+           "n_vocab": n_vocab}
+    answer = _tokenize(lib, vocab, json.dumps(DOCUMENT, separators=(",", ":")))
+    try:
+        return ENGINES[name](ctx, answer, repeat)
+    except ImportError as exc:
+        return {"absent": str(exc)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="teacher-forced passes per engine")
     parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--engine-timeout-s", type=float, default=420.0,
+                        help="an engine that takes longer (e.g. building an index over the "
+                             "vocabulary) is reported as timed out")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    lib, model, vocab, pieces, special, eos, n_vocab = _vocab()
-    ctx = {"lib": lib, "vocab": vocab, "pieces": pieces, "special": special, "eos": eos,
-           "n_vocab": n_vocab}
-    answer = _tokenize(lib, vocab, json.dumps(DOCUMENT, separators=(",", ":")))
+    if args.child:
+        print(json.dumps(_one_engine(args.child, args.repeat)))
+        return
     results: dict[str, Any] = {}
     for name in args.engines.split(","):
+        cmd = [sys.executable, __file__, "--child", name, "--repeat", str(args.repeat)]
         try:
-            results[name] = ENGINES[name](ctx, answer, args.repeat)
-        except ImportError as exc:
-            results[name] = {"absent": str(exc)}
+            done = subprocess.run(cmd, capture_output=True, text=True,
+                                  timeout=args.engine_timeout_s, check=False)
+            lines = done.stdout.strip().splitlines()
+            results[name] = (json.loads(lines[-1]) if done.returncode == 0 and lines
+                             else {"failed": done.stderr.strip().splitlines()[-3:]})
+        except subprocess.TimeoutExpired:
+            results[name] = {"timed_out_s": args.engine_timeout_s}
         print(name, json.dumps(results[name]), flush=True)
+    lib, model, vocab, _, _, _, n_vocab = _vocab()
+    answer = _tokenize(lib, vocab, json.dumps(DOCUMENT, separators=(",", ":")))
     out = {
         "machine": {"cpu": platform.processor() or platform.machine(), "python":
                     platform.python_version()},
