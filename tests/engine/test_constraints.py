@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 
 from sluice.backends.base import ModelSpec
@@ -195,3 +196,15 @@ def test_a_closing_path_completes_any_state_to_a_valid_answer(prefix: str) -> No
     assert path is not None
     tail = b"".join(model.token_bytes(t) for t in path).decode()
     jsonschema.validate(json.loads(prefix + tail), SCHEMA)
+
+
+def test_a_bitmask_forbids_exactly_its_zero_bits() -> None:
+    from sluice.engine.constraints.masking import apply_bitmask, is_allowed
+
+    rng = np.random.default_rng(4)
+    mask = rng.integers(-(2**31), 2**31, size=10, dtype=np.int64).astype(np.int32)
+    row = rng.normal(size=300).astype(np.float32)
+    masked = row.copy()
+    apply_bitmask(masked, mask)
+    for t in range(300):
+        assert (masked[t] == row[t]) if is_allowed(mask, t) else np.isneginf(masked[t])
