@@ -106,9 +106,11 @@ class TokenChooser:
     def pick(self, row: np.ndarray, raw: np.ndarray, lse: float, tokens_left: int) -> Pick:
         """Choose from ``row`` (the raw row, or this sequence's edited copy of it, which
         the grammar mask may change further); log-probabilities from ``raw``."""
-        if self.grammar is not None:
-            self.grammar.mask_row(row)
-        token = sample_token(row, self.params, self.rng)
+        subset = None if self.grammar is None else self.grammar.mask_row(row)
+        if subset is not None:  # few tokens allowed: the same draw among them only
+            token = int(subset[sample_token(row[subset], self.params, self.rng)])
+        else:
+            token = sample_token(row, self.params, self.rng)
         if self.grammar is not None:
             token = self.grammar.steer(token, tokens_left)
         if not self.wants_logprobs:

@@ -208,3 +208,27 @@ def test_a_bitmask_forbids_exactly_its_zero_bits() -> None:
     apply_bitmask(masked, mask)
     for t in range(300):
         assert (masked[t] == row[t]) if is_allowed(mask, t) else np.isneginf(masked[t])
+
+
+@pytest.mark.parametrize("params", [
+    {"temperature": 0.0}, {"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9},
+    {"temperature": 1.3, "top_k": 5}, {"temperature": 1.0, "min_p": 0.05},
+])
+def test_sampling_among_the_allowed_tokens_is_the_same_draw_as_masking(
+    params: dict[str, Any],
+) -> None:
+    """The engine samples among a grammar's few allowed tokens instead of a masked row:
+    for the same random stream the token is the same."""
+    from sluice.engine.request import SamplingParams
+    from sluice.engine.sampling import sample_token
+
+    rng = np.random.default_rng(11)
+    row = rng.normal(scale=3, size=262_144).astype(np.float32)
+    allowed = np.sort(rng.choice(row.size, size=300, replace=False))
+    masked = np.full_like(row, -np.inf)
+    masked[allowed] = row[allowed]
+    p = SamplingParams(**params)
+    for seed in range(40):
+        full = sample_token(masked, p, np.random.default_rng(seed))
+        sub = int(allowed[sample_token(row[allowed], p, np.random.default_rng(seed))])
+        assert full == sub

@@ -59,6 +59,9 @@ __all__ = [
 CLOSE_HORIZON_TOKENS = 48
 """How close to ``max_tokens`` a constrained sequence starts checking that it can close."""
 
+SUBSET_TOKENS = 8192
+"""At most this many allowed tokens: sample among them instead of masking the row."""
+
 CLOSE_SEARCH_NODES = 400
 """Grammar states one closing search may visit."""
 
@@ -172,15 +175,26 @@ class GrammarState:
     def accepting(self) -> bool:
         return bool(self._matcher.is_accepting())
 
-    def mask_row(self, row: np.ndarray) -> None:
-        """Forbid, in place, every token the grammar does not allow next (EOS only where
-        it accepts)."""
+    def mask_row(self, row: np.ndarray) -> np.ndarray | None:
+        """Restrict ``row`` to the tokens the grammar allows next (EOS only where it
+        accepts). When they are few (at most ``SUBSET_TOKENS``) their ids are returned and
+        the row is left as it is: sampling among them is the same draw, far cheaper than
+        over a masked 262k row. Otherwise every other token's logit becomes -inf in place
+        and None is returned."""
         self._check()
         self._matcher.unsafe_compute_mask_ptr(self._mask.ctypes.data, self._mask.nbytes)
         self._check()
-        apply_bitmask(row[: self._lltok.vocab_size], self._mask)
-        if row.size > self._lltok.vocab_size:
-            row[self._lltok.vocab_size :] = -np.inf
+        vocab = self._lltok.vocab_size
+        bits = np.unpackbits(self._mask.view(np.uint8), bitorder="little")[:vocab]
+        if int(bits.sum()) <= SUBSET_TOKENS:
+            ids = np.flatnonzero(bits)
+            if not ids.size:
+                raise GrammarFailure("the grammar allows no next token")
+            return ids
+        apply_bitmask(row[:vocab], self._mask)
+        if row.size > vocab:
+            row[vocab:] = -np.inf
+        return None
 
     def allows(self, token: int) -> bool:
         """Whether the last mask allowed ``token``."""
@@ -198,6 +212,12 @@ class GrammarState:
             self._plan = self.closing_path(self._matcher, tokens_left)
         after = self._matcher.deep_copy()
         if after.consume_token(token):
+            # Usually the known closing still closes after one more token (more text in a
+            # string, another digit): replaying it is much cheaper than a search.
+            old = self._plan
+            if old and len(old) <= tokens_left - 1 and _closes(after, old):
+                self._plan = [token, *old]
+                return token
             path = self.closing_path(after, tokens_left - 1)
             if path is not None:
                 self._plan = [token, *path]
@@ -266,6 +286,12 @@ def warm_vocabulary(tokenizer: Tokenizer) -> None:
     process and model file), e.g. on a thread at startup, so the first constrained request
     does not pay it on the thread that checks it."""
     ll_tokenizer(tokenizer)
+
+
+def _closes(matcher: llguidance.LLMatcher, path: list[int]) -> bool:
+    """Whether ``path`` takes ``matcher`` (left unchanged) to an accepting state."""
+    probe = matcher.deep_copy()
+    return bool(probe.consume_tokens(path)) and bool(probe.is_accepting())
 
 
 def start_grammar(constraint: Constraint, tokenizer: Tokenizer) -> GrammarState:
