@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any
+from typing import Any, Literal
 
 
 class RequestStatus(IntEnum):
@@ -42,6 +42,17 @@ FINISH_REASON: dict[RequestStatus, str] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Constraint:
+    """What decoding must produce; compiled by the engine's grammar engine."""
+
+    kind: Literal["json_object", "json_schema", "regex", "lark"]
+    spec: str = ""
+    """JSON schema text (json_schema), a regex, or a lark grammar."""
+    strict: bool = False
+    """json_schema "strict" (additionalProperties false etc.)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens and when to stop."""
 
@@ -57,6 +68,30 @@ class SamplingParams:
     """Generation ends before the first occurrence of any of these strings."""
     ignore_eos: bool = False
     """Keep generating past end-of-sequence (benchmarks)."""
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    """llama.cpp's meaning (divide positive logits, multiply negative)."""
+    penalty_last_n: int = 64
+    """Window of recent tokens the penalties look at (llama.cpp default)."""
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """(token id, bias); -100 bans."""
+    logprobs: bool = False
+    """Report each sampled token's logprob."""
+    top_logprobs: int = 0
+    """0..20 alternatives per token."""
+    prompt_logprobs: bool = False
+    """Completions echo: logprob of every prompt token (first is None)."""
+    n: int = 1
+    """Choices sharing one prefill."""
+    constraint: Constraint | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +102,21 @@ class TokenEvent:
     token_id: int
     text: str
     time_s: float
+    choice: int = 0
+    """Which of the n choices."""
+    logprob: float | None = None
+    """Set when params.logprobs."""
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+    """params.top_logprobs best, most likely first."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceFinal:
+    index: int
+    text: str
+    finish_reason: str
+    """"stop" | "length" | ..."""
+    completion_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +134,10 @@ class Final:
     """Machine-readable cause: ``queue_full``, ``backend_error``, ``deadline`` ..."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    choices: tuple[ChoiceFinal, ...] = ()
+    """Every choice when n > 1 (index order); () when n == 1."""
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
+    """When params.prompt_logprobs (first None)."""
 
 
 Event = TokenEvent | Final
