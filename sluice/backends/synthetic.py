@@ -28,6 +28,7 @@ from sluice.backends.base import (
     ModelSpec,
     OneShotModel,
 )
+from sluice.backends.chat import Capabilities, ChatPrompt, ChatTemplate
 
 SPECIAL_TOKENS = 3
 """Ids 0..2 are reserved: 0 = end of sequence, 1 = begin of sequence, 2 = padding."""
@@ -110,7 +111,7 @@ class SyntheticTokenizer:
         self.n_ctx_total = self.n_ctx_per_seq * self.n_seq_max
         self.eos_token_ids = frozenset({EOS_ID})
 
-    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         ids = [self._word_id(w) for w in text.split()]
         return [BOS_ID, *ids] if add_bos else ids
 
@@ -127,9 +128,21 @@ class SyntheticTokenizer:
             return b""
         return f" w{token_id}".encode()
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        turns = [f"{m['role']}: {m['content']}" for m in messages]
-        return " ".join([*turns, "assistant:"])
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return self.template.render_text(messages)
+
+    def apply_chat(self, messages: Sequence[Mapping[str, Any]],
+                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+        return self.template.apply(messages, tools)
+
+    template = ChatTemplate("synthetic", lambda m, _t, _g: _render_turns(m),
+                            caps=Capabilities(system=True))
+    """``role: content`` turns, then ``assistant:``; tools in the generic format."""
+
+
+def _render_turns(messages: Sequence[Mapping[str, Any]]) -> str:
+    turns = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
+    return " ".join([*turns, "assistant:"])
 
 
 class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
