@@ -208,6 +208,9 @@ class ServerConfig(_Strict):
     drain_timeout_s: float = Field(default=10.0, ge=0)
     log_content: bool = False
     """Log prompt and completion text (debug only; off by default)."""
+    strict_fields: bool = False
+    """Refuse request bodies with unknown fields (400 naming the field) instead of ignoring
+    them (named in the ``x-sluice-ignored-fields`` header)."""
 
 
 class ClusterConfig(_Strict):
