@@ -104,10 +104,7 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
     choice = body.tool_choice
     if not body.tools or choice == "none":
         return ToolPlan([], [])
-    tools = [{"type": "function", "function": {
-        k: v for k, v in (("name", t.function.name), ("description", t.function.description),
-                          ("parameters", t.function.parameters)) if v is not None}}
-        for t in body.tools]
+    tools = [t.as_dict() for t in body.tools]
     names = [t.function.name for t in body.tools]
     constraint = None
     if choice == "required" or isinstance(choice, NamedToolChoice):

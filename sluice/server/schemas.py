@@ -145,6 +145,13 @@ class ToolDef(_Body):
     type: Literal["function"]
     function: FunctionDef
 
+    def as_dict(self) -> dict[str, Any]:
+        """The tool as chat templates take it (no unknown fields, no ``strict``)."""
+        fn = self.function
+        spec = {k: v for k, v in (("name", fn.name), ("description", fn.description),
+                                  ("parameters", fn.parameters)) if v is not None}
+        return {"type": "function", "function": spec}
+
 
 class NamedFunction(_Body):
     name: FunctionName
