@@ -38,6 +38,20 @@ class ModelConfig(_Strict):
     task: Literal["embedding", "classification", "generation"] = "embedding"
     options: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _backend_options(self) -> ModelConfig:
+        """llamacpp options are checked here, like every other field (an unknown key or a
+        bad value names it), rather than when the model first loads."""
+        if self.backend == "llamacpp":
+            from sluice.backends.base import ModelLoadError
+            from sluice.backends.llamacpp.options import LlamaCppOptions
+
+            try:
+                LlamaCppOptions.from_spec(self.spec())
+            except ModelLoadError as exc:
+                raise ValueError(f"options: {exc}") from None
+        return self
+
     def spec(self) -> ModelSpec:
         return ModelSpec(
             model_id=self.id,
