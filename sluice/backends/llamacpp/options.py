@@ -62,7 +62,8 @@ class LlamaCppOptions:
         opts = spec.options
         unknown = sorted(set(opts) - OPTION_KEYS)
         if unknown:
-            raise ModelLoadError(f"{spec.model_id}: unknown llamacpp option {unknown[0]!r} "
+            names = ", ".join(repr(k) for k in unknown)
+            raise ModelLoadError(f"{spec.model_id}: unknown llamacpp option {names} "
                                  f"(known: {', '.join(sorted(OPTION_KEYS))})")
         ints = {}
         for key in ("n_ctx", "n_seq_max", "n_threads", "n_batch"):
