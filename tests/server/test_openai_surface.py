@@ -190,3 +190,14 @@ def test_version(client: httpx.Client) -> None:
     body = client.get("/version").json()
     assert body["version"] == metadata.version("sluice")
     assert body["llama_cpp_python"] == metadata.version("llama-cpp-python")
+
+
+def test_any_integer_is_a_seed(oai: openai.OpenAI, client: httpx.Client) -> None:
+    for seed in (-1, 2**64, -(2**200), 0):
+        r = oai.completions.create(model=CHAT, prompt="a b", max_tokens=3, seed=seed)
+        assert r.choices[0].finish_reason == "length"
+    same = [oai.completions.create(model=CHAT, prompt="a b", max_tokens=3, seed=-5,
+                                   temperature=1).choices[0].text for _ in range(2)]
+    assert same[0] == same[1]
+    assert client.post("/v1/infer", json={"model": CHAT, "input": "x", "seed": -3,
+                                          "max_new_tokens": 2}).status_code == 200

@@ -58,7 +58,8 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
         ctx, request.headers, body.model, tenant, text=text, token_ids=ids,
         max_tokens=body.max_new_tokens,
         params={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-                "seed": body.seed, "stop": tuple(body.stop or ())},
+                "seed": None if body.seed is None else body.seed % 2**64,
+                "stop": tuple(body.stop or ())},
         priority=body.priority, deadline_ms=body.deadline_ms,
         names=("input", "max_new_tokens"),
     )
