@@ -2,7 +2,8 @@
 
 Settings come from the TOML file (``--config`` or ``$SLUICE_CONFIG``), with flags and
 ``SLUICE_*`` environment variables over it; with no file, the packaged Gemma 3 270M is
-served as ``gemma-3-270m``.
+served as ``gemma-3-270m``. ``sluice serve PATH.gguf ...`` serves model files instead, with
+llama-server's flag names (``sluice.serve_gguf``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,6 +28,8 @@ log = logging.getLogger("sluice")
 def _load(args: argparse.Namespace) -> Config:
     path = args.config or os.environ.get("SLUICE_CONFIG")
     config = load_config(path) if path else default_config()
+    if getattr(args, "model_files", None) is not None:
+        config = _llama_flags(args, config)
     env = os.environ.get
     port = args.port if args.port is not None else env("SLUICE_PORT")
     grpc_port = args.grpc_port if args.grpc_port is not None else env("SLUICE_GRPC_PORT")
@@ -51,6 +55,50 @@ def _load(args: argparse.Namespace) -> Config:
     overrides["quota"] = {"redis_url": redis_url, "backend": "redis" if redis_url else None,
                           "replicas": int(replicas) if replicas else None}
     return with_overrides(config, overrides)
+
+
+def _llama_flags(args: argparse.Namespace, config: Config) -> Config:
+    from sluice.serve_gguf import LlamaFlags, apply_llama_flags
+
+    template = args.chat_template
+    if args.chat_template_file:
+        template = Path(args.chat_template_file).read_text(encoding="utf-8")
+    keys = [k for k in (args.api_key or []) if k]
+    if os.environ.get("SLUICE_API_KEY"):
+        keys.append(os.environ["SLUICE_API_KEY"])
+    flags = LlamaFlags(
+        ctx_size=args.ctx_size, parallel=args.parallel, threads=args.threads,
+        batch_size=args.batch_size, n_gpu_layers=args.n_gpu_layers, chat_template=template,
+        api_keys=tuple(keys), aliases=tuple(args.alias or ()),
+    )
+    files = [Path(f) for f in [*args.model_files, *(args.model or [])]]
+    return apply_llama_flags(config, files, flags)
+
+
+def _llama_server_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's (and vLLM's) flag names where they mean the same thing."""
+    p.add_argument("model_files", nargs="*", metavar="PATH.gguf",
+                   help="serve these GGUF files (instead of the config's models)")
+    p.add_argument("-m", "--model", action="append", metavar="PATH.gguf",
+                   help="a GGUF file to serve (llama-server's -m; repeatable)")
+    p.add_argument("--alias", "--served-model-name", action="append", metavar="NAME",
+                   help="the model id clients use, one per file in order (default: the "
+                        "file's name)")
+    p.add_argument("--ctx-size", type=int, metavar="N",
+                   help="KV cells per model, split over --parallel sequences (0 = the "
+                        "model's trained context; default 8192)")
+    p.add_argument("-np", "--parallel", type=int, metavar="N",
+                   help="sequences decoded at once per model (default 8)")
+    p.add_argument("-t", "--threads", type=int, metavar="N", help="CPU threads per decode")
+    p.add_argument("-b", "--batch-size", type=int, metavar="N",
+                   help="the most tokens in one llama_decode (default 512)")
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, metavar="N",
+                   help="layers offloaded to a GPU (for a GPU build of llama.cpp)")
+    p.add_argument("--chat-template", metavar="JINJA_OR_NAME",
+                   help="a Jinja chat template, or a llama.cpp template name")
+    p.add_argument("--chat-template-file", metavar="PATH", help="a Jinja chat template file")
+    p.add_argument("--api-key", action="append", metavar="KEY",
+                   help="require this API key (repeatable; or $SLUICE_API_KEY)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -231,16 +279,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the HTTP server")
+    serve = sub.add_parser("serve", help="run the HTTP server",
+                           description="Serve the config's models, or GGUF files given as "
+                                       "arguments (sluice serve model.gguf).")
     _common(serve)
     serve.add_argument("--ray", action="store_true",
                        help="run replicas on Ray Serve per the [cluster] section "
                             "(needs the cluster extra)")
     serve.add_argument("--ray-address", help="join this Ray cluster (default: "
                        "cluster.address, else start a local Ray)")
+    _llama_server_flags(serve)
     serve.set_defaults(func=cmd_serve)
     models = sub.add_parser("models", help="list the configured models")
     _common(models)
+    _llama_server_flags(models)
     models.set_defaults(func=cmd_models)
     chat = sub.add_parser("chat", help="stream one reply to the terminal")
     _common(chat)
@@ -275,6 +327,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ValidationError as exc:
         print(f"invalid configuration:\n{exc}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:
+        if args.command not in ("serve", "models"):
+            raise
+        print(f"sluice {args.command}: {exc}", file=sys.stderr)
         return 2
 
 

@@ -38,6 +38,20 @@ class ModelConfig(_Strict):
     task: Literal["embedding", "classification", "generation"] = "embedding"
     options: dict[str, Any] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _backend_options(self) -> ModelConfig:
+        """llamacpp options are checked here, like every other field (an unknown key or a
+        bad value names it), rather than when the model first loads."""
+        if self.backend == "llamacpp":
+            from sluice.backends.base import ModelLoadError
+            from sluice.backends.llamacpp.options import LlamaCppOptions
+
+            try:
+                LlamaCppOptions.from_spec(self.spec())
+            except ModelLoadError as exc:
+                raise ValueError(f"options: {exc}") from None
+        return self
+
     def spec(self) -> ModelSpec:
         return ModelSpec(
             model_id=self.id,
@@ -208,6 +222,9 @@ class ServerConfig(_Strict):
     drain_timeout_s: float = Field(default=10.0, ge=0)
     log_content: bool = False
     """Log prompt and completion text (debug only; off by default)."""
+    strict_fields: bool = False
+    """Refuse request bodies with unknown fields (400 naming the field) instead of ignoring
+    them (named in the ``x-sluice-ignored-fields`` header)."""
 
 
 class ClusterConfig(_Strict):

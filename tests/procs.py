@@ -21,13 +21,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_serve(config: Path, port: int, timeout_s: float = 30.0,
+def start_serve(config: Path | None, port: int, timeout_s: float = 30.0,
                 extra_args: tuple[str, ...] = ("--log-level", "warning"),
                 ) -> subprocess.Popen[bytes]:
-    """``sluice serve -c config --port port [extra_args]``, returned once ``/ready`` answers
-    200. The caller ends it (by PID) and closes its stdout."""
+    """``sluice serve [-c config] --port port [extra_args]``, returned once ``/ready``
+    answers 200. The caller ends it (by PID) and closes its stdout."""
+    conf = ("-c", str(config)) if config is not None else ()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sluice.cli", "serve", "-c", str(config), "--port", str(port),
+        [sys.executable, "-m", "sluice.cli", "serve", *conf, "--port", str(port),
          *extra_args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
     end = time.monotonic() + timeout_s

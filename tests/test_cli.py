@@ -11,6 +11,8 @@ import threading
 from pathlib import Path
 
 import httpx
+import openai
+import pytest
 
 from tests.procs import free_port, start_serve
 
@@ -107,3 +109,68 @@ def test_sigterm_drains_in_flight_requests_and_exits_zero(tmp_path: Path) -> Non
         chunks = [json.loads(x) for x in lines[:-1]]
         assert chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert sum(1 for c in chunks if c["choices"][0]["text"]) == 40
+
+
+def _gguf() -> Path:
+    pytest.importorskip("llama_cpp", reason="the llm extra is not installed")
+    from sluice.backends.packaged import default_gguf_path
+
+    return default_gguf_path()
+
+
+@pytest.mark.llm
+def test_models_of_gguf_files_with_llama_server_flags() -> None:
+    from sluice.backends.llamacpp.sizing import estimate_memory_bytes, gguf_shape
+
+    path = _gguf()
+    out = sluice("models", str(path), "-m", str(path), "--alias", "tiny",
+                 "--served-model-name", "tiny2", "--ctx-size", "2048", "-np", "2")
+    assert out.returncode == 0, out.stderr
+    rows = [ln.split("\t") for ln in out.stdout.strip().splitlines()]
+    assert [r[0] for r in rows] == ["tiny", "tiny2"]
+    want = estimate_memory_bytes(path, 2048, gguf_shape(path))
+    assert rows[0][4] == f"{want} bytes (default)"
+    # The file's size, a quarter more for compute buffers, and 2048 cells of f16 K and V.
+    shape = gguf_shape(path)
+    kv = 2048 * shape["n_layer"] * shape["n_head_kv"] * (shape["key_length"]
+                                                         + shape["value_length"]) * 2
+    assert want == int(path.stat().st_size * 1.25) + kv
+    named = sluice("models", str(path))
+    assert named.stdout.startswith(path.stem + "\t")
+
+
+def test_gguf_serving_errors_name_the_problem(tmp_path: Path) -> None:
+    out = sluice("models", str(tmp_path / "missing.gguf"))
+    assert out.returncode == 2 and "model file not found" in out.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[models]]\nid = "g"\nkind = "generative"\nbackend = "llamacpp"\n'
+                   'memory_bytes = 1\noptions = { n_ctxx = 1 }\n')
+    out = sluice("models", "-c", str(bad))
+    assert out.returncode == 2 and "unknown llamacpp option 'n_ctxx'" in out.stderr
+
+
+@pytest.mark.llm
+def test_serve_a_gguf_file_in_one_line() -> None:
+    """``sluice serve model.gguf --alias tiny --api-key k --parallel 2 --ctx-size 2048``: the
+    model is served under its alias, the key is required, the OpenAI SDK works."""
+    path = _gguf()
+    port = free_port()
+    proc = start_serve(None, port, timeout_s=120, extra_args=(
+        str(path), "--alias", "tiny", "--api-key", "sk-test", "--parallel", "2",
+        "--ctx-size", "2048", "--threads", "2", "--log-level", "warning"))
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        with openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0) as oai:
+            assert [m.id for m in oai.models.list()] == ["tiny"]
+            r = oai.completions.create(model="tiny", prompt="The capital of France is the city of",
+                                       max_tokens=3, temperature=0)
+            assert "Paris" in r.choices[0].text
+            too_many = oai.with_options(max_retries=0).chat.completions.with_raw_response
+            with pytest.raises(openai.BadRequestError, match="at most 2"):
+                too_many.create(model="tiny", messages=[{"role": "user", "content": "x"}], n=3)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        assert proc.stdout is not None
+        proc.stdout.close()

@@ -81,10 +81,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
             (quantile(0.95, "sluice_time_to_first_token_seconds"), "p95 {{model}}"),
             ("sluice:slo:ttft_p95_seconds", "p95 objective"),
         ], unit="s"),
-        Panel("Time per output token", [
-            (quantile(0.5, "sluice_inter_token_latency_seconds"), "p50 {{model}}"),
-            (quantile(0.95, "sluice_inter_token_latency_seconds"), "p95 {{model}}"),
-        ], unit="s"),
+        Panel("Time per output token and inter-token latency", [
+            (quantile(0.5, "sluice_time_per_output_token_seconds"), "TPOT p50 {{model}}"),
+            (quantile(0.95, "sluice_time_per_output_token_seconds"), "TPOT p95 {{model}}"),
+            (quantile(0.95, "sluice_inter_token_latency_seconds"), "ITL p95 {{model}}"),
+        ], unit="s", description="TPOT: each request's mean gap between its tokens. ITL: "
+                                 "every gap, so its tail shows the stalls a mean hides."),
         Panel("Queue wait: measured and predicted", [
             (quantile(0.95, "sluice_queue_wait_seconds"), "measured p95 {{model}}"),
             (quantile(0.95, "sluice_predicted_wait_seconds"), "predicted p95 {{model}}"),

@@ -15,6 +15,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from sluice.backends.chat import ChatPrompt
+
 ModelKind = Literal["oneshot", "generative"]
 
 
@@ -103,6 +105,7 @@ class Tokenizer(Protocol):
     """Text ↔ tokens for a generative model, usable without loading its weights."""
 
     n_ctx_per_seq: int
+    n_seq_max: int
     vocab_size: int
     eos_token_ids: frozenset[int]
 
@@ -120,8 +123,15 @@ class Tokenizer(Protocol):
         then cached by the tokenizer)."""
         ...
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The prompt text for a chat conversation, ending where the assistant replies."""
+        ...
+
+    def apply_chat(self, messages: Sequence[Mapping[str, Any]],
+                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+        """The conversation (OpenAI message shapes) with ``tools`` offered, as template
+        markup and plain user text; tokenize it with ``chat.chat_tokens``. ``ValueError``
+        (fit for a client) if the template refuses the messages."""
         ...
 
 
@@ -136,7 +146,6 @@ class GenerativeModel(Tokenizer, Protocol):
     """
 
     spec: ModelSpec
-    n_seq_max: int
     n_ctx_total: int
 
     def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:

@@ -30,6 +30,7 @@ from sluice.backends.base import (
     OneShotModel,
     TokenTable,
 )
+from sluice.backends.chat import Capabilities, ChatPrompt, ChatTemplate
 
 SPECIAL_TOKENS = 3
 """Ids 0..2 are reserved: 0 = end of sequence, 1 = begin of sequence, 2 = padding."""
@@ -141,9 +142,21 @@ class SyntheticTokenizer:
         pieces = [*names, *(self.token_bytes(t) for t in range(SPECIAL_TOKENS, self.vocab_size))]
         return TokenTable(tuple(pieces), frozenset(range(SPECIAL_TOKENS)))
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        turns = [f"{m['role']}: {m['content']}" for m in messages]
-        return " ".join([*turns, "assistant:"])
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return self.template.render_text(messages)
+
+    def apply_chat(self, messages: Sequence[Mapping[str, Any]],
+                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+        return self.template.apply(messages, tools)
+
+    template = ChatTemplate("synthetic", lambda m, _t, _g: _render_turns(m),
+                            caps=Capabilities(system=True))
+    """``role: content`` turns, then ``assistant:``; tools in the generic format."""
+
+
+def _render_turns(messages: Sequence[Mapping[str, Any]]) -> str:
+    turns = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
+    return " ".join([*turns, "assistant:"])
 
 
 class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):

@@ -19,6 +19,10 @@ class Observer:
     def finished(self, req: Request) -> None:
         """A request reached its terminal state (exactly once per request)."""
 
+    def token_gap(self, model_id: str, seconds: float) -> None:
+        """A sequence produced a token ``seconds`` after its previous one (inter-token
+        latency; called once per generated token after the first)."""
+
     def batch(self, worker_id: int, model_id: str, size: int) -> None:
         """A one-shot batch or a decode step ran with ``size`` members."""
 

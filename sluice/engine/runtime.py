@@ -395,8 +395,15 @@ class Runtime:
         self._cv.notify_all()
 
     def _on_event(self, req: Request) -> Callable[[Event], None]:
+        last_token_s: dict[int, float] = {}  # per choice
+
         def on_event(event: Event) -> None:
             if not isinstance(event, Final):
+                if event.token_id >= 0:  # not the text a retiring sequence flushes
+                    previous = last_token_s.get(event.choice)
+                    last_token_s[event.choice] = event.time_s
+                    if previous is not None:
+                        self.observer.token_gap(req.model_id, event.time_s - previous)
                 return
             now = self.clock()
             self.variants.finished(req)

@@ -60,6 +60,9 @@ class ModelState:
     kv_total_blocks: int | None = None
     running: int = 0
     waiting: int = 0
+    prefix_hit_tokens: int = 0
+    """Prompt tokens whose KV was copied from a running sequence instead of computed
+    (cumulative for this load of the model)."""
 
 
 @dataclass(frozen=True)
@@ -441,6 +444,7 @@ class Worker:
                     kv_total_blocks=engine.kv.total_blocks if engine else None,
                     running=engine.active_count if engine else 0,
                     waiting=len(engine.waiting) if engine else 0,
+                    prefix_hit_tokens=engine.reused_prefix_tokens if engine else 0,
                 )
             )
         engines = self._engines.values()

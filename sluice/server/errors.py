@@ -122,11 +122,34 @@ async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
     return exc.response()
 
 
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
+
+
+def _is_union_tag(part: Any) -> bool:
+    """pydantic names the member of a union it tried (``str``, ``list[ContentPart]``,
+    ``function-after[...]``, ``NamedToolChoice``) in an error's location; no field of ours
+    looks like that."""
+    return isinstance(part, str) and (part in _TYPE_TAGS or "[" in part or part[:1].isupper())
+
+
+def _most_telling(errors: list[Any]) -> Any:
+    """The first error, or for a union, the member's error that reached deepest (a bad
+    content part rather than "Input should be a valid string")."""
+    first = errors[0]
+    loc = list(first.get("loc", ()))
+    tags = [i for i, p in enumerate(loc) if _is_union_tag(p)]
+    if not tags:
+        return first
+    prefix = loc[: tags[0]]
+    same = [e for e in errors if list(e.get("loc", ()))[: len(prefix)] == prefix]
+    return max(same, key=lambda e: len([p for p in e.get("loc", ()) if not _is_union_tag(p)]))
+
+
 def validation_error(errors: list[Any]) -> APIError:
     """The 400 for pydantic's errors about a body: malformed JSON → ``invalid_json``; a bad
     field → ``invalid_value`` naming it (``param``, dotted: ``messages.0.role``)."""
-    first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    first = _most_telling(errors) if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body" and not _is_union_tag(p)]
     if first.get("type") == "json_invalid" or not errors:
         return APIError(400, "Request body is not valid JSON", code="invalid_json")
     if not loc and first.get("type") == "value_error":

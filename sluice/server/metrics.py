@@ -1,13 +1,19 @@
 """Prometheus metrics (prefix ``sluice_``): an ``Observer`` for events, and a collector
 that reads gauges from a runtime snapshot at scrape time. Each app has its own
-registry, so several servers can live in one process (tests)."""
+registry, so several servers can live in one process (tests).
+
+Names follow what dashboards for vLLM expect where the meaning is the same (the mapping is
+in docs/api.md): TTFT, TPOT (a request's mean time per output token after the first), ITL
+(every gap between two tokens of a sequence), requests running and waiting, KV use, and
+prefix-cache queries and hits in tokens."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sluice.engine.observer import Observer
@@ -50,10 +56,24 @@ class PrometheusObserver(Observer):
             "sluice_time_to_first_token_seconds", "Arrival to first generated token",
             ["model", "tenant"], buckets=LATENCY_BUCKETS_S, registry=registry,
         )
+        self.tpot = Histogram(
+            "sluice_time_per_output_token_seconds",
+            "Time per output token (TPOT): a completed request's mean time between its "
+            "generated tokens, (finish - first token) / (tokens - 1)",
+            ["model"], buckets=TOKEN_BUCKETS_S, registry=registry,
+        )
         self.itl = Histogram(
             "sluice_inter_token_latency_seconds",
-            "Mean time between generated tokens of one request (TPOT)",
+            "Inter-token latency (ITL): each gap between two consecutive generated tokens "
+            "of one sequence",
             ["model"], buckets=TOKEN_BUCKETS_S, registry=registry,
+        )
+        self._itl_by_model: dict[str, Any] = {}
+        self.prefix_queries = Counter(
+            "sluice_prefix_cache_queries",
+            "Prompt tokens of generative requests that started, each looked up for a reusable "
+            "prefix (hits are sluice_prefix_cache_hits_total)",
+            ["model"], registry=registry,
         )
         self.e2e = Histogram(
             "sluice_request_latency_seconds", "Arrival to terminal state (completed requests)",
@@ -105,9 +125,17 @@ class PrometheusObserver(Observer):
     def rejected(self, model_id: str, tenant_id: str, reason: str) -> None:
         self.rejections.labels(model_id, tenant_id, reason).inc()
 
+    def token_gap(self, model_id: str, seconds: float) -> None:
+        child = self._itl_by_model.get(model_id)
+        if child is None:  # labels() costs a lock and a lookup; this runs once a token
+            child = self._itl_by_model[model_id] = self.itl.labels(model_id)
+        child.observe(seconds)
+
     def finished(self, req: Request) -> None:
         model, tenant, t = req.model_id, req.tenant_id, req.times
         self.requests.labels(model, tenant, req.status.name.lower()).inc()
+        if req.kind == "generative" and t.started_s is not None:
+            self.prefix_queries.labels(model).inc(len(req.prompt_tokens))
         if req.status == RequestStatus.REJECTED:
             return
         if req.predicted_wait_s is not None:
@@ -123,12 +151,15 @@ class PrometheusObserver(Observer):
             return
         final = req.final
         completion = final.completion_tokens if final else req.completion_tokens
+        choices = max(1, len(final.choices) if final else 1)
         self.tokens.labels(model, tenant, "prompt").inc(len(req.prompt_tokens))
         self.tokens.labels(model, tenant, "completion").inc(completion)
         if t.first_token_s is not None:
             self.ttft.labels(model, tenant).observe(t.first_token_s - t.arrival_s)
-            if completion > 1:
-                self.itl.labels(model).observe((t.finished_s - t.first_token_s) / (completion - 1))
+            per_choice = completion / choices  # n choices decode side by side
+            if per_choice > 1:
+                self.tpot.labels(model).observe(
+                    (t.finished_s - t.first_token_s) / (per_choice - 1))
 
     def batch(self, worker_id: int, model_id: str, size: int) -> None:
         self.batch_size.labels(model_id).observe(size)
@@ -193,3 +224,19 @@ class SnapshotCollector(Collector):
             for state, alive in zip(snap.workers, self._workers_up(), strict=True):
                 up.add_metric([str(state.worker_id)], int(alive))
             yield up
+        hits = CounterMetricFamily(
+            "sluice_prefix_cache_hits",
+            "Prompt tokens whose KV was copied from a running sequence instead of computed "
+            "(per load of the model: restarts at 0 when it is loaded again)",
+            labels=["worker", "model"])
+        for state in snap.workers:
+            for m in state.models:
+                hits.add_metric([str(state.worker_id), m.model_id], m.prefix_hit_tokens)
+        yield hits
+        yield GaugeMetricFamily(
+            "sluice_requests_running", "Requests executing on a worker (all models)",
+            value=sum(w.active_count for w in snap.workers))
+        yield GaugeMetricFamily(
+            "sluice_requests_waiting",
+            "Requests admitted and not yet running: the global queue, worker inboxes, and "
+            "requests waiting for KV blocks", value=snap.queue_depth + sum(snap.inbox_depths))

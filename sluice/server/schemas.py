@@ -1,19 +1,39 @@
-"""Request bodies, validated by pydantic. Unknown fields are refused (400 naming them),
-so a client never silently gets behaviour it did not ask for."""
+"""Request bodies, validated by pydantic; a value out of bounds is a 400 naming the field.
+
+Unknown fields are kept aside (``extra="allow"``) rather than refused: routes ignore them,
+say so in the ``x-sluice-ignored-fields`` header (``ignored_fields``), and refuse them with
+400 only when ``server.strict_fields`` is set, as OpenAI's peers do.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 MAX_STOP = 4
+MAX_CHOICES = 16
+"""The most choices (``n``) a request may ask for; a model also caps it at its sequence
+slots (``n_seq_max``)."""
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024
+MAX_TOOLS = 128
 Priority = Annotated[int, Field(ge=0, le=9)]
 DeadlineMs = Annotated[float, Field(gt=0, le=86_400_000)]
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     @field_validator("*", mode="after")
     @classmethod
@@ -29,43 +49,173 @@ class _Body(BaseModel):
         return v
 
 
+def ignored_fields(body: BaseModel, prefix: str = "") -> list[str]:
+    """Paths of the unknown fields in ``body`` and its nested bodies, e.g.
+    ``["frobnicate", "messages.0.mood"]``."""
+    found = [f"{prefix}{k}" for k in (body.model_extra or {})]
+    for name in type(body).model_fields:
+        value = getattr(body, name)
+        items = list(enumerate(value)) if isinstance(value, list) else [(None, value)]
+        for i, item in items:
+            if isinstance(item, BaseModel):
+                path = f"{prefix}{name}." if i is None else f"{prefix}{name}.{i}."
+                found.extend(ignored_fields(item, path))
+    return found
+
+
 class StreamOptions(_Body):
     include_usage: bool = False
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+class ContentPart(_Body):
+    """A part of message content; only text parts are served (``text``, or the Responses
+    API's ``input_text``)."""
+
+    type: str = Field(max_length=64)
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self) -> ContentPart:
+        if self.type not in ("text", "input_text") or self.text is None:
+            raise ValueError(f"content parts must be text parts with a 'text'; got type "
+                             f"{self.type[:64]!r}")
+        return self
+
+
+class FunctionCall(_Body):
+    name: FunctionName
+    arguments: str = Field(default="{}", max_length=1_000_000)
+
+
+class ToolCallItem(_Body):
+    """A tool call in an assistant message of the history."""
+
+    id: str = Field(default="", max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = Field(default=None, max_length=256)
+    tool_calls: list[ToolCallItem] | None = Field(default=None, max_length=MAX_TOOLS)
+    """Assistant messages: the calls it made."""
+    tool_call_id: str | None = Field(default=None, max_length=256)
+    """Tool messages: the call this is the result of."""
+
+    @model_validator(mode="after")
+    def _shape(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "".join(p.text or "" for p in self.content)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as chat templates take it (content joined into one string)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": c.function.arguments}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDef(_Body):
+    name: FunctionName
+    description: str | None = Field(default=None, max_length=100_000)
+    parameters: dict[str, Any] | None = None
+    """A JSON schema of the arguments object."""
+    strict: bool | None = None
+
+
+class ToolDef(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+    def as_dict(self) -> dict[str, Any]:
+        """The tool as chat templates take it (no unknown fields, no ``strict``)."""
+        fn = self.function
+        spec = {k: v for k, v in (("name", fn.name), ("description", fn.description),
+                                  ("parameters", fn.parameters)) if v is not None}
+        return {"type": "function", "function": spec}
+
+
+class NamedFunction(_Body):
+    name: FunctionName
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Body):
+    name: str = Field(default="response", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    """``text``, ``json_object`` (any JSON object; llama-server also takes a ``schema``
+    here) or ``json_schema`` (OpenAI structured output)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None
+                                           or self.json_schema.schema_ is None):
+            raise ValueError("type 'json_schema' needs json_schema.schema")
+        return self
 
 
 class _Sampling(_Body):
-    """Fields shared by chat and completions (OpenAI names, plus sluice extensions)."""
+    """Fields shared by chat and completions (OpenAI names, the llama-server and vLLM
+    sampling extensions, and sluice's controls)."""
 
     model: str = Field(min_length=1, max_length=256)
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=1)
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
-    frequency_penalty: float = Field(default=0.0, ge=0.0, le=0.0)
+    """Any integer (reduced to 64 bits); without one, the request id seeds sampling."""
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
+    """Token id (as a string key) → bias in [-100, 100]; -100 bans the token."""
     user: str | None = Field(default=None, max_length=256)
-    # sluice extensions
+    # llama-server's and vLLM's sampling extensions
+    repetition_penalty: float = Field(
+        default=1.0, gt=0.0, le=10.0,
+        validation_alias=AliasChoices("repetition_penalty", "repeat_penalty"))
+    """llama.cpp's repeat penalty (vLLM: ``repetition_penalty``); 1 is off."""
+    penalty_last_n: int = Field(
+        default=64, ge=-1, le=1_000_000,
+        validation_alias=AliasChoices("penalty_last_n", "repeat_last_n"))
+    """Recent tokens the penalties look at; -1 = the whole context, 0 = none."""
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, le=100_000)
+    # sluice extensions
     ignore_eos: bool = False
     priority: Priority | None = None
     deadline_ms: DeadlineMs | None = None
@@ -80,16 +230,34 @@ class _Sampling(_Body):
             raise ValueError("stop sequences must be 1 to 256 characters")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit() or len(key) > 9:
+                raise ValueError(f"keys must be token ids; got {key[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100]; got {bias} for {key}")
+        return v
+
     def stop_list(self) -> tuple[str, ...]:
         if self.stop is None:
             return ()
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple(sorted((int(k), float(b)) for k, b in (self.logit_bias or {}).items()))
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @field_validator("messages")
     @classmethod
@@ -98,12 +266,45 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("messages must contain at least one user or assistant message")
         return messages
 
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _needs_tools(cls, v: Any, info: ValidationInfo) -> Any:
+        if v not in (None, "none", "auto") and not info.data.get("tools"):
+            raise ValueError("tool_choice needs tools")
+        if isinstance(v, NamedToolChoice):
+            names = [t.function.name for t in info.data.get("tools") or []]
+            if v.function.name not in names:
+                raise ValueError(f"function {v.function.name!r} is not among the tools")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _tool_schemas(cls, v: list[ToolDef] | None) -> list[ToolDef] | None:
+        names = [t.function.name for t in v or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool function names must be unique")
+        for t in v or []:
+            if len(json.dumps(t.function.parameters or {})) > 100_000:
+                raise ValueError(f"the parameters of {t.function.name!r} are too large")
+        return v
+
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int]
-    echo: Literal[False] = False
-    logprobs: None = None
+    max_tokens: int | None = Field(default=16, ge=1, le=1_000_000)
+    echo: bool = False
+    """Prepend the prompt to the text (with ``logprobs``: the prompt's logprobs too)."""
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    """Report each token's logprob with this many alternatives (OpenAI allows 5)."""
     suffix: None = None
+    best_of: Literal[1] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -149,6 +350,37 @@ class InferRequest(_Body):
     top_k: int = Field(default=0, ge=0, le=100_000)
     seed: int | None = None
     stop: list[str] | None = Field(default=None, max_length=MAX_STOP)
+
+
+class TokenizeRequest(_Body):
+    """``POST /tokenize`` in llama-server's shape (``content``) or vLLM's (``prompt``, or
+    ``messages`` rendered with the chat template)."""
+
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    content: str | None = Field(default=None, max_length=1_000_000)
+    prompt: str | None = Field(default=None, max_length=1_000_000)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024)
+    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    add_special: bool | None = None
+    """llama-server: add BOS (default false)."""
+    add_special_tokens: bool | None = None
+    """vLLM: add BOS (default true for ``prompt``, false for ``messages``)."""
+    parse_special: bool = True
+    with_pieces: bool = False
+    return_token_strs: bool = False
+    add_generation_prompt: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        given = [k for k in ("content", "prompt", "messages") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of content, prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    tokens: list[int] = Field(max_length=1_000_000)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:

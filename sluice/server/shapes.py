@@ -1,17 +1,67 @@
 """Response bodies: OpenAI chat and completion objects and chunks, and sluice's native
-shape. One class per shape so the streaming code is shared."""
+shape. A ``Shape`` turns the engine's events into what one endpoint sends: ``on_token`` and
+``on_final`` give the chunks of a stream, ``full`` the one body of a non-streamed answer
+(from the same events), so both paths render choices, logprobs and tool calls alike.
+
+With ``n`` > 1 every choice is rendered under its ``index``; a stream interleaves them.
+Logprobs are rendered from the events' token ids with the tokenizer's bytes.
+"""
 
 from __future__ import annotations
 
+import math
+import secrets
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.engine.request import Final
+from sluice.backends.base import Tokenizer
+from sluice.backends.chat import ToolCall, parse_tool_calls
+from sluice.engine.request import Final, TokenEvent, TokenLogprob
 from sluice.server.schemas import usage
+
+LOGPROB_FLOOR = -9999.0
+"""What a logprob of -inf is reported as (JSON has no infinity; OpenAI uses this value)."""
+_CALL_STARTS = ("{", "[", "```", "<tool_call>")
+
+
+def _logprob(value: float) -> float:
+    return value if math.isfinite(value) else LOGPROB_FLOOR
+
+
+@dataclass
+class ChoiceText:
+    """One choice as it ended: its text and finish reason."""
+
+    index: int
+    text: str
+    finish_reason: str
+
+
+def choices_of(final: Final) -> list[ChoiceText]:
+    """Every choice of a finished request (one unless ``n`` > 1)."""
+    if final.choices:
+        return [ChoiceText(c.index, c.text, c.finish_reason) for c in final.choices]
+    return [ChoiceText(0, final.text, final.finish_reason)]
+
+
+class TokenText:
+    """Token ids as the text and bytes that logprobs report."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+
+    def bytes(self, token_id: int) -> bytes:
+        return self._tok.token_bytes(token_id) if token_id >= 0 else b""
+
+    def text(self, token_id: int) -> str:
+        return self.bytes(token_id).decode("utf-8", "replace")
 
 
 class Shape:
-    """How one endpoint renders a generative result."""
+    """How one endpoint renders a generative result. Subclasses render one choice's delta,
+    end, and full body; this class tracks the stream per choice."""
 
     object_name = ""
     chunk_name = ""
@@ -20,15 +70,30 @@ class Shape:
         self.id = response_id
         self.model = model
         self.created = int(time.time())
+        self._started: set[int] = set()
 
     def _envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": name, "created": self.created, "model": self.model,
                 "choices": choices}
 
-    def delta(self, text: str, first: bool) -> dict[str, Any]:
+    # -- streaming ------------------------------------------------------------------------
+
+    def on_token(self, event: TokenEvent) -> list[dict[str, Any]]:
+        """The chunks to send for one token event (none while text is held back)."""
+        first = event.choice not in self._started
+        if not event.text and not first:
+            return []
+        self._started.add(event.choice)
+        return [self.delta(event.text, first, event.choice)]
+
+    def on_final(self, final: Final) -> list[dict[str, Any]]:
+        """The chunks that end each choice (after any held-back text)."""
+        return [self.end(c.finish_reason, c.index) for c in choices_of(final)]
+
+    def delta(self, text: str, first: bool, choice: int = 0) -> dict[str, Any]:
         raise NotImplementedError
 
-    def end(self, finish_reason: str) -> dict[str, Any]:
+    def end(self, finish_reason: str, choice: int = 0) -> dict[str, Any]:
         raise NotImplementedError
 
     def usage_chunk(self, final: Final) -> dict[str, Any]:
@@ -36,61 +101,246 @@ class Shape:
         body["usage"] = usage(final.prompt_tokens, final.completion_tokens)
         return body
 
-    def full(self, final: Final) -> dict[str, Any]:
+    # -- one body -------------------------------------------------------------------------
+
+    def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
         raise NotImplementedError
 
 
 class ChatShape(Shape):
+    """``chat.completion`` objects and chunks: ``logprobs.content`` per token when asked,
+    and tool calls parsed from the text when the request offered tools."""
+
     object_name = "chat.completion"
     chunk_name = "chat.completion.chunk"
 
-    def delta(self, text: str, first: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"content": text}
+    def __init__(self, response_id: str, model: str, *, tokens: TokenText | None = None,
+                 tool_names: Sequence[str] = ()) -> None:
+        super().__init__(response_id, model)
+        self.tokens = tokens
+        """Set when the request asked for logprobs."""
+        self.tool_names = list(tool_names)
+        self._held: dict[int, _Held] = {}
+
+    def logprob_entry(self, event: TokenEvent) -> dict[str, Any]:
+        assert self.tokens is not None
+        return {**self._alt(event.token_id, event.logprob or 0.0),
+                "top_logprobs": [self._alt(t.token_id, t.logprob) for t in event.top_logprobs]}
+
+    def _alt(self, token_id: int, logprob: float) -> dict[str, Any]:
+        assert self.tokens is not None
+        raw = self.tokens.bytes(token_id)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": _logprob(logprob),
+                "bytes": list(raw)}
+
+    def _logprobs(self, events: Sequence[TokenEvent]) -> dict[str, Any] | None:
+        if self.tokens is None:
+            return None
+        return {"content": [self.logprob_entry(e) for e in events
+                            if e.token_id >= 0 and e.logprob is not None]}
+
+    def _chunk(self, choice: int, delta: dict[str, Any], finish_reason: str | None = None,
+               events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{
+            "index": choice, "delta": delta, "logprobs": self._logprobs(events),
+            "finish_reason": finish_reason}])
+
+    def _held_of(self, choice: int) -> _Held:
+        held = self._held.get(choice)
+        if held is None:
+            held = self._held[choice] = _Held(mode="undecided" if self.tool_names else "content")
+        return held
+
+    def on_token(self, event: TokenEvent) -> list[dict[str, Any]]:
+        held = self._held_of(event.choice)
+        first = event.choice not in self._started
+        self._started.add(event.choice)
+        held.events.append(event)
+        held.text += event.text
+        if self.tool_names and held.mode != "content":
+            held.decide()
+        if held.mode != "content":
+            return [self._chunk(event.choice, {"role": "assistant", "content": ""})] if first \
+                else []
+        if not held.text and not first:
+            return []
+        delta: dict[str, Any] = {"content": held.text}
         if first:
             delta["role"] = "assistant"
-        return self._envelope(
-            self.chunk_name, [{"index": 0, "delta": delta, "logprobs": None,
-                               "finish_reason": None}]
-        )
+        chunk = self._chunk(event.choice, delta, events=held.events)
+        held.text, held.events = "", []
+        return [chunk]
 
-    def end(self, finish_reason: str) -> dict[str, Any]:
-        return self._envelope(
-            self.chunk_name, [{"index": 0, "delta": {}, "logprobs": None,
-                               "finish_reason": finish_reason}]
-        )
+    def on_final(self, final: Final) -> list[dict[str, Any]]:
+        chunks = []
+        for c in choices_of(final):
+            held = self._held_of(c.index)
+            first = c.index not in self._started
+            role = {"role": "assistant"} if first else {}
+            calls = None
+            if self.tool_names and held.mode != "content":
+                calls = parse_tool_calls(held.text, self.tool_names)
+            if calls is not None:
+                content, parsed = calls
+                delta: dict[str, Any] = {**role, "content": content or None,
+                                         "tool_calls": _call_deltas(parsed)}
+                chunks.append(self._chunk(c.index, delta, events=held.events))
+                chunks.append(self._chunk(c.index, {}, "tool_calls"))
+                continue
+            if held.text or held.events or first:
+                chunks.append(self._chunk(c.index, {**role, "content": held.text},
+                                          events=held.events))
+            chunks.append(self._chunk(c.index, {}, c.finish_reason))
+        return chunks
 
-    def full(self, final: Final) -> dict[str, Any]:
-        body = self._envelope(
-            self.object_name,
-            [{"index": 0, "message": {"role": "assistant", "content": final.text},
-              "logprobs": None, "finish_reason": final.finish_reason}],
-        )
+    def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
+        choices = []
+        for c in choices_of(final):
+            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            finish = c.finish_reason
+            calls = parse_tool_calls(c.text, self.tool_names) if self.tool_names else None
+            if calls is not None:
+                message["content"] = calls[0] or None
+                message["tool_calls"] = [_call(t) for t in calls[1]]
+                finish = "tool_calls"
+            choices.append({"index": c.index, "message": message,
+                            "logprobs": self._logprobs([e for e in events
+                                                        if e.choice == c.index]),
+                            "finish_reason": finish})
+        body = self._envelope(self.object_name, choices)
         body["usage"] = usage(final.prompt_tokens, final.completion_tokens)
         return body
 
 
+@dataclass
+class _Held:
+    """A streamed choice's text not yet sent: while it may still be a tool call (it starts
+    like one), it is held back until the end and parsed."""
+
+    text: str = ""
+    events: list[TokenEvent] = field(default_factory=list)
+    mode: str = "undecided"
+    """``undecided`` (only whitespace or the start of a call marker so far), ``call``
+    (starts like a call: held to the end) or ``content`` (streamed)."""
+
+    def decide(self) -> None:
+        start = self.text.lstrip()
+        if not start:
+            return
+        if start.startswith(_CALL_STARTS):
+            self.mode = "call"
+        elif not any(m.startswith(start) for m in _CALL_STARTS):
+            self.mode = "content"
+
+
+def _call(call: ToolCall) -> dict[str, Any]:
+    return {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def _call_deltas(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    return [{"index": i, **_call(c)} for i, c in enumerate(calls)]
+
+
 class CompletionShape(Shape):
+    """``text_completion`` objects and chunks; ``logprobs`` in the legacy shape (tokens,
+    token_logprobs, top_logprobs with the sampled token added, text_offset); ``echo`` puts
+    the prompt (and its logprobs) first."""
+
     object_name = "text_completion"
     chunk_name = "text_completion"
 
-    def delta(self, text: str, first: bool) -> dict[str, Any]:
-        return self._envelope(
-            self.chunk_name, [{"index": 0, "text": text, "logprobs": None,
-                               "finish_reason": None}]
-        )
+    def __init__(self, response_id: str, model: str, *, tokens: TokenText | None = None,
+                 echo: str | None = None, prompt_ids: Sequence[int] = ()) -> None:
+        super().__init__(response_id, model)
+        self.tokens = tokens
+        self.echo = echo
+        self.prompt_ids = list(prompt_ids)
+        self._offsets: dict[int, int] = {}
 
-    def end(self, finish_reason: str) -> dict[str, Any]:
-        return self._envelope(
-            self.chunk_name, [{"index": 0, "text": "", "logprobs": None,
-                               "finish_reason": finish_reason}]
-        )
+    def _logprobs(self, events: Sequence[TokenEvent], choice: int) -> dict[str, Any] | None:
+        if self.tokens is None:
+            return None
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                               "text_offset": []}
+        offset = self._offsets.get(choice, len(self.echo or ""))
+        for e in events:
+            if e.token_id < 0 or e.logprob is None:
+                continue
+            text = self.tokens.text(e.token_id)
+            top = {self.tokens.text(t.token_id): _logprob(t.logprob) for t in e.top_logprobs}
+            top.setdefault(text, _logprob(e.logprob))
+            self._add(out, text, _logprob(e.logprob), top, offset)
+            offset += len(text)
+        self._offsets[choice] = offset
+        return out
 
-    def full(self, final: Final) -> dict[str, Any]:
-        body = self._envelope(
-            self.object_name,
-            [{"index": 0, "text": final.text, "logprobs": None,
-              "finish_reason": final.finish_reason}],
-        )
+    @staticmethod
+    def _add(out: dict[str, Any], text: str, logprob: float | None,
+             top: dict[str, float] | None, offset: int) -> None:
+        out["tokens"].append(text)
+        out["token_logprobs"].append(logprob)
+        out["top_logprobs"].append(top)
+        out["text_offset"].append(offset)
+
+    def _prompt_logprobs(self, final: Final) -> dict[str, Any]:
+        assert self.tokens is not None
+        out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                               "text_offset": []}
+        offset = 0
+        given = list(final.prompt_logprobs)
+        for i, token_id in enumerate(self.prompt_ids):
+            text = self.tokens.text(token_id)
+            lp = given[i] if i < len(given) else None
+            value = None if lp is None else _logprob(lp.logprob)
+            self._add(out, text, value, None if value is None else {text: value}, offset)
+            offset += len(text)
+        return out
+
+    def delta(self, text: str, first: bool, choice: int = 0) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{"index": choice, "text": text,
+                                                 "logprobs": None, "finish_reason": None}])
+
+    def on_token(self, event: TokenEvent) -> list[dict[str, Any]]:
+        first = event.choice not in self._started
+        text = event.text
+        if first and self.echo:
+            text = self.echo + text
+        if self.tokens is None:
+            if not text and not first:
+                return []
+            self._started.add(event.choice)
+            return [self.delta(text, first, event.choice)]
+        self._started.add(event.choice)
+        chunk = self.delta(text, first, event.choice)
+        chunk["choices"][0]["logprobs"] = self._logprobs([event], event.choice)
+        return [chunk]
+
+    def on_final(self, final: Final) -> list[dict[str, Any]]:
+        chunks = []
+        for c in choices_of(final):
+            if c.index not in self._started and self.echo:
+                chunks.append(self.delta(self.echo, True, c.index))
+            chunks.append(self.end(c.finish_reason, c.index))
+        return chunks
+
+    def end(self, finish_reason: str, choice: int = 0) -> dict[str, Any]:
+        return self._envelope(self.chunk_name, [{"index": choice, "text": "", "logprobs": None,
+                                                 "finish_reason": finish_reason}])
+
+    def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
+        choices = []
+        for c in choices_of(final):
+            logprobs = None
+            if self.tokens is not None:
+                mine = [e for e in events if e.choice == c.index]
+                logprobs = self._logprobs(mine, c.index) or {}
+                if self.echo is not None and final.prompt_logprobs:
+                    head = self._prompt_logprobs(final)
+                    logprobs = {k: head[k] + logprobs[k] for k in head}
+            choices.append({"index": c.index, "text": (self.echo or "") + c.text,
+                            "logprobs": logprobs, "finish_reason": c.finish_reason})
+        body = self._envelope(self.object_name, choices)
         body["usage"] = usage(final.prompt_tokens, final.completion_tokens)
         return body
 
@@ -101,14 +351,14 @@ class InferShape(Shape):
     object_name = "sluice.inference"
     chunk_name = "sluice.inference.chunk"
 
-    def delta(self, text: str, first: bool) -> dict[str, Any]:
+    def delta(self, text: str, first: bool, choice: int = 0) -> dict[str, Any]:
         return {"id": self.id, "object": self.chunk_name, "model": self.model, "delta": text}
 
-    def end(self, finish_reason: str) -> dict[str, Any]:
+    def end(self, finish_reason: str, choice: int = 0) -> dict[str, Any]:
         return {"id": self.id, "object": self.chunk_name, "model": self.model, "delta": "",
                 "finish_reason": finish_reason}
 
-    def full(self, final: Final) -> dict[str, Any]:
+    def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": self.object_name,
@@ -118,3 +368,7 @@ class InferShape(Shape):
             "finish_reason": final.finish_reason,
             "usage": usage(final.prompt_tokens, final.completion_tokens),
         }
+
+
+__all__ = ["ChatShape", "CompletionShape", "InferShape", "Shape", "TokenLogprob",
+           "TokenText", "choices_of"]

@@ -159,7 +159,9 @@ def test_builtin_chat_template_by_name() -> None:
     finally:
         tokenizer.close()
     with pytest.raises(ModelLoadError, match="not supported"):
-        LlamaCppBackend().load_tokenizer(_spec(chat_template="no-such-template {{ x }}"))
+        LlamaCppBackend().load_tokenizer(_spec(chat_template="no-such-template"))
+    with pytest.raises(ModelLoadError, match="does not compile"):
+        LlamaCppBackend().load_tokenizer(_spec(chat_template="{% if %}"))
 
 
 def test_vocab_only_tokenizer_matches_model(model: LlamaCppGenerative) -> None:

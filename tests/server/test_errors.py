@@ -73,14 +73,48 @@ def test_missing_required_field_is_named(client: httpx.Client, path: str) -> Non
     ("/v1/chat/completions", {"messages": [{"role": "system", "content": "x"}]}, "messages"),
     ("/v1/chat/completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ("/v1/chat/completions", {"stop": ""}, "stop"),
-    ("/v1/chat/completions", {"presence_penalty": 0.5}, "presence_penalty"),
-    ("/v1/chat/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"presence_penalty": 2.5}, "presence_penalty"),
+    ("/v1/chat/completions", {"frequency_penalty": -2.1}, "frequency_penalty"),
+    ("/v1/chat/completions", {"repetition_penalty": 0}, "repetition_penalty"),
+    ("/v1/chat/completions", {"repeat_penalty": 11}, "repeat_penalty"),
+    ("/v1/chat/completions", {"repeat_last_n": -2}, "repeat_last_n"),
+    ("/v1/chat/completions", {"min_p": 1.5}, "min_p"),
+    ("/v1/chat/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/chat/completions", {"logit_bias": {"five": 1}}, "logit_bias"),
+    ("/v1/chat/completions", {"logit_bias": {"512": 1}}, "logit_bias"),
+    ("/v1/chat/completions", {"seed": 1.5}, "seed"),
+    ("/v1/chat/completions", {"logprobs": "maybe"}, "logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"n": 0}, "n"),
+    ("/v1/chat/completions", {"n": 17}, "n"),
+    ("/v1/chat/completions", {"n": 9}, "n"),
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format.type"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+     "tools.0.function.name"),
+    ("/v1/chat/completions", {"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"tool_choice": "sometimes"}, "tool_choice"),
+    ("/v1/chat/completions", {
+        "tools": [{"type": "function", "function": {"name": "a"}}],
+        "tool_choice": {"type": "function", "function": {"name": "b"}}}, "tool_choice"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "tool_call_id": "c"}]},
+     "messages.0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "messages.0.content.0"),
+    ("/v1/chat/completions", {"user": "u" * 257}, "user"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"logprobs": -1}, "logprobs"),
+    ("/v1/completions", {"echo": "x"}, "echo"),
+    ("/v1/completions", {"echo": True, "logprobs": 1, "stream": True}, "echo"),
+    ("/v1/completions", {"best_of": 2}, "best_of"),
+    ("/v1/completions", {"n": 17}, "n"),
     ("/v1/chat/completions", {"priority": 10}, "priority"),
     ("/v1/chat/completions", {"deadline_ms": 0}, "deadline_ms"),
     ("/v1/chat/completions", {"top_k": -1}, "top_k"),
     ("/v1/chat/completions", {"stream_options": {"include_usage": "maybe"}},
      "stream_options.include_usage"),
-    ("/v1/completions", {"echo": True}, "echo"),
     ("/v1/completions", {"prompt": []}, "prompt"),
     ("/v1/completions", {"prompt": ["a", "b"]}, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, 512]}, "prompt"),
@@ -101,26 +135,60 @@ def test_invalid_or_out_of_range_parameter_is_400_naming_it(
     assert err["code"] == "invalid_value"
 
 
-def test_n_greater_than_one_is_400(client: httpx.Client) -> None:
+def test_n_is_bounded_by_the_models_sequence_slots(client: httpx.Client) -> None:
+    """The synthetic model runs 8 sequences at once: n = 9 is refused, naming the bound."""
     for path in ("/v1/chat/completions", "/v1/completions"):
-        body = {**ENDPOINT_BODIES[path], "n": 2}
-        assert_error(client.post(path, json=body), 400, param="n", code="invalid_value")
-    # n = 1 is fine
-    r = client.post("/v1/chat/completions", json={**ENDPOINT_BODIES["/v1/chat/completions"],
-                                                  "n": 1})
-    assert r.status_code == 200
+        body = {**ENDPOINT_BODIES[path], "n": 9}
+        err = assert_error(client.post(path, json=body), 400, param="n", code="invalid_value")
+        assert "at most 8" in err["message"]
 
 
 @pytest.mark.parametrize("path", ENDPOINTS)
-def test_unknown_field_is_400_naming_it(client: httpx.Client, path: str) -> None:
+def test_unknown_field_is_ignored_and_named_in_a_header(client: httpx.Client,
+                                                        path: str) -> None:
     body = {**ENDPOINT_BODIES[path], "frobnicate": True}
-    err = assert_error(client.post(path, json=body), 400, param="frobnicate")
-    assert "frobnicate" in err["message"]
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-sluice-ignored-fields"] == "frobnicate"
+    assert "x-sluice-ignored-fields" not in client.post(path, json=ENDPOINT_BODIES[path]).headers
 
 
-def test_unknown_nested_field_is_named_by_path(client: httpx.Client) -> None:
-    body = {"model": CHAT, "messages": [{"role": "user", "content": "x", "mood": "calm"}]}
-    assert_error(client.post("/v1/chat/completions", json=body), 400, param="messages.0.mood")
+def test_unknown_nested_fields_are_named_by_path(client: httpx.Client) -> None:
+    body = {"model": CHAT, "messages": [{"role": "user", "content": "x", "mood": "calm"}],
+            "max_tokens": 1, "stream_options": {"include_usage": True, "chunky": 1},
+            "stream": True, "metadata": {"k": "v"}}
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["x-sluice-ignored-fields"] == \
+            "metadata,stream_options.chunky,messages.0.mood"
+        assert sse_data(r.iter_lines())[-1] == "[DONE]"
+
+
+def test_ignored_field_names_are_safe_in_a_header(client: httpx.Client) -> None:
+    body = {**ENDPOINT_BODIES["/v1/chat/completions"], "été\r\nX-Evil: 1": True}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    assert r.headers["x-sluice-ignored-fields"] == "?t???X-Evil??1"
+    assert "x-evil" not in r.headers
+
+
+@pytest.fixture(scope="module")
+def strict_server(serve_module: Callable[..., LiveServer]) -> LiveServer:
+    return serve_module(config_with(server={"strict_fields": True}))
+
+
+@pytest.mark.parametrize("path", ENDPOINTS)
+def test_strict_fields_refuses_unknown_fields_naming_them(strict_server: LiveServer,
+                                                          path: str) -> None:
+    with strict_server.client() as c:
+        body = {**ENDPOINT_BODIES[path], "frobnicate": True}
+        err = assert_error(c.post(path, json=body), 400, param="frobnicate",
+                           code="invalid_value")
+        assert "frobnicate" in err["message"]
+        nested = {"model": CHAT, "messages": [{"role": "user", "content": "x", "mood": "c"}]}
+        assert_error(c.post("/v1/chat/completions", json=nested), 400,
+                     param="messages.0.mood")
+        assert c.post(path, json=ENDPOINT_BODIES[path]).status_code == 200
 
 
 @pytest.mark.parametrize(("header", "value"), [

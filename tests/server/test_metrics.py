@@ -3,11 +3,20 @@ agree with the requests that were made."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import httpx
 
-from tests.server.live import LiveServer, metric_sum, scrape, synthetic_config, wait_for
+from tests.server.live import (
+    LiveServer,
+    config_with,
+    metric_sum,
+    scrape,
+    synth_chat,
+    synthetic_config,
+    wait_for,
+)
 
 CHAT = "synth-chat"
 
@@ -74,7 +83,18 @@ def test_metrics_count_the_requests(serve: Callable[..., LiveServer]) -> None:
     assert metric_sum(s, "sluice_request_latency_seconds_count") == n_total
     assert metric_sum(s, "sluice_goodput_total") == n_total
     assert metric_sum(s, "sluice_tokens_total", kind="completion") == completion_tokens
-    assert metric_sum(s, "sluice_inter_token_latency_seconds_count") == n_generative
+    # TPOT: one mean per generative request; ITL: one gap per token after each first.
+    assert metric_sum(s, "sluice_time_per_output_token_seconds_count") == n_generative
+    assert metric_sum(s, "sluice_inter_token_latency_seconds_count") == \
+        completion_tokens - n_generative
+    tpot_mean = (metric_sum(s, "sluice_time_per_output_token_seconds_sum") / n_generative)
+    itl_mean = (metric_sum(s, "sluice_inter_token_latency_seconds_sum")
+                / (completion_tokens - n_generative))
+    assert tpot_mean > 0 and itl_mean > 0
+    prompt_tokens = metric_sum(s, "sluice_tokens_total", kind="prompt")
+    assert metric_sum(s, "sluice_prefix_cache_queries_total", model=CHAT) == prompt_tokens
+    assert metric_sum(s, "sluice_requests_running") == 0
+    assert metric_sum(s, "sluice_requests_waiting") == 0
     assert metric_sum(s, "sluice_model_loads_total") >= 2
     # Gauges from the snapshot: idle now.
     assert metric_sum(s, "sluice_queue_depth") == 0
@@ -96,3 +116,59 @@ def test_worker_up_follows_the_worker_threads(serve: Callable[..., LiveServer]) 
         s = scrape(c)
         assert metric_sum(s, "sluice_worker_up", worker="0") == 1
         assert metric_sum(s, "sluice_worker_up", worker="1") == 0
+
+
+def _stream_in_background(live: LiveServer, body: dict[str, object]) -> tuple[
+        threading.Thread, list[str]]:
+    """Start a streamed chat request; the list gets its SSE lines as they come."""
+    lines: list[str] = []
+
+    def run() -> None:
+        with live.client() as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines.extend(r.iter_lines())
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, lines
+
+
+def test_running_waiting_and_prefix_cache_hits(serve: Callable[..., LiveServer]) -> None:
+    """One slot: a second request waits while the first runs. Two slots: a second prompt
+    sharing a 40-word prefix with a running one copies that prefix's KV (hits)."""
+    slow = {"step_fixed_s": 0.02, "n_seq_max": 1}
+    live = serve(config_with(models=[synth_chat("one-slot", **slow),
+                                     synth_chat("two-slots", **{**slow, "n_seq_max": 2})],
+                             workers={"count": 1, "budget_bytes": 800_000_000}))
+    shared = " ".join(f"w{i}" for i in range(3, 43))
+    with live.client() as c:
+        first, lines = _stream_in_background(live, {
+            "model": "one-slot", "stream": True, "max_tokens": 60,
+            "messages": [{"role": "user", "content": "a"}]})
+        wait_for(lambda: len(lines) > 2)
+        second, _ = _stream_in_background(live, {
+            "model": "one-slot", "stream": True, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "b"}]})
+
+        def one_waiting() -> dict[str, list[tuple[dict[str, str], float]]] | None:
+            m = scrape(c)
+            return m if metric_sum(m, "sluice_requests_waiting") == 1 else None
+
+        s = wait_for(one_waiting)
+        assert metric_sum(s, "sluice_requests_running") == 1
+        first.join(30)
+        second.join(30)
+
+        donor, lines = _stream_in_background(live, {
+            "model": "two-slots", "stream": True, "max_tokens": 60,
+            "messages": [{"role": "user", "content": shared + " first"}]})
+        wait_for(lambda: len(lines) > 2)
+        r = c.post("/v1/chat/completions", json={
+            "model": "two-slots", "max_tokens": 2,
+            "messages": [{"role": "user", "content": shared + " second"}]})
+        assert r.status_code == 200
+        donor.join(30)
+        s = scrape(c)
+    hits = metric_sum(s, "sluice_prefix_cache_hits_total", model="two-slots")
+    assert hits >= 40
+    assert metric_sum(s, "sluice_prefix_cache_queries_total", model="two-slots") >= hits + 2
+    assert metric_sum(s, "sluice_prefix_cache_hits_total", model="one-slot") == 0

@@ -7,15 +7,16 @@ the packaged default), ``n_ctx`` (4096), ``n_seq_max`` (8), ``n_threads`` (2),
 
 Modules: ``options`` (validated spec options, the GGUF path, the KV layout), ``native``
 (ctypes initialisation and log silencing, model load/free, the numpy-owned
-``llama_batch``), ``templates`` (Gemma's turn format, llama.cpp's built-in renderer),
-``tokenizer`` (``LlamaCppTokenizer``), ``model`` (``LlamaCppGenerative``: the
-multi-sequence context and ``forward``), ``backend`` (``LlamaCppBackend``).
+``llama_batch``), ``templates`` (which chat template a GGUF uses: Jinja, llama.cpp's
+built-in renderer, or Gemma's turn format from ``sluice.backends.chat``), ``tokenizer``
+(``LlamaCppTokenizer``), ``model`` (``LlamaCppGenerative``: the multi-sequence context and
+``forward``), ``backend`` (``LlamaCppBackend``).
 """
 
+from sluice.backends.chat import render_gemma
 from sluice.backends.llamacpp.backend import LlamaCppBackend
 from sluice.backends.llamacpp.model import LlamaCppGenerative
 from sluice.backends.llamacpp.options import LlamaCppOptions, ctx_layout, resolve_model_path
-from sluice.backends.llamacpp.templates import render_gemma
 from sluice.backends.llamacpp.tokenizer import LlamaCppTokenizer
 
 __all__ = [

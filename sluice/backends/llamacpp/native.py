@@ -68,6 +68,8 @@ def load_llama_model(
     params = lib.llama_model_default_params()
     params.vocab_only = vocab_only
     params.use_extra_bufts = options.use_extra_bufts()
+    if options.n_gpu_layers is not None:
+        params.n_gpu_layers = options.n_gpu_layers
     model = lib.llama_model_load_from_file(str(path).encode(), params)
     if not model:
         raise ModelLoadError(

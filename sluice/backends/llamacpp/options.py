@@ -44,8 +44,11 @@ class LlamaCppOptions:
     n_batch: int = 512
     """The most tokens in one ``llama_decode``; a larger forward is split."""
     chat_template: str | None = None
-    """``gemma``, a llama.cpp built-in template name or text; ``None`` = the GGUF's own,
-    else ``gemma``."""
+    """Jinja template text (rendered as llama-server does), ``gemma``, or a llama.cpp
+    built-in template name; ``None`` = the GGUF's own, else ``gemma``."""
+    n_gpu_layers: int | None = None
+    """Layers to offload to a GPU (llama-server's ``--n-gpu-layers``; a CPU build of
+    llama.cpp ignores it); ``None`` = llama.cpp's default."""
     verbose: bool = False
     """Keep llama.cpp's log output (process-wide, decided by the first load)."""
     extra_bufts: bool | None = None
@@ -54,8 +57,14 @@ class LlamaCppOptions:
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> LlamaCppOptions:
-        """Read and check ``spec.options``; ``ModelLoadError`` names a bad field."""
+        """Read and check ``spec.options``; ``ModelLoadError`` names a bad or unknown
+        field."""
         opts = spec.options
+        unknown = sorted(set(opts) - OPTION_KEYS)
+        if unknown:
+            names = ", ".join(repr(k) for k in unknown)
+            raise ModelLoadError(f"{spec.model_id}: unknown llamacpp option {names} "
+                                 f"(known: {', '.join(sorted(OPTION_KEYS))})")
         ints = {}
         for key in ("n_ctx", "n_seq_max", "n_threads", "n_batch"):
             value = opts.get(key, getattr(cls, key))
@@ -71,9 +80,14 @@ class LlamaCppOptions:
         path = opts.get("path")
         template = opts.get("chat_template")
         extra = opts.get("extra_bufts")
+        gpu = opts.get("n_gpu_layers")
+        if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < -1):
+            raise ModelLoadError(
+                f"{spec.model_id}: option n_gpu_layers={gpu!r} must be an integer >= -1")
         return cls(
             path=None if path is None else str(path),
             chat_template=None if not template else str(template),
+            n_gpu_layers=gpu,
             verbose=bool(opts.get("verbose", False)),
             extra_bufts=None if extra is None else bool(extra),
             **ints,
@@ -81,6 +95,11 @@ class LlamaCppOptions:
 
     def use_extra_bufts(self) -> bool:
         return (not _cpu_has_amx()) if self.extra_bufts is None else self.extra_bufts
+
+
+OPTION_KEYS = frozenset({"path", "n_ctx", "n_seq_max", "n_threads", "n_batch", "chat_template",
+                         "n_gpu_layers", "verbose", "extra_bufts"})
+"""Every option the llamacpp backend reads (any other key is an error naming it)."""
 
 
 def ctx_layout(n_ctx: int, n_seq_max: int) -> tuple[int, int]:

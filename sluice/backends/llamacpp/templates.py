@@ -1,5 +1,7 @@
-"""Chat templates: Gemma's turn format (the packaged base model's fallback) and
-llama.cpp's built-in renderer, which recognises common templates by name or text."""
+"""The chat template of a GGUF: the configured one, else the GGUF's own
+(``tokenizer.chat_template``), else Gemma's turn format. Template text is rendered as Jinja,
+as llama-server does; a name (``chatml``, ``llama3`` ...) selects llama.cpp's built-in
+renderer."""
 
 from __future__ import annotations
 
@@ -7,49 +9,61 @@ import ctypes
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sluice.backends.chat import (
+    Capabilities,
+    ChatTemplate,
+    gemma_template,
+    jinja_template,
+    looks_like_jinja,
+)
+
 GEMMA_TEMPLATE = "gemma"
-"""The template name that selects ``render_gemma``."""
+"""The template name that selects Gemma's turn format."""
 
 
-def render_gemma(messages: Sequence[Mapping[str, str]]) -> str:
-    """Gemma's turn format; system text is prepended to the next user turn, no BOS."""
-    parts: list[str] = []
-    system: list[str] = []
-    for message in messages:
-        role, content = message["role"], message["content"].strip()
-        if role == "system":
-            system.append(content)
-            continue
-        role = "model" if role == "assistant" else role
-        if system and role != "model":
-            content = "\n\n".join([*system, content])
-            system = []
-        parts.append(f"<start_of_turn>{role}\n{content}<end_of_turn>\n")
-    if system:  # a conversation of system messages only
-        parts.append(f"<start_of_turn>user\n{chr(10).join(system)}<end_of_turn>\n")
-    parts.append("<start_of_turn>model\n")
-    return "".join(parts)
+def pick_template(lib: Any, model: Any, vocab: Any, configured: str | None) -> ChatTemplate:
+    """The configured template, else the GGUF's own, else ``gemma``; ``ValueError`` if
+    neither Jinja nor llama.cpp's built-in renderer can use it."""
+    source = configured
+    if not source:
+        embedded = lib.llama_model_chat_template(model, None)
+        source = embedded.decode("utf-8", "replace") if embedded else GEMMA_TEMPLATE
+    if source == GEMMA_TEMPLATE:
+        return gemma_template()
+    if looks_like_jinja(source):
+        try:
+            return jinja_template(source, bos_token=_token_text(lib, vocab, "bos"),
+                                  eos_token=_token_text(lib, vocab, "eos"))
+        except ValueError as jinja_error:
+            try:  # llama.cpp still recognises many templates by their text
+                return builtin_template(lib, source)
+            except ValueError:
+                raise jinja_error from None
+    return builtin_template(lib, source)
 
 
-def pick_template(lib: Any, model: Any, configured: str | None) -> str:
-    """The configured template, else the GGUF's own, else ``gemma``."""
-    if configured:
-        return configured
-    embedded = lib.llama_model_chat_template(model, None)
-    return embedded.decode("utf-8", "replace") if embedded else GEMMA_TEMPLATE
+def _token_text(lib: Any, vocab: Any, which: str) -> str:
+    token = getattr(lib, f"llama_vocab_{which}")(vocab)
+    if token < 0:
+        return ""
+    text = lib.llama_vocab_get_text(vocab, token)
+    return text.decode("utf-8", "replace") if text else ""
 
 
-def apply_template(lib: Any, template: str, messages: Sequence[Mapping[str, str]]) -> str:
-    """The prompt text of ``messages`` under ``template``; ``ValueError`` if llama.cpp
-    does not know the template."""
-    if template == GEMMA_TEMPLATE:
-        return render_gemma(messages)
-    return render_builtin(lib, template, messages)
+def builtin_template(lib: Any, template: str) -> ChatTemplate:
+    """llama.cpp's built-in renderer (no tools: they use the generic format)."""
+
+    def render(messages: Sequence[Mapping[str, Any]], _tools: Any, _gen: bool) -> str:
+        return render_builtin(lib, template, messages)
+
+    render([{"role": "user", "content": "hi"}], None, True)  # ValueError if unknown
+    return ChatTemplate(template[:40], render, caps=Capabilities(system=True))
 
 
-def render_builtin(lib: Any, template: str, messages: Sequence[Mapping[str, str]]) -> str:
+def render_builtin(lib: Any, template: str, messages: Sequence[Mapping[str, Any]]) -> str:
     """llama.cpp's built-in renderer: it recognises common templates by name or text."""
-    encoded = [(m["role"].encode(), m["content"].encode()) for m in messages]
+    encoded = [(str(m["role"]).encode(), str(m.get("content") or "").encode())
+               for m in messages]
     chat = (lib.llama_chat_message * len(encoded))()
     for i, (role, content) in enumerate(encoded):
         chat[i].role, chat[i].content = role, content

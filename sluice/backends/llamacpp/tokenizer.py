@@ -10,9 +10,10 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sluice.backends.base import ModelLoadError, ModelSpec, TokenTable
+from sluice.backends.chat import ChatPrompt, ChatTemplate
 from sluice.backends.llamacpp.native import free_native
 from sluice.backends.llamacpp.options import LlamaCppOptions, ctx_layout, resolve_model_path
-from sluice.backends.llamacpp.templates import apply_template, pick_template
+from sluice.backends.llamacpp.templates import pick_template
 
 _TABLES: dict[tuple[str, int, int, int], TokenTable] = {}
 """Token tables by GGUF file (path, size, mtime) and vocabulary size."""
@@ -25,7 +26,8 @@ class LlamaCppTokenizer:
     Built by ``LlamaCppBackend.load_tokenizer`` on a vocab-only model (no weights), so it
     is cheap and independent of the worker's context; a lock serialises its calls so
     several control-plane threads may share it. ``tokenize`` parses special-token text
-    such as ``<start_of_turn>`` into its special token, as chat templates need.
+    such as ``<start_of_turn>`` into its special token unless ``special=False``; chat
+    prompts (``apply_chat``) keep user text plain.
     """
 
     def __init__(
@@ -51,11 +53,12 @@ class LlamaCppTokenizer:
             t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t)
         )
         self._pieces: dict[int, bytes] = {}
-        self.chat_template = pick_template(lib, model, options.chat_template)
         try:
-            self.render_chat([{"role": "user", "content": "hi"}])
+            self.template: ChatTemplate = pick_template(lib, model, self._vocab,
+                                                        options.chat_template)
         except ValueError as exc:
             raise ModelLoadError(f"{spec.model_id}: {exc}") from exc
+        self.chat_template = self.template.name
         if standalone:
             self._finalizer = weakref.finalize(self, free_native, lib, None, model)
 
@@ -140,5 +143,9 @@ class LlamaCppTokenizer:
                 return buf.raw[:n]
             size = -n
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        return apply_template(self._lib, self.chat_template, messages)
+    def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return self.template.render_text(messages)
+
+    def apply_chat(self, messages: Sequence[Mapping[str, Any]],
+                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+        return self.template.apply(messages, tools)

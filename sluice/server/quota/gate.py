@@ -30,10 +30,10 @@ MAX_RETRY_AFTER_S = 3600.0
 
 
 def estimate_tokens(req: RtRequest) -> int:
-    """Tokens reserved at admission: prompt + ``max_tokens`` (generative), or the input's
-    whitespace-separated words (one-shot; at least 1)."""
+    """Tokens reserved at admission: prompt (once) + ``max_tokens`` for each of the ``n``
+    choices (generative), or the input's whitespace-separated words (one-shot; at least 1)."""
     if req.kind == "generative":
-        return len(req.prompt_tokens) + req.params.max_tokens
+        return len(req.prompt_tokens) + req.params.max_tokens * req.params.n
     return max(1, len(str(req.input).split()))
 
 

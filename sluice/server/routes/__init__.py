@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sluice.server.routes import admin, native, openai, operations
+from sluice.server.routes import admin, native, openai, operations, tokens
 
-ROUTERS: tuple[APIRouter, ...] = (openai.router, native.router, admin.router,
-                                  operations.router)
+ROUTERS: tuple[APIRouter, ...] = (openai.router, native.router, tokens.router,
+                                  admin.router, operations.router)
 """Every router, in the order the app includes them."""
 
 __all__ = ["ROUTERS"]

@@ -13,11 +13,12 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 
 from sluice.backends.base import ModelSpec, Tokenizer
 from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
-from sluice.engine.request import Final, RequestStatus, SamplingParams
+from sluice.engine.request import Final, RequestStatus, SamplingParams, TokenEvent
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.runtime import Rejected
 from sluice.server import access
@@ -29,6 +30,7 @@ from sluice.server.errors import (
     rejection_error,
     unknown_model,
 )
+from sluice.server.schemas import ignored_fields
 from sluice.server.shapes import Shape
 
 log = logging.getLogger("sluice.server")
@@ -78,6 +80,26 @@ def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
         log.error("model %s: tokenizer failed to load: %s", model, exc)
         raise APIError(500, "The model could not be loaded.", type="server_error",
                        code="model_load_failed") from None
+
+
+IGNORED_HEADER = "x-sluice-ignored-fields"
+_HEADER_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def body_headers(request: Request, body: BaseModel) -> dict[str, str]:
+    """Unknown fields of ``body``: ignored, named in ``x-sluice-ignored-fields`` and a debug
+    log line; with ``server.strict_fields`` a 400 naming the first."""
+    ignored = ignored_fields(body)
+    if not ignored:
+        return {}
+    if ctx_of(request).config.server.strict_fields:
+        raise bad_param(ignored[0], f"Invalid value for '{ignored[0]}': Extra inputs are not "
+                                    f"permitted")
+    log.debug("%s %s: ignored unknown fields %s", request.method, request.url.path,
+              ignored[:32])
+    names = ["".join(ch if ch in _HEADER_SAFE else "?" for ch in name[:64])
+             for name in ignored[:32]]
+    return {IGNORED_HEADER: ",".join(names)}
 
 
 def _header_number(headers: Mapping[str, str], name: str, lo: float,
@@ -226,13 +248,26 @@ async def run_generative(
     *,
     stream: bool,
     include_usage: bool,
+    headers: dict[str, str] | None = None,
+    keep_events: bool = False,
 ) -> Response:
-    """Admit ``req`` and answer it: one JSON body, or (``stream``) SSE chunks ending with
-    ``[DONE]``. A client that disconnects cancels the request (499)."""
+    """Admit ``req`` and answer it: one JSON body (``shape.full``, given the token events
+    when ``keep_events``), or (``stream``) SSE chunks from ``shape.on_token`` and
+    ``shape.on_final`` ending with ``[DONE]``. A client that disconnects cancels the request
+    (499)."""
     ctx = ctx_of(request)
     [handle] = await admit(ctx, [req])
+    extra = dict(headers or {})
     if not stream:
-        final = await _race_disconnect(request, handle.result())
+        events: list[TokenEvent] = []
+
+        async def consume() -> Final | None:
+            async for event in handle.events():
+                if keep_events and isinstance(event, TokenEvent):
+                    events.append(event)
+            return handle.final
+
+        final = await _race_disconnect(request, consume())
         if final is None:
             handle.cancel()
             return Response(status_code=499)
@@ -240,10 +275,10 @@ async def run_generative(
             raise _with_headers(final_api_error(final), req)
         if ctx.config.server.log_content:
             log.debug("request %s completion: %r", req.request_id, final.text)
-        return JSONResponse(shape.full(final), headers=decision_headers(req))
+        return JSONResponse(shape.full(final, events), headers={**decision_headers(req), **extra})
 
-    events = handle.events().__aiter__()
-    first = await _race_disconnect(request, events.__anext__())
+    stream_events = handle.events().__aiter__()
+    first = await _race_disconnect(request, stream_events.__anext__())
     if first is None:
         handle.cancel()
         return Response(status_code=499)
@@ -251,13 +286,13 @@ async def run_generative(
         raise _with_headers(final_api_error(first), req)
 
     async def body() -> AsyncIterator[bytes]:
-        sent_first = False
         event: Any = first
         try:
             while True:
                 if isinstance(event, Final):
                     if event.status == RequestStatus.COMPLETED:
-                        yield _sse(shape.end(event.finish_reason))
+                        for chunk in shape.on_final(event):
+                            yield _sse(chunk)
                         if include_usage:
                             yield _sse(shape.usage_chunk(event))
                     else:
@@ -266,16 +301,16 @@ async def run_generative(
                                               "param": None, "code": err.code}})
                     yield _sse("[DONE]")
                     return
-                if event.text or not sent_first:
-                    yield _sse(shape.delta(event.text, first=not sent_first))
-                    sent_first = True
-                event = await events.__anext__()
+                for chunk in shape.on_token(event):
+                    yield _sse(chunk)
+                event = await stream_events.__anext__()
         finally:
             if handle.final is None:
                 handle.cancel()
 
     return StreamingResponse(body(), media_type="text/event-stream",
-                             headers={**decision_headers(req), "cache-control": "no-cache"})
+                             headers={**decision_headers(req), **extra,
+                                      "cache-control": "no-cache"})
 
 
 def _with_headers(err: APIError, req: RtRequest) -> APIError:

@@ -5,11 +5,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from sluice.backends.chat import chat_tokens
 from sluice.config import TenantConfig
 from sluice.server.errors import APIError, bad_param, unknown_model
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
+    body_headers,
     ctx_of,
     decision_headers,
     generative_request,
@@ -27,6 +29,7 @@ router = APIRouter(tags=["native"])
 async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Response:
     """sluice's native endpoint: any model, with tenant, priority, deadline."""
     ctx = ctx_of(request)
+    headers = body_headers(request, body)
     if body.tenant_id is not None and body.tenant_id != tenant.id:
         if ctx.auth.enabled:
             raise APIError(403, "tenant_id does not match the API key's tenant",
@@ -41,19 +44,25 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
         finals, reqs = await one_shot(request, body.model, tenant, [body.input], body.priority,
                                       body.deadline_ms)
         shape = InferShape(f"infer-{reqs[0].request_id}", body.model)
-        return JSONResponse(shape.full(finals[0]), headers=decision_headers(reqs[0]))
+        return JSONResponse(shape.full(finals[0]),
+                            headers={**decision_headers(reqs[0]), **headers})
     tok = tokenizer_of(ctx, body.model)
-    if isinstance(body.input, str):
-        text = body.input
-    else:
-        text = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.input])
+    text: str | None = body.input if isinstance(body.input, str) else None
+    ids: list[int] | None = None
+    if not isinstance(body.input, str):
+        try:
+            ids = chat_tokens(tok, tok.apply_chat([m.as_dict() for m in body.input]))
+        except ValueError as exc:
+            raise bad_param("input", f"Invalid messages: {exc}") from None
     req = await generative_request(
-        ctx, request.headers, body.model, tenant, text=text, token_ids=None,
+        ctx, request.headers, body.model, tenant, text=text, token_ids=ids,
         max_tokens=body.max_new_tokens,
         params={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-                "seed": body.seed, "stop": tuple(body.stop or ())},
+                "seed": None if body.seed is None else body.seed % 2**64,
+                "stop": tuple(body.stop or ())},
         priority=body.priority, deadline_ms=body.deadline_ms,
         names=("input", "max_new_tokens"),
     )
     shape = InferShape(f"infer-{req.request_id}", body.model)
-    return await run_generative(request, req, shape, stream=body.stream, include_usage=True)
+    return await run_generative(request, req, shape, stream=body.stream, include_usage=True,
+                                headers=headers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -9,9 +10,15 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from sluice.backends.base import Tokenizer
+from sluice.backends.chat import ChatPrompt, chat_tokens
+from sluice.server import access
+from sluice.server.errors import bad_param, unknown_model
+from sluice.server.params import checked, format_constraint, sampling_kwargs, tool_plan
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
+    body_headers,
     ctx_of,
     decision_headers,
     embedding_spec,
@@ -23,60 +30,90 @@ from sluice.server.routes.common import (
     tokenizer_of,
 )
 from sluice.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from sluice.server.shapes import ChatShape, CompletionShape
+from sluice.server.shapes import ChatShape, CompletionShape, TokenText
 
 router = APIRouter(tags=["openai"])
 
 
-def _sampling(body: ChatCompletionRequest | CompletionRequest) -> dict[str, Any]:
-    return {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "seed": body.seed,
-        "stop": body.stop_list(),
-        "ignore_eos": body.ignore_eos,
-    }
+async def _chat_tokens(tok: Tokenizer, prompt: ChatPrompt) -> list[int]:
+    if len(prompt.text) < 4096:
+        return chat_tokens(tok, prompt)
+    return await asyncio.to_thread(chat_tokens, tok, prompt)
 
 
 @router.post("/v1/chat/completions", responses=ERROR_RESPONSES)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, tenant: Tenant
 ) -> Response:
-    """OpenAI chat completions; ``stream`` gives SSE chunks ending with ``[DONE]``."""
+    """OpenAI chat completions; ``stream`` gives SSE chunks ending with ``[DONE]``. Tools
+    are rendered with the model's template (or the generic format) and calls parsed from
+    the output; ``response_format`` and required calls constrain decoding."""
     ctx = ctx_of(request)
+    headers = body_headers(request, body)
     spec_of_kind(ctx, body.model, "generative")
     tok = tokenizer_of(ctx, body.model)
-    prompt = tok.render_chat([{"role": m.role, "content": m.text()} for m in body.messages])
+    plan = tool_plan(body)
+    try:
+        prompt = tok.apply_chat([m.as_dict() for m in body.messages], plan.tools or None)
+    except ValueError as exc:
+        raise bad_param("messages", f"Invalid messages: {exc}") from None
+    params = sampling_kwargs(body, tok)
+    constraint, param = ((plan.constraint, "tools") if plan.constraint is not None
+                         else (format_constraint(body.response_format), "response_format"))
+    # Compiling is quick, but the first constraint of a model builds its grammar vocabulary
+    # (1-3 s): never on the event loop.
+    params["constraint"] = (None if constraint is None
+                            else await asyncio.to_thread(checked, constraint, tok, param))
     req = await generative_request(
-        ctx, request.headers, body.model, tenant, text=prompt, token_ids=None,
-        max_tokens=body.max_completion_tokens or body.max_tokens, params=_sampling(body),
+        ctx, request.headers, body.model, tenant, text=None,
+        token_ids=await _chat_tokens(tok, prompt),
+        max_tokens=body.max_completion_tokens or body.max_tokens, params=params,
         priority=body.priority, deadline_ms=body.deadline_ms,
         names=("messages", "max_completion_tokens" if body.max_completion_tokens
                else "max_tokens"),
     )
-    shape = ChatShape(f"chatcmpl-{req.request_id}", body.model)
+    if ctx.config.server.log_content:
+        access.note_prompt(prompt.text)
+    shape = ChatShape(f"chatcmpl-{req.request_id}", body.model,
+                      tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await run_generative(request, req, shape, stream=body.stream,
-                                include_usage=include_usage)
+                                include_usage=include_usage, headers=headers,
+                                keep_events=bool(body.logprobs))
 
 
 @router.post("/v1/completions", responses=ERROR_RESPONSES)
 async def completions(body: CompletionRequest, request: Request, tenant: Tenant) -> Response:
-    """OpenAI text completions (one prompt per request)."""
+    """OpenAI text completions (one prompt per request); ``echo`` puts the prompt first,
+    with its logprobs when ``logprobs`` is set."""
+    headers = body_headers(request, body)
+    ctx = ctx_of(request)
+    spec_of_kind(ctx, body.model, "generative")
+    tok = tokenizer_of(ctx, body.model)
+    want_logprobs = body.logprobs is not None
+    if body.echo and want_logprobs and body.stream:
+        raise bad_param("echo", "echo with logprobs is only available without stream "
+                                "(the prompt's logprobs arrive with the last token)")
     prompt = body.prompt
     text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt[0], str)
                                                     else None)
     ids = None if text is not None else [int(t) for t in prompt]
     req = await generative_request(
-        ctx_of(request), request.headers, body.model, tenant, text=text, token_ids=ids,
-        max_tokens=body.max_tokens or 16, params=_sampling(body),
+        ctx, request.headers, body.model, tenant, text=text, token_ids=ids,
+        max_tokens=body.max_tokens or 16, params=sampling_kwargs(body, tok),
         priority=body.priority, deadline_ms=body.deadline_ms, names=("prompt", "max_tokens"),
     )
-    shape = CompletionShape(f"cmpl-{req.request_id}", body.model)
+    echo = None
+    if body.echo:
+        echo = text if text is not None else b"".join(
+            tok.token_bytes(t) for t in req.prompt_tokens).decode("utf-8", "replace")
+    shape = CompletionShape(f"cmpl-{req.request_id}", body.model,
+                            tokens=TokenText(tok) if want_logprobs else None, echo=echo,
+                            prompt_ids=req.prompt_tokens)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await run_generative(request, req, shape, stream=body.stream,
-                                include_usage=include_usage)
+                                include_usage=include_usage, headers=headers,
+                                keep_events=want_logprobs)
 
 
 def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
@@ -88,6 +125,7 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES)
 async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -> Response:
     """OpenAI embeddings for one-shot embedding models."""
+    headers = body_headers(request, body)
     embedding_spec(ctx_of(request), body.model)
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
     finals, reqs = await one_shot(request, body.model, tenant, inputs, body.priority,
@@ -101,10 +139,20 @@ async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -
         "model": body.model,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
     }
-    return JSONResponse(payload, headers=decision_headers(reqs[-1]))
+    return JSONResponse(payload, headers={**decision_headers(reqs[-1]), **headers})
 
 
 @router.get("/v1/models", responses={401: {"description": "bad key"}})
 async def list_models(request: Request, tenant: Tenant) -> dict[str, Any]:
     """Configured models, with where each is resident."""
     return {"object": "list", "data": model_list(ctx_of(request))}
+
+
+@router.get("/v1/models/{model_id:path}", responses={401: {"description": "bad key"},
+                                                     404: {"description": "unknown model"}})
+async def get_model(model_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
+    """One model, as listed (404 ``model_not_found`` if it is not configured)."""
+    for entry in model_list(ctx_of(request)):
+        if entry["id"] == model_id:
+            return entry
+    raise unknown_model(model_id)

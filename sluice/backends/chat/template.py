@@ -1,0 +1,199 @@
+"""``ChatTemplate``: a model's chat format plus what it cannot do natively, filled in with the
+generic tool format, and the marking that keeps user text plain (``prompt``).
+
+A template is a render function ``(messages, tools, add_generation_prompt) -> str`` and its
+``Capabilities``, found by rendering probe conversations (as llama.cpp's minja does): does the
+system message show, do tools, tool calls and tool results show, is content trimmed. What the
+template cannot show is rewritten before it renders: tools go into the system message in the
+generic format, tool calls into assistant text, tool results into user turns, and a system
+message into the first user turn.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.backends.chat.prompt import ChatPrompt, mark, mark_json, split_marked
+from sluice.backends.chat.tools import call_text, result_text, tool_preamble
+
+Message = Mapping[str, Any]
+Tools = Sequence[Mapping[str, Any]]
+Render = Callable[[Sequence[Message], Tools | None, bool], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a template renders natively."""
+
+    system: bool = True
+    tools: bool = False
+    tool_calls: bool = False
+    tool_responses: bool = False
+    trims: bool = False
+    """It strips whitespace around message content (then sluice strips it first, since
+    marked content cannot be trimmed by the template)."""
+
+
+_PROBE_TOOL = {"type": "function", "function": {
+    "name": "sluice_probe_tool", "description": "probe",
+    "parameters": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+_PROBE_CALL = {"role": "assistant", "content": "", "tool_calls": [{
+    "id": "call_probe", "type": "function",
+    "function": {"name": "sluice_probe_call", "arguments": {"a": "x"}}}]}
+_PROBE_RESULT = {"role": "tool", "tool_call_id": "call_probe", "name": "sluice_probe_call",
+                 "content": "sluice_probe_result"}
+
+
+def probe(render: Render) -> Capabilities:
+    """Render small conversations and look for each probe's text in the output."""
+
+    def shows(messages: list[dict[str, Any]], tools: Tools | None, needle: str) -> str | None:
+        try:
+            out = render(messages, tools, True)
+        except ValueError:
+            return None
+        return out if needle in out else None
+
+    user = {"role": "user", "content": "sluice_probe_user"}
+    padded = shows([{"role": "user", "content": "  sluice_probe_user  "}], None,
+                   "sluice_probe_user")
+    return Capabilities(
+        system=shows([{"role": "system", "content": "sluice_probe_system"}, user], None,
+                     "sluice_probe_system") is not None,
+        tools=shows([user], [_PROBE_TOOL], "sluice_probe_tool") is not None,
+        tool_calls=shows([user, _PROBE_CALL], None, "sluice_probe_call") is not None,
+        tool_responses=shows([user, _PROBE_CALL, _PROBE_RESULT], None,
+                             "sluice_probe_result") is not None,
+        trims=padded is not None and "sluice_probe_user  " not in padded,
+    )
+
+
+class ChatTemplate:
+    """A model's chat format. ``apply`` gives a ``ChatPrompt`` whose user text is plain."""
+
+    def __init__(self, name: str, render: Render, *, bos_text: str = "",
+                 caps: Capabilities | None = None) -> None:
+        self.name = name
+        self._render = render
+        self.bos_text = bos_text
+        self.caps = caps if caps is not None else probe(render)
+
+    def apply(self, messages: Sequence[Message], tools: Tools | None = None,
+              add_generation_prompt: bool = True) -> ChatPrompt:
+        """Render ``messages`` (OpenAI shapes: ``role``, ``content``, ``name``,
+        ``tool_calls``, ``tool_call_id``; ``developer`` counts as ``system``) with ``tools``
+        offered. ``ValueError`` (a message fit for a client) if the template refuses them."""
+        prepared = self._prepare(messages, tools)
+        native_tools = [_marked_tool(t) for t in tools] if tools and self.caps.tools else None
+        rendered = self._render(prepared, native_tools, add_generation_prompt)
+        return split_marked(rendered, self.bos_text)
+
+    def render_text(self, messages: Sequence[Message]) -> str:
+        """The prompt text of ``messages`` (for display; tokenize ``apply``'s parts)."""
+        return self.apply(messages).text
+
+    def _text(self, value: Any) -> str:
+        text = "" if value is None else str(value)
+        return mark(text.strip() if self.caps.trims else text)
+
+    def _prepare(self, messages: Sequence[Message], tools: Tools | None) -> list[dict[str, Any]]:
+        caps = self.caps
+        call_names: dict[str, str] = {}
+        out: list[dict[str, Any]] = []
+        rewritten = False
+        for message in messages:
+            role = "system" if message["role"] == "developer" else str(message["role"])
+            content = message.get("content")
+            item: dict[str, Any] = {"role": role}
+            calls = message.get("tool_calls") or []
+            for call in calls:
+                call_names[str(call.get("id", ""))] = call["function"]["name"]
+            if role == "assistant" and calls and not caps.tool_calls:
+                lines = [str(content)] if content else []
+                lines += [call_text(c["function"]["name"], c["function"].get("arguments", {}))
+                          for c in calls]
+                item["content"] = self._text("\n".join(lines))
+                rewritten = True
+            elif role == "assistant" and calls:
+                item["content"] = self._text(content)
+                item["tool_calls"] = [_marked_call(c) for c in calls]
+            elif role == "tool" and not caps.tool_responses:
+                name = call_names.get(str(message.get("tool_call_id", "")), "the function")
+                item = {"role": "user", "content": self._text(result_text(name, content or ""))}
+                rewritten = True
+            elif role == "tool":
+                item["content"] = self._text(content)
+                item["tool_call_id"] = mark(str(message.get("tool_call_id", "")))
+                item["name"] = call_names.get(str(message.get("tool_call_id", "")), "")
+            else:
+                item["content"] = self._text(content)
+            if message.get("name"):
+                item["name"] = mark(str(message["name"]))
+            out.append(item)
+        if tools and not caps.tools:
+            preamble = self._text(tool_preamble(tools))
+            if out and out[0]["role"] == "system":
+                out[0] = {**out[0], "content": preamble + "\n\n" + out[0]["content"]}
+            else:
+                out.insert(0, {"role": "system", "content": preamble})
+        if rewritten:
+            out = _merge_runs(out)
+        if not caps.system:
+            out = _system_into_user(out)
+        return out
+
+
+def _marked_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    fn = call["function"]
+    args: Any = fn.get("arguments", {})
+    if isinstance(args, str):
+        with contextlib.suppress(ValueError):
+            args = json.loads(args)
+    return {"id": mark(str(call.get("id", ""))), "type": "function",
+            "function": {"name": fn["name"], "arguments": mark_json(args)}}
+
+
+def _marked_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool for a template that renders tools: descriptions are user text; names and
+    schema keywords stay as they are (templates compare them)."""
+
+    def walk(value: Any, key: str = "") -> Any:
+        if isinstance(value, str):
+            return mark(value) if key == "description" else value
+        if isinstance(value, Mapping):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    return dict(walk(tool))
+
+
+def _merge_runs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive user (or assistant) turns joined, for templates that insist on
+    alternation once tool turns have become user and assistant turns."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if out and m["role"] == out[-1]["role"] in ("user", "assistant") \
+                and "tool_calls" not in m and "tool_calls" not in out[-1]:
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append(m)
+    return out
+
+
+def _system_into_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [m for m in messages if m["role"] != "system"]
+    if not system:
+        return rest
+    prefix = "\n\n".join(system)
+    for i, m in enumerate(rest):
+        if m["role"] == "user":
+            rest[i] = {**m, "content": prefix + "\n\n" + m["content"]}
+            return rest
+    return [{"role": "user", "content": prefix}, *rest]

@@ -1,0 +1,116 @@
+"""From an OpenAI request body to the engine's ``SamplingParams``: sampling controls checked
+against the model (token ids of ``logit_bias``, ``n`` against its sequence slots),
+``response_format`` and required tool calls as a ``Constraint`` compiled before admission
+(a schema the engine cannot compile is a 400 naming the field), and the tool plan."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sluice.backends.base import Tokenizer
+from sluice.backends.chat import call_schema
+from sluice.engine.constraints import ConstraintError, check_constraint
+from sluice.engine.request import Constraint
+from sluice.server.errors import bad_param
+from sluice.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    ResponseFormat,
+)
+
+
+
+
+def sampling_kwargs(body: ChatCompletionRequest | CompletionRequest,
+                    tok: Tokenizer) -> dict[str, Any]:
+    """``SamplingParams`` fields (all but ``max_tokens`` and the constraint)."""
+    bias = body.bias_pairs()
+    bad = [t for t, _ in bias if t >= tok.vocab_size]
+    if bad:
+        raise bad_param("logit_bias", f"logit_bias keys must be token ids in "
+                                      f"[0, {tok.vocab_size}); got {bad[0]}")
+    if body.n > tok.n_seq_max:
+        raise bad_param("n", f"n must be at most {tok.n_seq_max}, the sequences this model "
+                             f"runs at once; got {body.n}")
+    last_n = tok.n_ctx_per_seq if body.penalty_last_n == -1 else body.penalty_last_n
+    kwargs: dict[str, Any] = {
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        # Any integer is a seed; numpy's generators take 0 .. 2**64-1 only.
+        "seed": None if body.seed is None else body.seed % 2**64,
+        "stop": body.stop_list(),
+        "ignore_eos": body.ignore_eos,
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "repetition_penalty": body.repetition_penalty,
+        "penalty_last_n": last_n,
+        "logit_bias": bias,
+        "n": body.n,
+    }
+    if isinstance(body, ChatCompletionRequest):
+        kwargs["logprobs"] = bool(body.logprobs)
+        kwargs["top_logprobs"] = body.top_logprobs or 0
+    elif body.logprobs is not None:
+        kwargs["logprobs"] = True
+        kwargs["top_logprobs"] = body.logprobs
+        kwargs["prompt_logprobs"] = body.echo
+    return kwargs
+
+
+def format_constraint(fmt: ResponseFormat | None) -> Constraint | None:
+    """``response_format`` as a decoding constraint (``text`` is none)."""
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object" and fmt.schema_ is None:
+        return Constraint("json_object")
+    if fmt.type == "json_object":  # llama-server's json_object with a schema
+        return Constraint("json_schema", spec=json.dumps(fmt.schema_))
+    assert fmt.json_schema is not None
+    return Constraint("json_schema", spec=json.dumps(fmt.json_schema.schema_),
+                      strict=bool(fmt.json_schema.strict))
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat request does with its tools: render them (``tools``), parse calls from
+    the output (``names``), and constrain decoding to one call (``constraint``) when the
+    request requires a call or names the function."""
+
+    tools: list[dict[str, Any]]
+    names: list[str]
+    constraint: Constraint | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.names)
+
+
+def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
+    choice = body.tool_choice
+    if not body.tools or choice == "none":
+        return ToolPlan([], [])
+    tools = [t.as_dict() for t in body.tools]
+    names = [t.function.name for t in body.tools]
+    constraint = None
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        only = choice.function.name if isinstance(choice, NamedToolChoice) else None
+        strict = any(bool(t.function.strict) for t in body.tools
+                     if only is None or t.function.name == only)
+        constraint = Constraint("json_schema", spec=json.dumps(call_schema(tools, only)),
+                                strict=strict)
+    return ToolPlan(tools, names, constraint)
+
+
+def checked(constraint: Constraint | None, tok: Tokenizer, param: str) -> Constraint | None:
+    """Compile ``constraint`` before admission: 400 naming ``param`` if the engine cannot."""
+    if constraint is not None:
+        try:
+            check_constraint(constraint, tok)
+        except ConstraintError as exc:
+            raise bad_param(param, f"Invalid {param}: {exc}") from None
+    return constraint
