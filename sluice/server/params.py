@@ -22,8 +22,6 @@ from sluice.server.schemas import (
 )
 
 
-
-
 def sampling_kwargs(body: ChatCompletionRequest | CompletionRequest,
                     tok: Tokenizer) -> dict[str, Any]:
     """``SamplingParams`` fields (all but ``max_tokens`` and the constraint)."""
