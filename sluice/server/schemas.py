@@ -21,6 +21,8 @@ from pydantic import (
 )
 
 MAX_STOP = 4
+MAX_STOP_CHARS = 256
+"""The longest stop sequence (characters): the detokenizer holds back this much text."""
 MAX_CHOICES = 16
 """The most choices (``n``) a request may ask for; a model also caps it at its sequence
 slots (``n_seq_max``)."""
@@ -30,6 +32,17 @@ MAX_TOOLS = 128
 Priority = Annotated[int, Field(ge=0, le=9)]
 DeadlineMs = Annotated[float, Field(gt=0, le=86_400_000)]
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+
+
+def check_stop(v: str | list[str] | None) -> str | list[str] | None:
+    """Stop sequences, on every surface that takes them: at most ``MAX_STOP``, each 1 to
+    ``MAX_STOP_CHARS`` characters."""
+    items = [v] if isinstance(v, str) else (v or [])
+    if len(items) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop sequences")
+    if any(not s or len(s) > MAX_STOP_CHARS for s in items):
+        raise ValueError(f"stop sequences must be 1 to {MAX_STOP_CHARS} characters")
+    return v
 
 
 class _Body(BaseModel):
@@ -223,12 +236,7 @@ class _Sampling(_Body):
     @field_validator("stop")
     @classmethod
     def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        items = [v] if isinstance(v, str) else (v or [])
-        if len(items) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences")
-        if any(not s or len(s) > 256 for s in items):
-            raise ValueError("stop sequences must be 1 to 256 characters")
-        return v
+        return check_stop(v)
 
     @field_validator("logit_bias")
     @classmethod
@@ -349,7 +357,14 @@ class InferRequest(_Body):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, le=100_000)
     seed: int | None = None
-    stop: list[str] | None = Field(default=None, max_length=MAX_STOP)
+    stop: list[str] | None = None
+    """As chat's: at most ``MAX_STOP`` sequences of 1 to ``MAX_STOP_CHARS`` characters."""
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v: list[str] | None) -> list[str] | None:
+        check_stop(v)
+        return v
 
 
 class TokenizeRequest(_Body):
