@@ -37,8 +37,9 @@ from sluice.policy.admission import (
     Rejection,
     clamp_retry_after,
 )
+from sluice.policy.dispatch import Dispatcher
 from sluice.policy.rates import RateMeter
-from sluice.policy.router import NoRoute, make_router
+from sluice.policy.router import make_router
 from sluice.policy.scheduler import make_scheduler
 from sluice.policy.types import QueueItem
 
@@ -123,6 +124,7 @@ class Runtime:
             tenant_weights=config.tenant_weights,
         )
         self._router = make_router(config.router)
+        self._dispatcher = Dispatcher(self._scheduler, self._router)
         self._deadlines: list[tuple[float, int]] = []
         self._live: dict[int, Request] = {}
         self._charged: dict[int, int] = {}
@@ -444,33 +446,35 @@ class Runtime:
                            error_code="deadline")
 
     def _dispatch(self, now: float) -> bool:
-        """Route queued requests while the queue is non-empty and some inbox has room."""
+        """Route queued requests while the queue is non-empty and some inbox has room (the
+        decisions are ``sluice.policy.dispatch``'s; this applies them)."""
         moved = False
-        while len(self._scheduler):
+        while True:
             views = [w.view() for w in self.workers]
-            if not any(v.inbox_free for v in views):
+            d = self._dispatcher.next(now, views, self._model_bytes, self._is_live)
+            if d is None or d.put_back:
                 break
-            item = self._scheduler.pop(now)
-            if item is None:
-                break
-            req = self._live.get(item.request_id)
-            if req is None or req.is_terminal:
-                continue
-            spec = self.specs[item.model_id]
-            decision = self._router.route(item.model_id, spec.memory_bytes, views)
-            if isinstance(decision, NoRoute) and decision.reason != "all_busy":
-                req.finish(RequestStatus.REJECTED, now, error=decision.reason,
+            req = self._live[d.item.request_id]
+            if d.rejected:
+                req.finish(RequestStatus.REJECTED, now, error=d.reason,
                            error_code="no_feasible_worker")
                 continue
-            if isinstance(decision, NoRoute) or not self.workers[decision.worker_id].offer(req):
-                self._put_back(item)
+            if d.worker_id is None or not self.workers[d.worker_id].offer(req):
+                self._dispatcher.put_back(d.item)
                 break
-            req.route_reason = decision.reason
-            self._charged[req.request_id] = item.cost_tokens
+            req.route_reason = d.reason
+            self._charged[req.request_id] = d.item.cost_tokens
             moved = True
         if moved:
             self._cv.notify_all()  # submitters waiting for room
         return moved
+
+    def _model_bytes(self, model_id: str) -> int:
+        return self.specs[model_id].memory_bytes
+
+    def _is_live(self, request_id: int) -> bool:
+        req = self._live.get(request_id)
+        return req is not None and not req.is_terminal
 
     def _settle_share(self, req: Request, final: Final) -> None:
         """Correct the fair-share charge of a dispatched request to the tokens it was really
@@ -484,11 +488,6 @@ class Runtime:
                       if req.kind == "generative" else 1)
         if served != charged:
             self._scheduler.on_served(req.tenant_id, served - charged)
-
-    def _put_back(self, item: QueueItem) -> None:
-        """Undo a pop: the request keeps its place; its fair-share charge is refunded."""
-        self._scheduler.push(item)
-        self._scheduler.on_served(item.tenant_id, -item.cost_tokens)
 
 
 __all__ = [
