@@ -150,3 +150,20 @@ def test_build_context_holds_what_the_dockerfile_copies_and_nothing_heavy() -> N
     assert "sluice/v1/inference.proto" in included
     assert not [p for p in included if p.startswith((".venv", ".git/", "bench/", "tests/"))
                 or "_pb2" in p or "__pycache__" in p]
+
+
+def test_one_image_serves_both_scale_out_paths_through_the_extras_argument() -> None:
+    """EXTRAS (default without Ray, `cluster` added for Ray Serve) names extras that
+    pyproject.toml declares, and both stages install the same set."""
+    steps = _instructions()
+    [default] = [args.split("=", 1)[1] for op, args in steps
+                 if op == "ARG" and args.startswith("EXTRAS=")]
+    declared = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+                   ["optional-dependencies"])
+    assert set(default.split(",")) <= declared
+    assert "cluster" in declared and "cluster" not in default.split(",")
+    assert "cluster" in DOCKERFILE.read_text().split("--build-arg EXTRAS=")[1].split()[0]
+    stage_args = [args for op, args in steps if op == "ARG" and args == "EXTRAS"]
+    assert len(stage_args) == 2  # redeclared in builder and runtime (ARG scope is a stage)
+    installs = [args for op, args in steps if op == "RUN" and "[${EXTRAS}]" in args]
+    assert len(installs) == 2
