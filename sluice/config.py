@@ -165,6 +165,23 @@ class TenantConfig(_Strict):
     """Share of served tokens under the ``wfq`` scheduler, relative to other tenants."""
     priority: int = Field(default=5, ge=0, le=9)
     """Default priority class (0 most urgent) when a request names none."""
+    priority_ceiling: int | None = Field(default=None, ge=0, le=9)
+    """The most urgent class the tenant's requests may ask for (body ``priority`` or the
+    ``x-sluice-priority`` header); a request asking for more is served at the ceiling. Unset:
+    ``priority`` (a request may only lower its priority). Unconfigured tenants of an open
+    server get the ``default`` tenant's."""
+
+    @model_validator(mode="after")
+    def _ceiling_above_default(self) -> TenantConfig:
+        if self.priority_ceiling is not None and self.priority_ceiling > self.priority:
+            raise ValueError(f"tenants[{self.id!r}].priority_ceiling ({self.priority_ceiling}) "
+                             f"must be <= priority ({self.priority}): 0 is most urgent")
+        return self
+
+    @property
+    def most_urgent_priority(self) -> int:
+        """The ceiling: the smallest priority class a request of this tenant gets."""
+        return self.priority if self.priority_ceiling is None else self.priority_ceiling
     default_deadline_ms: float | None = Field(default=None, gt=0)
     limits: TenantLimits = Field(default_factory=TenantLimits)
 

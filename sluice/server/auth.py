@@ -62,7 +62,7 @@ class Auth:
             if not _TENANT_RE.match(name):
                 raise APIError(400, "Invalid X-Tenant-ID header", param="x-tenant-id",
                                code="invalid_value")
-            return self._tenants.get(name, TenantConfig(id=name))
+            return self.named_tenant(name)
         key = _bearer(headers)
         if key is None:
             raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
@@ -74,6 +74,16 @@ class Auth:
         if found is None:
             raise unauthorized("Invalid API key")
         return found
+
+    def named_tenant(self, name: str) -> TenantConfig:
+        """The tenant called ``name`` on an open server: the configured one, else one with the
+        ``default`` tenant's priority and ceiling (and no limits of its own)."""
+        found = self._tenants.get(name)
+        if found is not None:
+            return found
+        base = self._tenants.get("default", DEFAULT_TENANT)
+        return TenantConfig(id=name, priority=base.priority,
+                            priority_ceiling=base.priority_ceiling)
 
     def require_admin(self, request: Request) -> None:
         if self._admin is None:

@@ -149,7 +149,9 @@ def slow_server(serve_module: Callable[..., LiveServer]) -> LiveServer:
         models=[synth_chat("slow", step_fixed_s=0.02, n_seq_max=1, load_s=0.0)],
         workers={"count": 1, "inbox_capacity": 1},
         scheduling={"scheduler": "priority_edf", "queue_capacity": 8},
-        tenants=[{"id": "hurried", "default_deadline_ms": 30}],
+        # Every tenant may ask for any priority (the default's ceiling is 0).
+        tenants=[{"id": "default", "priority_ceiling": 0},
+                 {"id": "hurried", "default_deadline_ms": 30, "priority_ceiling": 0}],
     ))
 
 

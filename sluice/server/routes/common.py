@@ -121,12 +121,14 @@ def controls(
     deadline_ms: float | None,
 ) -> tuple[int, float | None]:
     """Priority and absolute deadline: body (or the gRPC deadline), then headers (or gRPC
-    metadata), then the tenant's defaults."""
+    metadata), then the tenant's defaults. A request may lower its priority but never raise
+    it above the tenant's ceiling (``priority_ceiling``): asking for more gets the ceiling."""
     if priority is None:
         header = _header_number(headers, "x-sluice-priority", -1, 9)
         if header is not None and not header.is_integer():
             raise bad_param("x-sluice-priority", "Header x-sluice-priority must be an integer")
         priority = int(header) if header is not None else tenant.priority
+    priority = max(priority, tenant.most_urgent_priority)
     if deadline_ms is None:
         deadline_ms = _header_number(headers, "x-sluice-deadline-ms", 0, 86_400_000)
     if deadline_ms is None:
@@ -136,9 +138,10 @@ def controls(
 
 
 def decision_headers(req: RtRequest) -> dict[str, str]:
-    """The ``x-sluice-*`` headers that say how the runtime decided (id, tenant, worker,
-    queue wait, route, variant, predicted wait)."""
-    headers = {"x-sluice-request-id": str(req.request_id), "x-sluice-tenant": req.tenant_id}
+    """The ``x-sluice-*`` headers that say how the runtime decided (id, tenant, priority
+    served at, worker, queue wait, route, variant, predicted wait)."""
+    headers = {"x-sluice-request-id": str(req.request_id), "x-sluice-tenant": req.tenant_id,
+               "x-sluice-priority": str(req.priority)}
     if req.worker_id is not None:
         headers["x-sluice-worker"] = str(req.worker_id)
     t = req.times

@@ -6,7 +6,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sluice.backends.chat import chat_tokens
-from sluice.config import TenantConfig
 from sluice.server.errors import APIError, bad_param, unknown_model
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
@@ -34,7 +33,7 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
         if ctx.auth.enabled:
             raise APIError(403, "tenant_id does not match the API key's tenant",
                            type="permission_error", param="tenant_id", code="tenant_mismatch")
-        tenant = TenantConfig(id=body.tenant_id)
+        tenant = ctx.auth.named_tenant(body.tenant_id)
     spec = ctx.runtime.spec_for(body.model)
     if spec is None:
         raise unknown_model(body.model)
