@@ -172,7 +172,7 @@ def serve(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
                       queue_capacity=args.queue_capacity, pessimism=args.pessimism)
     port = free_port()
     cmd = [sys.executable, "-m", "sluice.cli", "serve", "-c", str(cfg), "--port", str(port),
-           "--log-level", "warning"]
+           "--log-level", "warning", "--open-admin"]
     url = f"http://127.0.0.1:{port}"
     return running(cmd, f"{url}/ready", scratch / f"{tag}.log"), url, cfg
 

@@ -39,6 +39,9 @@ def _load(args: argparse.Namespace) -> Config:
             "port": int(port) if port is not None else None,
             "grpc_port": int(grpc_port) if grpc_port is not None else None,
             "admin_key": args.admin_key or env("SLUICE_ADMIN_KEY"),
+            "admin_key_file": args.admin_key_file or env("SLUICE_ADMIN_KEY_FILE"),
+            "open_admin": True if getattr(args, "open_admin", False) else None,
+            "metrics_key": env("SLUICE_METRICS_KEY"),
             "log_content": True if getattr(args, "log_content", False) else None,
         },
         "scheduling": {
@@ -107,7 +110,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--grpc-port", type=int, help="also serve the gRPC API on this port "
                    "(0: a free one; or $SLUICE_GRPC_PORT; needs the grpc extra)")
-    p.add_argument("--admin-key", help="require this key on /admin (or $SLUICE_ADMIN_KEY)")
+    p.add_argument("--admin-key", help="require this key on /admin (prefer $SLUICE_ADMIN_KEY "
+                   "or --admin-key-file: a command line is visible to every local user)")
+    p.add_argument("--admin-key-file", metavar="PATH",
+                   help="read the admin key from this file (or $SLUICE_ADMIN_KEY_FILE)")
+    p.add_argument("--open-admin", action="store_true",
+                   help="without an admin key, open /admin to anyone (local development "
+                        "only; by default it is disabled)")
     p.add_argument("--scheduler", choices=["fifo", "workload_aware", "priority_edf", "wfq"])
     p.add_argument("--router", choices=["round_robin", "least_loaded", "residency_aware"])
     p.add_argument("--queue-capacity", type=int)

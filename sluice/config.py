@@ -233,6 +233,18 @@ class ServerConfig(_Strict):
     ``host``, from the same process and event loop as HTTP; 0 picks a free port; unset: no
     gRPC. Needs the ``grpc`` extra."""
     admin_key: str | None = None
+    """Guards ``/admin`` (``X-Admin-Key`` or ``Authorization: Bearer``); also
+    ``$SLUICE_ADMIN_KEY``. Without one (here or in ``admin_key_file``) the admin routes are
+    disabled (403) unless ``open_admin`` is set."""
+    admin_key_file: str | None = None
+    """A file holding the admin key (first non-blank, non-``#`` line): a mounted secret
+    keeps it out of this file and off the command line. Also ``--admin-key-file`` and
+    ``$SLUICE_ADMIN_KEY_FILE``. Read when the server starts."""
+    open_admin: bool = False
+    """Open ``/admin`` to anyone when no admin key is set: local development only."""
+    metrics_key: str | None = None
+    """Guards ``/metrics`` and ``/status.json`` (``Authorization: Bearer`` or
+    ``X-Metrics-Key``); also ``$SLUICE_METRICS_KEY``. Unset: they are open."""
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     default_model: str | None = None
     default_max_tokens: int = Field(default=256, ge=1)
@@ -242,6 +254,24 @@ class ServerConfig(_Strict):
     strict_fields: bool = False
     """Refuse request bodies with unknown fields (400 naming the field) instead of ignoring
     them (named in the ``x-sluice-ignored-fields`` header)."""
+
+    def admin_key_value(self) -> str | None:
+        """``admin_key``, else the key in ``admin_key_file`` (``ValueError`` naming the field
+        when the file cannot be read or holds no key)."""
+        if self.admin_key:
+            return self.admin_key
+        if self.admin_key_file is None:
+            return None
+        try:
+            text = Path(self.admin_key_file).read_text()
+        except OSError as exc:
+            raise ValueError(f"server.admin_key_file: cannot read {self.admin_key_file}: "
+                             f"{exc.strerror}") from None
+        keys = [k for k in (line.strip() for line in text.splitlines())
+                if k and not k.startswith("#")]
+        if not keys:
+            raise ValueError(f"server.admin_key_file: {self.admin_key_file} holds no key")
+        return keys[0]
 
 
 class ClusterConfig(_Strict):

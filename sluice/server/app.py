@@ -49,7 +49,9 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     ctx = AppContext(
         config=config,
         runtime=runtime,
-        auth=Auth(config.tenants, config.server.admin_key),
+        auth=Auth(config.tenants, config.server.admin_key_value(),
+                  open_admin=config.server.open_admin,
+                  metrics_key=config.server.metrics_key),
         registry=registry,
         quota=quota,
     )

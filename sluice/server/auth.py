@@ -13,6 +13,11 @@ from sluice.config import TenantConfig, hash_key
 from sluice.server.errors import APIError, unauthorized
 
 DEFAULT_TENANT = TenantConfig(id="default")
+ADMIN_DISABLED = (
+    "Admin routes are disabled: no admin key is configured. Set one with $SLUICE_ADMIN_KEY, "
+    "--admin-key-file (or $SLUICE_ADMIN_KEY_FILE, server.admin_key_file) and send it as "
+    "X-Admin-Key; or, for local development only, open them with server.open_admin = true "
+    "(--open-admin).")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -32,7 +37,8 @@ class Auth:
     ``default``.
     """
 
-    def __init__(self, tenants: Sequence[TenantConfig], admin_key: str | None) -> None:
+    def __init__(self, tenants: Sequence[TenantConfig], admin_key: str | None, *,
+                 open_admin: bool = False, metrics_key: str | None = None) -> None:
         # Only digests of the keys are held: the tenants kept here carry none.
         keyless = [t.model_copy(update={"api_keys": [], "api_keys_file": None})
                    for t in tenants]
@@ -45,6 +51,8 @@ class Auth:
             raise ValueError("tenants: an API key is listed for more than one tenant")
         self._tenants = {t.id: t for t in keyless}
         self._admin = hash_key(admin_key).encode() if admin_key else None
+        self._open_admin = open_admin
+        self._metrics = hash_key(metrics_key).encode() if metrics_key else None
 
     @property
     def enabled(self) -> bool:
@@ -86,9 +94,24 @@ class Auth:
                             priority_ceiling=base.priority_ceiling)
 
     def require_admin(self, request: Request) -> None:
+        """The admin key, when one is set (401 otherwise); without one the admin routes are
+        disabled (403) unless opened explicitly (``server.open_admin``)."""
         if self._admin is None:
-            return
+            if self._open_admin:
+                return
+            raise APIError(403, ADMIN_DISABLED, type="permission_error", code="admin_disabled")
         key = request.headers.get("x-admin-key") or _bearer(request.headers)
         if key is None or not hmac.compare_digest(self._admin, hash_key(key).encode()):
             raise APIError(401, "Admin key required", type="authentication_error",
                            code="invalid_admin_key")
+
+    def require_metrics(self, request: Request) -> None:
+        """The metrics key on ``/metrics`` and ``/status.json``, when one is set (401
+        ``invalid_metrics_key`` otherwise); open without one."""
+        if self._metrics is None:
+            return
+        key = request.headers.get("x-metrics-key") or _bearer(request.headers)
+        if key is None or not hmac.compare_digest(self._metrics, hash_key(key).encode()):
+            raise APIError(401, "Metrics key required: send 'Authorization: Bearer <key>' or "
+                                "X-Metrics-Key", type="authentication_error",
+                           code="invalid_metrics_key")

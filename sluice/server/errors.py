@@ -6,7 +6,9 @@ message of a 500.
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 from typing import Any
 
 from fastapi import Request
@@ -15,6 +17,22 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.policy.admission import Rejection
+
+log = logging.getLogger("sluice.server")
+
+_PATH_RE = re.compile(r"""(?:[A-Za-z]:\\|~?/)(?:[^\s'"/\\:]+[/\\])+[^\s'",:;)\]]*""")
+MAX_DETAIL_CHARS = 300
+"""The longest piece of an exception's text a public error message carries."""
+
+
+def public_text(detail: str) -> str:
+    """Exception text made fit for a public error body: file paths (``/a/b``, ``~/a/b``,
+    ``C:\\a\\b``) become ``<path>`` and the text is cut to ``MAX_DETAIL_CHARS``. The
+    detail itself belongs in the log."""
+    text = _PATH_RE.sub("<path>", detail)
+    if len(text) > MAX_DETAIL_CHARS:
+        text = text[: MAX_DETAIL_CHARS - 3] + "..."
+    return text
 
 
 class APIError(Exception):
@@ -113,8 +131,11 @@ def final_error(code: str | None, message: str | None, status_name: str) -> APIE
     status, etype, public = FINAL_STATUS.get(code or "", (500, "server_error",
                                                           "Internal error."))
     retry = 1.0 if status == 503 else None
-    return APIError(status, public or message or etype, type=etype, code=code,
-                    retry_after_s=retry)
+    if public is None and message:
+        public = public_text(message)
+        if public != message:
+            log.warning("request failed (%s): %s", code, message)
+    return APIError(status, public or etype, type=etype, code=code, retry_after_s=retry)
 
 
 async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:

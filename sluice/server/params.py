@@ -13,7 +13,7 @@ from sluice.backends.base import Tokenizer
 from sluice.backends.chat import call_schema
 from sluice.engine.constraints import ConstraintError, check_constraint
 from sluice.engine.request import Constraint
-from sluice.server.errors import bad_param
+from sluice.server.errors import bad_param, public_text
 from sluice.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -110,5 +110,5 @@ def checked(constraint: Constraint | None, tok: Tokenizer, param: str) -> Constr
         try:
             check_constraint(constraint, tok)
         except ConstraintError as exc:
-            raise bad_param(param, f"Invalid {param}: {exc}") from None
+            raise bad_param(param, f"Invalid {param}: {public_text(str(exc))}") from None
     return constraint

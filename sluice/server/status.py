@@ -1,4 +1,5 @@
-"""The live status page: a static HTML page that polls ``/status.json`` every second."""
+"""The live status page: a static HTML page that polls ``/status.json`` every second (with
+the metrics key from the page's fragment, ``/status#key=...``, when one is set)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,10 @@ th{background:#f0f0f0} .bar{background:#e5e5e5;height:8px;border-radius:4px;widt
 function esc(s){return String(s).replace(/[&<>"]/g,c=>({'&':'&amp;','<':'&lt;','>':'&gt;','"':'&quot;'}[c]))}
 async function tick(){
   try{
-    const r=await fetch('/status.json');const s=await r.json();
+    const key=new URLSearchParams(location.hash.slice(1)).get('key');
+    const r=await fetch('/status.json',key?{headers:{'X-Metrics-Key':key}}:{});
+    if(!r.ok)throw new Error('HTTP '+r.status+(r.status===401?' (open /status#key=<metrics key>)':''));
+    const s=await r.json();
     document.getElementById('sub').textContent=`scheduler ${s.scheduler} · router ${s.router} · updated ${new Date().toLocaleTimeString()}`;
     document.getElementById('queue').textContent=`${s.queue_depth} / ${s.queue_capacity}`;
     document.getElementById('live').textContent=s.live_requests;

@@ -55,7 +55,7 @@ def test_load_failure_marks_the_model_failed_and_spares_the_others(
 ) -> None:
     live = serve(config_with(
         models=[synth_chat("ok"), synth_chat("broken", fail_load=True), synth_embed("emb")],
-        workers={"count": 1}, server={"default_model": "ok"}))
+        workers={"count": 1}, server={"default_model": "ok", "open_admin": True}))
     with live.client() as c:
         for _ in range(2):  # every try fails the same way; nothing sticks
             r = c.post("/v1/infer", json={"model": "broken", "input": "x"})
@@ -137,7 +137,7 @@ def test_corrupt_and_truncated_gguf_are_clear_errors_and_nothing_else_breaks(
     live = serve(config_with(
         models=[synth_chat(), gguf("corrupt", garbage), gguf("truncated", truncated)],
         workers={"count": 1, "budget_bytes": 1_000_000_000},
-        server={"default_model": "synth-chat"}))
+        server={"default_model": "synth-chat", "open_admin": True}))
     with live.client() as c:
         assert c.get("/ready").status_code == 200  # the bad files did not stop start-up
         for model in ("corrupt", "truncated"):

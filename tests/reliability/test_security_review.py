@@ -6,13 +6,19 @@ bounded stop strings on ``/v1/infer``."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from sluice.config import TenantConfig
+from sluice.backends.base import ModelSpec
+from sluice.backends.synthetic import SyntheticBackend
+from sluice.config import ServerConfig, TenantConfig, hash_key
+from sluice.server.auth import Auth
+from sluice.server.errors import MAX_DETAIL_CHARS, public_text
 from sluice.server.schemas import MAX_STOP, MAX_STOP_CHARS
 from tests.server.live import LiveServer, assert_error, config_with, synth_chat, synth_embed
 
@@ -88,3 +94,179 @@ def test_unconfigured_tenants_get_the_default_tenants_ceiling(
 def test_a_ceiling_below_the_default_priority_is_refused() -> None:
     with pytest.raises(ValueError, match="priority_ceiling"):
         TenantConfig(id="x", priority=2, priority_ceiling=3)
+
+
+# -- admin routes: disabled without an admin key, unless opened for development ------------
+
+
+def _admin_load(c: httpx.Client, headers: dict[str, str] | None = None) -> httpx.Response:
+    return c.post("/admin/models/synth-a/load", headers=headers or {})
+
+
+@pytest.mark.parametrize("tenants", [[], [{"id": "acme", "api_keys": ["sk-acme"]}]])
+def test_admin_routes_are_disabled_without_an_admin_key(
+    serve: Callable[..., LiveServer], tenants: list[dict[str, Any]],
+) -> None:
+    live = serve(config_with(models=[synth_chat(), synth_embed()], workers={"count": 1},
+                             tenants=tenants))
+    with live.client() as c:
+        for headers in ({}, {"x-admin-key": "anything"}, {"authorization": "Bearer sk-acme"}):
+            err = assert_error(_admin_load(c, headers), 403, code="admin_disabled",
+                               type="permission_error")
+            assert "SLUICE_ADMIN_KEY" in err["message"] and "open_admin" in err["message"]
+        assert_error(c.post("/admin/models/synth-a/unload"), 403, code="admin_disabled")
+        models = {m["id"]: m["resident"] for m in c.get(
+            "/v1/models", headers={"authorization": "Bearer sk-acme"}).json()["data"]}
+        assert models["synth-a"] is False  # nothing was loaded
+
+
+def test_admin_routes_open_only_when_asked_to(serve: Callable[..., LiveServer]) -> None:
+    live = serve(config_with(models=[synth_chat(), synth_embed()], workers={"count": 1},
+                             server={"open_admin": True}))
+    with live.client() as c:
+        assert _admin_load(c).status_code == 200
+
+
+def test_the_admin_key_can_come_from_a_file(serve: Callable[..., LiveServer],
+                                            tmp_path: Path) -> None:
+    key_file = tmp_path / "admin-key"
+    key_file.write_text("# the admin key\n\n  adm-from-a-file  \n")
+    live = serve(config_with(models=[synth_chat(), synth_embed()], workers={"count": 1},
+                             server={"admin_key_file": str(key_file), "open_admin": True}))
+    with live.client() as c:
+        # open_admin does not open routes that have a key
+        assert_error(_admin_load(c), 401, code="invalid_admin_key")
+        assert_error(_admin_load(c, {"x-admin-key": "# the admin key"}), 401)
+        assert _admin_load(c, {"x-admin-key": "adm-from-a-file"}).status_code == 200
+
+
+def test_an_unreadable_or_empty_admin_key_file_names_the_field(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="server.admin_key_file"):
+        ServerConfig(admin_key_file=str(tmp_path / "missing")).admin_key_value()
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ValueError, match="holds no key"):
+        ServerConfig(admin_key_file=str(empty)).admin_key_value()
+
+
+def test_the_cli_takes_the_admin_key_from_env_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sluice.cli import _load, main
+
+    seen: list[Any] = []
+    monkeypatch.setattr("sluice.cli.cmd_models", lambda args: seen.append(_load(args)) or 0)
+    for name in ("SLUICE_ADMIN_KEY", "SLUICE_ADMIN_KEY_FILE", "SLUICE_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    key_file = tmp_path / "k"
+    key_file.write_text("adm-file\n")
+    assert main(["models", "--admin-key-file", str(key_file)]) == 0
+    assert seen[-1].server.admin_key_value() == "adm-file"
+    monkeypatch.setenv("SLUICE_ADMIN_KEY_FILE", str(key_file))
+    assert main(["models"]) == 0
+    assert seen[-1].server.admin_key_value() == "adm-file"
+    monkeypatch.setenv("SLUICE_ADMIN_KEY", "adm-env")
+    assert main(["models"]) == 0
+    assert seen[-1].server.admin_key_value() == "adm-env"
+    monkeypatch.delenv("SLUICE_ADMIN_KEY")
+    monkeypatch.delenv("SLUICE_ADMIN_KEY_FILE")
+    assert main(["models", "--open-admin"]) == 0
+    assert seen[-1].server.admin_key_value() is None and seen[-1].server.open_admin
+
+
+# -- /metrics and /status.json: an optional metrics key --------------------------------------
+
+
+METRICS_KEY = "mk-scrape-only"
+
+
+def test_metrics_and_status_json_need_the_metrics_key_when_set(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(config_with(models=[synth_chat()], workers={"count": 1},
+                             tenants=[{"id": "acme", "api_keys": ["sk-acme"]}],
+                             server={"metrics_key": METRICS_KEY}))
+    with live.client() as c:
+        for path in ("/metrics", "/status.json"):
+            for headers in ({}, {"authorization": "Bearer sk-acme"},
+                            {"x-metrics-key": "wrong"}):
+                assert_error(c.get(path, headers=headers), 401, code="invalid_metrics_key")
+            assert c.get(path, headers={"authorization": f"Bearer {METRICS_KEY}"}
+                         ).status_code == 200
+            assert c.get(path, headers={"x-metrics-key": METRICS_KEY}).status_code == 200
+        # probes and the (data-free) page stay open; the page sends the key from its fragment
+        assert c.get("/health").status_code == 200 and c.get("/ready").status_code == 200
+        page = c.get("/status")
+        assert page.status_code == 200 and "X-Metrics-Key" in page.text
+        # the metrics key is not an API key
+        r = c.post("/v1/infer", json={"model": CHAT, "input": "hi", "max_new_tokens": 1},
+                   headers={"authorization": f"Bearer {METRICS_KEY}"})
+        assert_error(r, 401, code="invalid_api_key")
+
+
+def test_metrics_stay_open_without_a_metrics_key(live: LiveServer) -> None:
+    with live.client() as c:
+        assert c.get("/metrics").status_code == 200
+        assert c.get("/status.json").status_code == 200
+
+
+def test_the_metrics_key_is_held_as_a_digest() -> None:
+    auth = Auth([], None, metrics_key=METRICS_KEY)
+    assert METRICS_KEY not in repr(vars(auth))
+    assert hash_key(METRICS_KEY).encode() in vars(auth).values()
+
+
+# -- error bodies: no internal paths or exception text with file paths ------------------------
+
+
+SECRET_DIR = "/srv/sluice-models/private"
+
+
+class _LeakyBackend(SyntheticBackend):
+    """Synthetic models whose failures carry file paths: ``leaky-load`` cannot load (an
+    OSError naming a file), ``leaky-step`` fails each request while detokenizing."""
+
+    def load(self, spec: ModelSpec) -> Any:
+        if spec.model_id == "leaky-load":
+            raise OSError(2, "No such file or directory", f"{SECRET_DIR}/weights.gguf")
+        model = super().load(spec)
+        if spec.model_id == "leaky-step":
+            def token_bytes(token: int) -> bytes:
+                raise OSError(13, "Permission denied", f"{SECRET_DIR}/vocab.bin")
+            model.token_bytes = token_bytes  # type: ignore[union-attr]
+        return model
+
+
+def test_error_bodies_carry_no_internal_paths(serve: Callable[..., LiveServer],
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    live = serve(config_with(
+        models=[synth_chat(), synth_chat("leaky-step"), synth_chat("leaky-load")],
+        workers={"count": 1}, server={"open_admin": True, "default_model": CHAT}),
+        backends={"synthetic": _LeakyBackend()})
+    with live.client() as c:
+        r = c.post("/v1/infer", json={"model": "leaky-step", "input": "hi",
+                                      "max_new_tokens": 2})
+        err = assert_error(r, 500, code="internal_error")
+        assert "<path>" in err["message"], err  # the reason stays, the path goes
+        streamed = c.post("/v1/completions", json={"model": "leaky-step", "prompt": "hi",
+                                                    "max_tokens": 2, "stream": True})
+        assert streamed.status_code in (200, 500)
+        load = c.post("/v1/infer", json={"model": "leaky-load", "input": "hi"})
+        assert_error(load, 500, code="model_load_failed")
+        admin = c.post("/admin/models/leaky-load/load")
+        err = assert_error(admin, 409, code="load_failed")
+        for body in (r.text, streamed.text, load.text, admin.text):
+            assert SECRET_DIR not in body and "sluice-models" not in body, body
+        # the server still serves, and the detail is in the log
+        ok = c.post("/v1/infer", json={"model": CHAT, "input": "hi", "max_new_tokens": 2})
+        assert ok.status_code == 200
+    assert SECRET_DIR in caplog.text
+
+
+def test_public_text_strips_paths_and_bounds_length() -> None:
+    assert public_text("open '/home/u/.cache/m.gguf' failed") == "open '<path>' failed"
+    assert public_text('File "/usr/lib/x.py", line 3') == 'File "<path>", line 3'
+    assert public_text("C:\\Users\\me\\m.gguf gone") == "<path> gone"
+    assert public_text("60 tokens/min, 3/4 done") == "60 tokens/min, 3/4 done"
+    assert len(public_text("x" * 10_000)) == MAX_DETAIL_CHARS

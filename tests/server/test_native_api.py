@@ -357,8 +357,11 @@ def test_admin_path_traversal_is_refused_cleanly(client: httpx.Client, path: str
     assert_error(r, r.status_code)
 
 
-def test_admin_load_and_unload_without_admin_key(serve: Callable[..., LiveServer]) -> None:
-    live = serve(config_with(models=[synth_chat(), synth_embed()], workers={"count": 2}))
+def test_admin_load_and_unload_opened_for_development(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(config_with(models=[synth_chat(), synth_embed()], workers={"count": 2},
+                             server={"open_admin": True}))
     with live.client() as c:
         assert _resident(c) == {CHAT: True, "synth-a": False}  # the default is preloaded
         r = c.post("/admin/models/synth-a/load")

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 from fastapi import APIRouter, Path, Request
 
 from sluice.engine.runtime import Runtime
-from sluice.server.errors import APIError, unknown_model
+from sluice.server.errors import APIError, public_text, unknown_model
 from sluice.server.routes.common import ERROR_RESPONSES, ctx_of
 
+log = logging.getLogger("sluice.server")
 router = APIRouter(prefix="/admin", tags=["admin"])
 
 MODEL_ID = Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -33,6 +35,8 @@ async def admin_model(
     try:
         results = await asyncio.to_thread(runtime.call_on_workers, model_id, action)
     except Exception as exc:
-        raise APIError(409, f"{action} failed: {exc}", code=f"{action}_failed") from None
+        log.warning("admin %s of %s failed: %s", action, model_id, exc)
+        raise APIError(409, f"{action} failed: {public_text(str(exc))}",
+                       code=f"{action}_failed") from None
     return {"model": model_id, "action": action, "results": results,
             "seconds": round(time.monotonic() - t0, 3)}

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from sluice.backends.chat import chat_tokens
-from sluice.server.errors import APIError, bad_param, unknown_model
+from sluice.server.errors import APIError, bad_param, public_text, unknown_model
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
@@ -52,7 +52,7 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
         try:
             ids = chat_tokens(tok, tok.apply_chat([m.as_dict() for m in body.input]))
         except ValueError as exc:
-            raise bad_param("input", f"Invalid messages: {exc}") from None
+            raise bad_param("input", f"Invalid messages: {public_text(str(exc))}") from None
     req = await generative_request(
         ctx, request.headers, body.model, tenant, text=text, token_ids=ids,
         max_tokens=body.max_new_tokens,

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import ChatPrompt, chat_tokens
 from sluice.server import access
-from sluice.server.errors import bad_param, unknown_model
+from sluice.server.errors import bad_param, public_text, unknown_model
 from sluice.server.params import checked, format_constraint, sampling_kwargs, tool_plan
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
@@ -56,7 +56,7 @@ async def chat_completions(
     try:
         prompt = tok.apply_chat([m.as_dict() for m in body.messages], plan.tools or None)
     except ValueError as exc:
-        raise bad_param("messages", f"Invalid messages: {exc}") from None
+        raise bad_param("messages", f"Invalid messages: {public_text(str(exc))}") from None
     params = sampling_kwargs(body, tok)
     constraint, param = ((plan.constraint, "tools") if plan.constraint is not None
                          else (format_constraint(body.response_format), "response_format"))

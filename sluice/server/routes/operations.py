@@ -29,19 +29,24 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse(dict(state.body), status_code=200 if state.ok else 503)
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response,
+            responses={401: {"description": "metrics key required"}})
 async def metrics(request: Request) -> Response:
-    """Prometheus text exposition."""
+    """Prometheus text exposition (the metrics key, when ``server.metrics_key`` is set)."""
+    ctx_of(request).auth.require_metrics(request)
     return Response(generate_latest(ctx_of(request).registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/status", response_class=HTMLResponse)
 async def status_page() -> HTMLResponse:
-    """A live page: queue, workers, resident models, batches."""
+    """A live page: queue, workers, resident models, batches. The page itself holds no
+    data; with a metrics key, open it as ``/status#key=<metrics key>``."""
     return HTMLResponse(STATUS_PAGE)
 
 
-@router.get("/status.json")
+@router.get("/status.json", responses={401: {"description": "metrics key required"}})
 async def status_data(request: Request) -> dict[str, Any]:
-    """The numbers behind the status page."""
-    return status_json(ctx_of(request).runtime)
+    """The numbers behind the status page (the metrics key, when one is set)."""
+    ctx = ctx_of(request)
+    ctx.auth.require_metrics(request)
+    return status_json(ctx.runtime)

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import chat_tokens
-from sluice.server.errors import bad_param
+from sluice.server.errors import bad_param, public_text
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
@@ -70,7 +70,7 @@ async def tokenize(body: TokenizeRequest, request: Request, tenant: Tenant) -> J
     try:
         ids = await asyncio.to_thread(_tokenize, tok, body)
     except ValueError as exc:
-        raise bad_param("messages", f"Invalid messages: {exc}") from None
+        raise bad_param("messages", f"Invalid messages: {public_text(str(exc))}") from None
     if body.content is not None:  # llama-server's shape
         tokens: list[Any] = ([{"id": t, "piece": _piece(tok.token_bytes(t))} for t in ids]
                              if body.with_pieces else ids)
