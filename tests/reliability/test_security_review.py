@@ -141,7 +141,7 @@ def test_the_admin_key_can_come_from_a_file(serve: Callable[..., LiveServer],
 
 
 def test_an_unreadable_or_empty_admin_key_file_names_the_field(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="server.admin_key_file"):
+    with pytest.raises(ValueError, match=r"server\.admin_key_file"):
         ServerConfig(admin_key_file=str(tmp_path / "missing")).admin_key_value()
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n")
