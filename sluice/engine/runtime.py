@@ -16,6 +16,7 @@ The asyncio side (``AsyncHandle``, re-exported here) lives in ``sluice.engine.br
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -133,7 +134,7 @@ class Runtime:
         self._completions = RateMeter(window_s=10.0)
         self._tokenizers: dict[str, Tokenizer] = {}
         self.variants = VariantPlanner(config.groups, self.specs,
-                                       [w.budget_bytes for w in config.workers])
+                                       [w.budget_bytes for w in config.workers], clock)
         worker_observer: Any = PlannerObserver(self.observer, self.variants)
         self._draining = False
         self._stopped = False
@@ -233,11 +234,12 @@ class Runtime:
         """Admit ``req`` into the queue, or reject it at once (it then ends ``REJECTED``)."""
         now = self.clock()
         req.listeners.append(self._on_event(req))
+        named = req.model_id
         with self._cv:
             rejection = self._plan(req, now) or self._admission_check(req, now)
             if rejection is None:
                 self._enqueue(req, now)
-                self.variants.admitted(req)
+                self.variants.admitted(req, named if named in self.variants.groups else None)
         if rejection is not None:
             self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
             req.finish(RequestStatus.REJECTED, now, error=rejection.message,
@@ -430,6 +432,7 @@ class Runtime:
                     return
                 now = self.clock()
                 self._expire_queued(now)
+                self._replan_queued(now)
                 moved = self._dispatch(now)
                 if not moved:
                     wait = IDLE_POLL_S
@@ -444,6 +447,27 @@ class Runtime:
             if req is not None and self._scheduler.remove(request_id) is not None:
                 req.finish(RequestStatus.EXPIRED, now, error="deadline passed while queued",
                            error_code="deadline")
+
+    def _replan_queued(self, now: float) -> None:
+        """Queued group requests whose predicted finish now misses their deadline move to
+        a faster variant (keeping their place), or fail now with ``deadline_infeasible``
+        instead of expiring in the queue. Under ``self._cv``."""
+        if not self.variants.groups or not len(self._scheduler):
+            return
+        for req, variant in self.variants.replan(now, self._scheduler.__contains__):
+            item = self._scheduler.remove(req.request_id)
+            if item is None:
+                continue
+            group_id = self.variants.group_of(req.model_id)
+            if variant is None:
+                self.observer.planned(group_id, None, "deadline_infeasible")
+                req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
+                           error=f"deadline infeasible for group {group_id}: queued on "
+                                 f"{req.model_id}, no variant can finish it in time now")
+                continue
+            self.variants.moved(req, variant)
+            self._scheduler.push(dataclasses.replace(item, model_id=variant))
+            self.observer.planned(group_id, variant, "replanned")
 
     def _dispatch(self, now: float) -> bool:
         """Route queued requests while the queue is non-empty and some inbox has room (the

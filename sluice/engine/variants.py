@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,15 +58,21 @@ class VariantPlanner:
     behind a lock, applied to requests. Thread-safe."""
 
     def __init__(self, groups: Sequence[GroupSpec], specs: Mapping[str, ModelSpec],
-                 worker_budgets: Sequence[int]) -> None:
+                 worker_budgets: Sequence[int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.groups = {g.group_id: g for g in groups}
         self._specs = specs
+        self._clock = clock
         self._lock = threading.Lock()
         names = {v for g in groups for v in g.variants}
         self.tracker = VariantTracker(
             [GroupPlan(g.group_id, g.variants, g.planner) for g in groups],
             {v: variant_info(specs[v], worker_budgets) for v in names},
+            workers=max(1, len(worker_budgets)),
         )
+        self._queued: dict[int, Request] = {}
+        """The tracker's pending requests, to notice when they start (lazily, at the next
+        decision: the worker marks them running)."""
         self.service = self.tracker.service
         self.last_choice = self.tracker.last_choice
 
@@ -85,6 +92,7 @@ class VariantPlanner:
         if req.deadline_s is None and group.default_deadline_s is not None:
             req.deadline_s = req.arrival_s + group.default_deadline_s
         with self._lock:
+            self._prune()
             choice = self.tracker.plan(name, req.deadline_s, now)
         if choice is not None and choice.variant is not None:
             req.model_id = choice.variant
@@ -93,17 +101,53 @@ class VariantPlanner:
             req.predicted_wait_s = wait if math.isfinite(wait) else None
         return choice
 
-    def admitted(self, req: Request) -> None:
+    def group_of(self, variant: str) -> str:
+        """The group ``variant`` belongs to."""
+        return self.tracker.group_of[variant]
+
+    def _prune(self) -> None:
+        """Tell the tracker which pending requests started or ended. Under the lock."""
+        for rid in [rid for rid, r in self._queued.items()
+                    if r.times.started_s is not None or r.is_terminal]:
+            del self._queued[rid]
+            self.tracker.started(rid)
+
+    def admitted(self, req: Request, group_id: str | None = None) -> None:
+        """``req`` entered the queue; ``group_id``: the group it named (re-plannable)."""
         with self._lock:
-            self.tracker.admitted(req.request_id, req.model_id)
+            self.tracker.admitted(req.request_id, req.model_id, req.deadline_s, group_id)
+            if req.request_id in self.tracker.pending:
+                self._queued[req.request_id] = req
 
     def finished(self, req: Request) -> None:
         with self._lock:
+            self._queued.pop(req.request_id, None)
             self.tracker.finished(req.request_id, req.model_id)
 
-    def batch_done(self, model_id: str, size: int, seconds: float) -> None:
+    def replan(self, now: float, movable: Callable[[int], bool]
+               ) -> list[tuple[Request, str | None]]:
+        """Queued group requests predicted to miss their deadlines now, each with the
+        faster variant to move to (``None``: fail it); see ``VariantTracker.replan``.
+        The caller applies the moves (``moved``)."""
         with self._lock:
-            self.tracker.batch_done(model_id, size, seconds)
+            self._prune()
+            return [(self._queued[rid], v) for rid, v in self.tracker.replan(now, movable)]
+
+    def moved(self, req: Request, variant: str) -> None:
+        """``req`` (queued) now runs on ``variant``."""
+        with self._lock:
+            self.tracker.moved(req.request_id, variant)
+            req.model_id = variant
+            req.variant = variant
+
+    def batch_started(self, worker_id: int, model_id: str, size: int) -> None:
+        with self._lock:
+            self.tracker.batch_started(worker_id, model_id, size, self._clock())
+
+    def batch_done(self, model_id: str, size: int, seconds: float,
+                   worker_id: int | None = None) -> None:
+        with self._lock:
+            self.tracker.batch_done(model_id, size, seconds, worker_id)
 
     def snapshot(self) -> dict[str, Any]:
         """Per variant: in system, estimated batch-1 time, drift factor."""
@@ -136,6 +180,10 @@ class PlannerObserver:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    def batch(self, worker_id: int, model_id: str, size: int) -> None:
+        self._planner.batch_started(worker_id, model_id, size)
+        self._inner.batch(worker_id, model_id, size)
+
     def batch_done(self, worker_id: int, model_id: str, size: int, seconds: float) -> None:
-        self._planner.batch_done(model_id, size, seconds)
+        self._planner.batch_done(model_id, size, seconds, worker_id)
         self._inner.batch_done(worker_id, model_id, size, seconds)

@@ -39,6 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from sluice.policy.backlog import Backlog, BatchCurves, placement
+
 PlannerPolicy = Literal["adaptive", "accurate", "fastest"]
 POLICIES: tuple[PlannerPolicy, ...] = ("adaptive", "accurate", "fastest")
 
@@ -229,12 +231,15 @@ class Prediction:
     erlang_wait_s: float
     """Steady-state M/M/c wait at the group's arrival rate."""
     backlog_wait_s: float
-    """Time for the pool to drain the work already in it."""
+    """Time for the pool to drain the work already in it (with a ``Backlog``: until the
+    batch this request would run in starts)."""
     wait_s: float
     """``pessimism × max(erlang_wait_s, backlog_wait_s)``."""
     sojourn_s: float
     """``wait_s + pessimism × service_s``."""
     meets_deadline: bool
+    delays_others: bool = False
+    """It would join a queued batch and push one of its members past its deadline."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +248,7 @@ class VariantChoice:
 
     variant: str | None
     reason: str
-    """``low_load``, ``no_deadline``, ``meets_deadline``, ``policy_accurate``,
+    """``low_load``, ``backlog``, ``no_deadline``, ``meets_deadline``, ``policy_accurate``,
     ``policy_fastest`` or ``deadline_infeasible``."""
     predicted_wait_s: float
     predicted_sojourn_s: float
@@ -282,12 +287,29 @@ def predict(
     arrival_per_s: float,
     time_left_s: float | None,
     config: PlannerConfig,
+    backlog: Backlog | None = None,
+    steady_state: bool = True,
+    queued_curves: BatchCurves | None = None,
 ) -> list[Prediction]:
-    """Predicted sojourn of a new request on each variant (most accurate first)."""
+    """Predicted sojourn of a new request on each variant (most accurate first).
+
+    Without ``backlog`` the present is approximated from ``in_system`` counts (each
+    request at its variant's per-item time, drained by ``c`` workers). With it, the
+    wait is when the batch the request would join starts (``sluice.policy.backlog``),
+    and its service that batch's time. ``steady_state=False`` leaves the Erlang-C term
+    out (the planner does so below the low-load line, where the queue is the state).
+    ``queued_curves``: batch curves of the variants queued in ``backlog`` that are not
+    among ``variants`` (a request naming one variant queues behind the others).
+    A variant that is not the fastest must leave room after it for one more request on
+    the fastest (``pessimism × S_fastest(1)``): a queue filled to the deadline with slow
+    work would leave the next arrival no variant at all.
+    """
     k = config.pessimism
     ordered = _by_accuracy(variants)
     servers = max((v.servers for v in ordered), default=1)
     max_b = config.max_batch_size
+    curves = {**(queued_curves or {}), **{v.name: v.batch_s for v in ordered}}
+    fastest = min(ordered, key=lambda v: (v.batch_s[1], -v.accuracy))
     # Work already in the pool, each request at its own variant's per-item time.
     in_pool = sum(v.in_system for v in ordered)
     backlog_work_s = 0.0
@@ -296,17 +318,27 @@ def predict(
         backlog_work_s += v.in_system * v.batch_s[b] / b
     out = []
     for v in ordered:
-        batch = max(min(max_b, 1 + in_pool // max(1, servers)),
-                    settled_batch_size(v, arrival_per_s, max_b))
+        delays = False
+        if backlog is None:
+            batch = max(min(max_b, 1 + in_pool // max(1, servers)),
+                        settled_batch_size(v, arrival_per_s, max_b))
+            backlog_s = backlog_work_s / servers
+        else:
+            place = placement(backlog, v.name, curves, max_b, k)
+            batch, backlog_s, delays = place.batch_size, place.start_s, place.delays_others
         service_s = v.batch_s[batch]
-        per_item_s = service_s / batch
-        erlang_s = mmc_wait_s(arrival_per_s, per_item_s, v.servers)
-        backlog_s = backlog_work_s / servers
+        # The steady state runs at the batch size the queue settles at (without a
+        # backlog, the larger of that and the present's batch, as before).
+        steady_b = batch if backlog is None else settled_batch_size(v, arrival_per_s, max_b)
+        erlang_s = 0.0
+        if steady_state:
+            erlang_s = mmc_wait_s(arrival_per_s, v.batch_s[steady_b] / steady_b, v.servers)
         wait_s = k * max(erlang_s, backlog_s)
         sojourn_s = wait_s + k * service_s
-        meets = time_left_s is None or sojourn_s <= time_left_s
+        room_s = 0.0 if backlog is None or v is fastest else k * fastest.batch_s[1]
+        meets = time_left_s is None or (sojourn_s + room_s <= time_left_s and not delays)
         out.append(Prediction(v.name, v.accuracy, batch, service_s, erlang_s, backlog_s,
-                              wait_s, sojourn_s, meets))
+                              wait_s, sojourn_s, meets, delays))
     return out
 
 
@@ -317,6 +349,8 @@ def choose_variant(
     time_left_s: float | None,
     config: PlannerConfig,
     arrival_stderr_per_s: float = 0.0,
+    backlog: Backlog | None = None,
+    queued_curves: BatchCurves | None = None,
 ) -> VariantChoice:
     """Pick a variant for one request of a group.
 
@@ -328,6 +362,12 @@ def choose_variant(
     capacity by ``low_load_confidence_z`` standard errors; otherwise the most accurate
     whose predicted sojourn fits ``time_left_s``; if none fits, ``variant`` is ``None``
     (reject now) with a Retry-After from the best prediction.
+
+    With ``backlog`` (the pool's queued and running work, ``sluice.policy.backlog``) the
+    prediction starts from the state: below the low-load line the accurate variant is
+    kept only while its predicted finish behind the queue meets the deadline (reason
+    ``low_load``), else the most accurate variant that does is taken at once (reason
+    ``backlog``); above it, the state and the Erlang-C steady state must both agree.
     """
     if not variants:
         raise ValueError("a group needs at least one variant")
@@ -335,13 +375,17 @@ def choose_variant(
         raise ValueError(f"arrival_per_s must be >= 0, got {arrival_per_s!r}")
     if not arrival_stderr_per_s >= 0:
         raise ValueError(f"arrival_stderr_per_s must be >= 0, got {arrival_stderr_per_s!r}")
-    preds = predict(variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s,
-                    config=config)
     best = _by_accuracy(variants)[0]
     best_capacity_per_s = capacity_per_s(best, config.max_batch_size)
     utilization = arrival_per_s / best_capacity_per_s
     surely_above_per_s = max(0.0, arrival_per_s
                              - config.low_load_confidence_z * arrival_stderr_per_s)
+    low_load_line_per_s = config.low_load_utilization * best_capacity_per_s
+    below_line = surely_above_per_s < low_load_line_per_s  # never when the line is at 0
+    preds = predict(variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s,
+                    config=config, backlog=backlog,
+                    steady_state=backlog is None or not below_line,
+                    queued_curves=queued_curves)
 
     def pick(p: Prediction, reason: str) -> VariantChoice:
         return VariantChoice(p.variant, reason, p.wait_s, p.sojourn_s, utilization,
@@ -352,9 +396,14 @@ def choose_variant(
     if config.policy == "fastest":
         fastest = min(preds, key=lambda p: (p.service_s / p.batch_size, -p.accuracy))
         return pick(fastest, "policy_fastest")
-    low_load_line_per_s = config.low_load_utilization * best_capacity_per_s
-    if surely_above_per_s < low_load_line_per_s:  # never when the line is at 0
-        return pick(preds[0], "low_load")
+    if below_line:
+        # Below the line the queue alone decides: empty (the usual case) → the accurate
+        # variant, as accurate-only; a queue it would miss behind → a faster variant now.
+        if backlog is None or time_left_s is None or preds[0].meets_deadline:
+            return pick(preds[0], "low_load")
+        for p in preds:
+            if p.meets_deadline:
+                return pick(p, "backlog")
     if time_left_s is None:
         return pick(preds[0], "no_deadline")
     for p in preds:

@@ -1,15 +1,17 @@
 """What the variant planner needs to know, measured as requests come and go: each group's
-arrival rate, the requests in the system per variant, and batch service times as batches
-complete. ``plan`` turns those measurements into ``choose_variant``'s inputs and returns
+arrival rate, the requests in the system per variant, the queue (requests admitted and
+not started, in start order) and each worker's batch in flight, and batch service times
+as batches complete. ``plan`` turns those measurements into ``choose_variant``'s inputs and returns
 its choice. Pure (time is an argument, no locks): the engine wraps it in a lock and
 applies the choice to a ``Request``; the simulator calls it directly, so both plan alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from sluice.policy.backlog import Backlog, Queued, replan
 from sluice.policy.planner import (
     PlannerConfig,
     ServiceEstimator,
@@ -19,8 +21,9 @@ from sluice.policy.planner import (
 )
 from sluice.policy.rates import RateMeter
 
-ARRIVAL_WINDOW_S = 10.0
-"""The group's arrival rate is counted over this window."""
+ARRIVAL_WINDOW_S = 3.0
+"""The group's arrival rate is counted over this window (short, so the steady-state
+bound follows a load step within seconds; the queue itself is read at every decision)."""
 MIN_RATE_SPAN_S = 2.0
 """A rate is never computed over less than this (a first request is not 1000/s)."""
 
@@ -49,7 +52,11 @@ class VariantTracker:
     """Measurements and choices for every group. Invariant: ``in_system[v]`` counts the
     requests ``admitted`` for ``v`` and not yet ``finished`` (each counted once)."""
 
-    def __init__(self, groups: Sequence[GroupPlan], variants: Mapping[str, VariantInfo]) -> None:
+    def __init__(self, groups: Sequence[GroupPlan], variants: Mapping[str, VariantInfo],
+                 workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers
         self.groups = {g.group_id: g for g in groups}
         self.group_of = {v: g.group_id for g in groups for v in g.variants}
         self.info = {v: variants[v] for v in self.group_of}
@@ -58,6 +65,13 @@ class VariantTracker:
         self._counted: set[int] = set()
         self.service = {v: ServiceEstimator(info.profile_s) for v, info in self.info.items()}
         self.last_choice: dict[str, VariantChoice] = {}
+        self.pending: dict[int, tuple[str, float | None]] = {}
+        """Admitted variant requests not started: id → (variant, absolute deadline), in
+        admission order (the FIFO start order)."""
+        self.named_group: dict[int, str] = {}
+        """Pending requests that named a group (only these may be re-planned)."""
+        self.running: dict[int, tuple[str, int, float]] = {}
+        """Per worker: the variant batch it runs now (variant, size, start time)."""
 
     def states(self, group: GroupPlan) -> list[VariantState]:
         top = group.planner.max_batch_size
@@ -84,6 +98,7 @@ class VariantTracker:
         self.arrivals[group_id].record(now)
         rate, rate_stderr = self.arrivals[group_id].rate_and_stderr(now)
         states = self.states(group)
+        curves = {s.name: s.batch_s for s in states}
         config = group.planner
         if name != group_id:  # a variant named directly: predict it alone
             states = [s for s in states if s.name == name]
@@ -91,21 +106,89 @@ class VariantTracker:
                                    pessimism=config.pessimism)
         time_left = None if deadline_s is None else deadline_s - now
         choice = choose_variant(states, arrival_per_s=rate, arrival_stderr_per_s=rate_stderr,
-                                time_left_s=time_left, config=config)
+                                time_left_s=time_left, config=config,
+                                backlog=self.backlog(group, now), queued_curves=curves)
         self.last_choice[group_id] = choice
         return choice
 
-    def admitted(self, request_id: int, model_id: str) -> None:
+    def backlog(self, group: GroupPlan, now: float) -> Backlog:
+        """The group's queued requests (in start order, with their time left) and every
+        worker's predicted time to the end of the variant batch it runs."""
+        mine = set(group.variants)
+        queued = tuple(Queued(v, None if d is None else d - now)
+                       for v, d in self.pending.values() if v in mine)
+        busy = [0.0] * self.workers
+        for worker, (variant, size, start_s) in self.running.items():
+            if 0 <= worker < self.workers:
+                busy[worker] = max(0.0, start_s + self.service[variant].batch_s(size) - now)
+        return Backlog(tuple(busy), queued)
+
+    def admitted(self, request_id: int, model_id: str, deadline_s: float | None = None,
+                 group_id: str | None = None) -> None:
+        """A request for ``model_id`` entered the queue; ``group_id``: the group it named
+        (then it may be re-planned)."""
         if model_id in self.in_system:
             self.in_system[model_id] += 1
             self._counted.add(request_id)
+            self.pending[request_id] = (model_id, deadline_s)
+            if group_id is not None:
+                self.named_group[request_id] = group_id
+
+    def started(self, request_id: int) -> None:
+        """The request left the queue for a batch (or ended before running)."""
+        self.pending.pop(request_id, None)
+        self.named_group.pop(request_id, None)
 
     def finished(self, request_id: int, model_id: str) -> None:
+        self.started(request_id)
         if request_id in self._counted:
             self._counted.discard(request_id)
             self.in_system[model_id] -= 1
 
-    def batch_done(self, model_id: str, size: int, seconds: float) -> None:
+    def replan(self, now: float, movable: Callable[[int], bool]) -> list[tuple[int, str | None]]:
+        """Queued requests of adaptive groups predicted to miss their deadlines now, each
+        with the faster variant it should move to (``None``: none meets it; fail it).
+        Only requests that named a group and for which ``movable(request_id)`` holds are
+        moved; the caller applies each move (``moved``)."""
+        out: list[tuple[int, str | None]] = []
+        for group in self.groups.values():
+            if group.planner.policy != "adaptive":
+                continue
+            backlog = self.backlog(group, now)
+            if not backlog.queued:
+                continue
+            ids = [rid for rid, (v, _) in self.pending.items() if v in group.variants]
+            states = {s.name: s for s in self.states(group)}
+            by_accuracy = sorted(states.values(), key=lambda s: -s.accuracy)
+            options: dict[int, list[str]] = {}
+            for i, rid in enumerate(ids):
+                if self.named_group.get(rid) == group.group_id and movable(rid):
+                    own_s = states[self.pending[rid][0]].batch_s[1]
+                    options[i] = [s.name for s in by_accuracy if s.batch_s[1] < own_s]
+            curves = {name: s.batch_s for name, s in states.items()}
+            for move in replan(backlog, curves, group.planner.max_batch_size, options,
+                               group.planner.pessimism):
+                out.append((ids[move.index], move.variant))
+        return out
+
+    def moved(self, request_id: int, variant: str) -> None:
+        """A queued request now runs on ``variant``."""
+        entry = self.pending.get(request_id)
+        if entry is None or entry[0] == variant:
+            return
+        if request_id in self._counted:
+            self.in_system[entry[0]] -= 1
+            self.in_system[variant] += 1
+        self.pending[request_id] = (variant, entry[1])
+
+    def batch_started(self, worker_id: int, model_id: str, size: int, now: float) -> None:
+        if model_id in self.service:
+            self.running[worker_id] = (model_id, size, now)
+
+    def batch_done(self, model_id: str, size: int, seconds: float,
+                   worker_id: int | None = None) -> None:
         est = self.service.get(model_id)
         if est is not None:
             est.observe(size, seconds)
+            if worker_id is not None:
+                self.running.pop(worker_id, None)

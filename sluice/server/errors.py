@@ -113,6 +113,7 @@ def rejection_error(rejection: Rejection) -> APIError:
 #: pass the runtime's message through).
 FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
     "deadline": (504, "deadline_exceeded", None),
+    "deadline_infeasible": (503, "deadline_infeasible", None),
     "backend_error": (500, "server_error", "The model failed while running this request."),
     "model_load_failed": (500, "server_error", "The model could not be loaded."),
     "context_length_exceeded": (400, "invalid_request_error", None),

@@ -1,0 +1,190 @@
+"""State-based prediction for the variant planner: when each request already in a model
+group's pool will finish, and when a new one would, from the work queued and running
+now (not from the arrival rate). Pure: the state and the service curves are arguments,
+times are seconds from "now".
+
+The model of the pool, and why it fits sluice's one-shot path:
+
+* Requests start in the order they were admitted (the FIFO scheduler, then each
+  worker's inbox in order), so a request's finish depends only on the work ahead of it:
+  arrivals after it cannot delay it.
+* A worker's dynamic batcher runs the contiguous same-variant requests at its inbox head
+  as one batch (``max_batch_size`` at most), and every member finishes when the batch
+  does. So the queue is cut into contiguous same-variant runs, each run into batches of
+  at most ``max_batch_size``.
+* Each batch goes to the worker that is free first (list scheduling over ``c``
+  workers): a worker is free when the batch it is running now ends (``busy_s``).
+
+A request of variant ``v`` joining the queue's tail extends the last batch when that
+batch is also ``v`` and has room — which lengthens that batch, so the members already in
+it must still finish in time (``placement`` checks) — and otherwise starts a batch of
+its own on the first free worker.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+BatchCurves = Mapping[str, Mapping[int, float]]
+"""Per variant: predicted seconds of one batch by batch size (1..max_batch_size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """One admitted request that has not started."""
+
+    variant: str
+    time_left_s: float | None = None
+    """Seconds from now to its deadline (``None``: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """A pool's state at one instant.
+
+    Invariant: ``busy_s`` has one entry per worker, each >= 0 (0: idle now).
+    """
+
+    busy_s: tuple[float, ...]
+    """Per worker: predicted seconds until the batch it is running ends."""
+    queued: tuple[Queued, ...] = ()
+    """Admitted and not started, in the order they will start."""
+
+    def __post_init__(self) -> None:
+        if not self.busy_s:
+            raise ValueError("busy_s needs one entry per worker (at least one)")
+        if any(not b >= 0 or not math.isfinite(b) for b in self.busy_s):
+            raise ValueError(f"busy_s must be finite and >= 0, got {self.busy_s!r}")
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing queued and every worker idle."""
+        return not self.queued and not any(self.busy_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a new request of one variant would run."""
+
+    variant: str
+    batch_size: int
+    """The size of the batch it would run in."""
+    start_s: float
+    """When that batch is predicted to start (its wait)."""
+    finish_s: float
+    """When that batch is predicted to end (its sojourn)."""
+    delays_others: bool
+    """It would join a batch and push one of that batch's members past its deadline."""
+
+
+def _runs(queued: Sequence[Queued], max_batch_size: int) -> Iterator[tuple[int, int]]:
+    """``(first index, size)`` of each batch the queue is cut into: contiguous
+    same-variant runs, each cut into pieces of at most ``max_batch_size``."""
+    i = 0
+    while i < len(queued):
+        j = i + 1
+        while (j < len(queued) and j - i < max_batch_size
+               and queued[j].variant == queued[i].variant):
+            j += 1
+        yield i, j - i
+        i = j
+
+
+def finishes_s(backlog: Backlog, curves: BatchCurves, max_batch_size: int) -> list[float]:
+    """The predicted finish (seconds from now) of each queued request, in queue order."""
+    if max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    free = sorted(backlog.busy_s)
+    out = [0.0] * len(backlog.queued)
+    for first, size in _runs(backlog.queued, max_batch_size):
+        start = heapq.heappop(free)
+        end = start + curves[backlog.queued[first].variant][size]
+        heapq.heappush(free, end)
+        out[first:first + size] = [end] * size
+    return out
+
+
+def placement(backlog: Backlog, variant: str, curves: BatchCurves, max_batch_size: int,
+              pessimism: float = 1.0) -> Placement:
+    """Where a new request of ``variant`` appended to the queue would run, and when it
+    would finish. ``delays_others``: joining the tail batch would make one of its
+    members miss its deadline (predicted times × ``pessimism``)."""
+    queued = (*backlog.queued, Queued(variant))
+    ends = finishes_s(Backlog(backlog.busy_s, queued), curves, max_batch_size)
+    first, size = list(_runs(queued, max_batch_size))[-1]
+    finish = ends[-1]
+    start = finish - curves[variant][size]
+    late = any(q.time_left_s is not None and pessimism * finish > q.time_left_s
+               for q in queued[first:-1])
+    return Placement(variant, size, max(0.0, start), finish, late)
+
+
+def _left(q: Queued) -> float:
+    return math.inf if q.time_left_s is None else q.time_left_s
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A re-planning decision for one queued request."""
+
+    index: int
+    """Its position in ``Backlog.queued``."""
+    variant: str | None
+    """The variant it moves to; ``None``: none meets its deadline (fail it now)."""
+
+
+def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
+           options: Mapping[int, Sequence[str]], pessimism: float = 1.0,
+           max_moves: int = 64) -> list[Move]:
+    """Moves for queued requests predicted to miss their deadlines.
+
+    ``options[i]``: the variants queued request ``i`` may move to, most preferred first
+    (requests not in it stay where they are). Repeatedly, the first request predicted to
+    miss (finish × ``pessimism`` past its time left) that has options moves to the first
+    of them on which it meets its deadline, or fails (``variant=None``) if none does;
+    each move only ever shortens the work ahead of the requests behind it. At most
+    ``max_moves`` moves per call.
+    """
+    queued = list(backlog.queued)
+    moves: dict[int, str | None] = {}
+    for _ in range(max_moves):
+        live = [i for i in range(len(queued)) if moves.get(i, "") is not None]
+        state = Backlog(backlog.busy_s, tuple(queued[i] for i in live))
+        ends = finishes_s(state, curves, max_batch_size)
+        miss = next((k for k, i in enumerate(live)
+                     if i in options and pessimism * ends[k] > _left(queued[i])), None)
+        if miss is None:
+            break
+        index = live[miss]
+        time_left = _left(queued[index])
+        target: str | None = None
+        for variant in options[index]:
+            if variant == queued[index].variant:
+                continue
+            trial = list(state.queued)
+            trial[miss] = Queued(variant, time_left)
+            trial_ends = finishes_s(Backlog(backlog.busy_s, tuple(trial)), curves,
+                                    max_batch_size)
+            if pessimism * trial_ends[miss] <= time_left:
+                target = variant
+                break
+        moves[index] = target
+        if target is not None:
+            queued[index] = Queued(target, time_left)
+        options = {i: o for i, o in options.items() if i != index}
+    return [Move(i, v) for i, v in sorted(moves.items())]
+
+
+__all__ = [
+    "Backlog",
+    "BatchCurves",
+    "Move",
+    "Placement",
+    "Queued",
+    "finishes_s",
+    "placement",
+    "replan",
+]

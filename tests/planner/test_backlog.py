@@ -1,0 +1,189 @@
+"""State-based prediction (``sluice.policy.backlog``) and the planner's use of it: the
+queue and the batches in flight decide, with no model and no clock."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sluice.policy.backlog import Backlog, Move, Queued, finishes_s, placement, replan
+from sluice.policy.planner import (
+    PlannerConfig,
+    VariantState,
+    capacity_per_s,
+    choose_variant,
+)
+
+# Batch times (s) by size: "acc" gains nothing from batching (like mpnet FP32 on one
+# thread), "mid" a little, "fast" is cheap.
+CURVES = {
+    "acc": {b: 0.050 * b for b in range(1, 9)},
+    "mid": {b: 0.010 + 0.005 * b for b in range(1, 9)},
+    "fast": {b: 0.001 * b + 0.001 for b in range(1, 9)},
+}
+ACCURACY = {"acc": 0.88, "mid": 0.86, "fast": 0.77}
+
+
+def queue(*variants: str, time_left_s: float | None = None) -> tuple[Queued, ...]:
+    return tuple(Queued(v, time_left_s) for v in variants)
+
+
+def test_contiguous_runs_batch_and_start_in_order() -> None:
+    state = Backlog(busy_s=(0.010,), queued=queue("acc", "acc", "mid", "acc"))
+    ends = finishes_s(state, CURVES, max_batch_size=8)
+    # acc×2 after the batch in flight, then mid×1, then acc×1 (not merged across "mid")
+    assert ends == pytest.approx([0.110, 0.110, 0.125, 0.175])
+
+
+def test_a_long_run_is_cut_at_max_batch_size() -> None:
+    ends = finishes_s(Backlog((0.0,), queue(*["mid"] * 10)), CURVES, max_batch_size=8)
+    assert ends[:8] == pytest.approx([CURVES["mid"][8]] * 8)
+    assert ends[8:] == pytest.approx([CURVES["mid"][8] + CURVES["mid"][2]] * 2)
+
+
+def test_batches_go_to_the_first_free_worker() -> None:
+    state = Backlog(busy_s=(0.030, 0.0), queued=queue("acc", "mid", "fast"))
+    ends = finishes_s(state, CURVES, max_batch_size=8)
+    # acc on the idle worker (0 → 0.05), mid on the other (0.03 → 0.045), fast after mid
+    assert ends == pytest.approx([0.050, 0.045, 0.047])
+
+
+def test_placement_joins_the_tail_batch_unless_a_member_would_miss() -> None:
+    state = Backlog((0.0,), (Queued("mid", 0.5),))
+    joined = placement(state, "mid", CURVES, 8)
+    assert (joined.batch_size, joined.start_s) == (2, 0.0)
+    assert joined.finish_s == pytest.approx(CURVES["mid"][2])
+    assert not joined.delays_others
+    tight = Backlog((0.0,), (Queued("mid", CURVES["mid"][1]),))
+    assert placement(tight, "mid", CURVES, 8).delays_others
+    apart = placement(state, "fast", CURVES, 8)
+    assert apart.batch_size == 1
+    assert apart.start_s == pytest.approx(CURVES["mid"][1])
+
+
+def test_an_empty_backlog_is_empty() -> None:
+    assert Backlog((0.0, 0.0)).is_empty
+    assert not Backlog((0.001,)).is_empty
+    with pytest.raises(ValueError, match="busy_s"):
+        Backlog(())
+    with pytest.raises(ValueError, match="busy_s"):
+        Backlog((-1.0,))
+
+
+def test_replan_moves_the_first_miss_to_the_most_accurate_variant_that_fits() -> None:
+    # Three acc requests in one batch (150 ms) behind 40 ms of work; 120 ms left each.
+    state = Backlog((0.040,), queue("acc", "acc", "acc", time_left_s=0.120))
+    opts = {i: ["mid", "fast"] for i in range(3)}
+    moves = replan(state, CURVES, 8, opts)
+    # Moving the first two to mid leaves the third alone on acc: 40 + 20 + 50 = 110 ms.
+    assert moves == [Move(0, "mid"), Move(1, "mid")]
+    after = Backlog(state.busy_s, queue("mid", "mid", "acc", time_left_s=0.120))
+    assert max(finishes_s(after, CURVES, 8)) <= 0.120
+
+
+def test_replan_fails_what_no_variant_can_save_and_leaves_the_rest() -> None:
+    state = Backlog((0.200,), (Queued("acc", 0.100), Queued("acc", None), Queued("acc", 1.0)))
+    moves = replan(state, CURVES, 8, {0: ["mid", "fast"], 2: ["fast"]})
+    assert moves == [Move(0, None)]  # 200 ms of work ahead: nothing meets 100 ms
+    # a request without options is never moved, even when it misses
+    assert replan(state, CURVES, 8, {}) == []
+
+
+@given(st.lists(st.sampled_from(["acc", "mid", "fast"]), max_size=12),
+       st.lists(st.floats(0.0, 0.3), min_size=1, max_size=3),
+       st.floats(0.01, 0.5))
+def test_after_replanning_every_moved_request_meets_its_deadline(
+    variants: list[str], busy: list[float], time_left_s: float
+) -> None:
+    state = Backlog(tuple(busy), queue(*variants, time_left_s=time_left_s))
+    opts = {i: [v for v in ("mid", "fast") if CURVES[v][1] < CURVES[q][1]]
+            for i, q in enumerate(variants)}
+    moves = replan(state, CURVES, 8, opts)
+    moved = {m.index: m.variant for m in moves}
+    kept = [(i, moved.get(i, q)) for i, q in enumerate(variants)
+            if moved.get(i, q) is not None]
+    after = Backlog(state.busy_s, tuple(Queued(str(v), time_left_s) for _, v in kept))
+    ends = finishes_s(after, CURVES, 8)
+    for (i, _), end in zip(kept, ends, strict=True):
+        if i in moved:
+            assert end <= time_left_s + 1e-12
+
+
+def variants() -> list[VariantState]:
+    return [VariantState(n, ACCURACY[n], servers=1, in_system=0, batch_s=CURVES[n])
+            for n in ("acc", "mid", "fast")]
+
+
+CFG = PlannerConfig(max_batch_size=8)
+CAPACITY_PER_S = capacity_per_s(variants()[0], 8)
+
+
+@given(st.floats(0.0, 0.499), st.floats(0.0521, 5.0))
+def test_below_half_load_an_empty_backlog_gives_accurate_only(
+    utilization: float, time_left_s: float
+) -> None:
+    choice = choose_variant(variants(), arrival_per_s=utilization * CAPACITY_PER_S,
+                            time_left_s=time_left_s, config=CFG, backlog=Backlog((0.0,)))
+    assert (choice.variant, choice.reason) == ("acc", "low_load")
+
+
+def test_a_burst_the_rate_has_not_seen_moves_the_choice_at_once() -> None:
+    """A low measured rate, but 100 ms of accurate work already queued: the accurate
+    variant would finish this request (in that batch, now of 3) at 150 ms, leaving no
+    room in a 150 ms deadline; the planner places it on the most accurate variant that
+    meets it, now (not seconds later when the rate shows)."""
+    state = Backlog((0.0,), queue("acc", "acc", time_left_s=0.3))
+    choice = choose_variant(variants(), arrival_per_s=0.1 * CAPACITY_PER_S,
+                            time_left_s=0.150, config=CFG, backlog=state)
+    assert (choice.variant, choice.reason) == ("mid", "backlog")
+    acc, mid = choice.predictions[:2]
+    assert (acc.batch_size, acc.backlog_wait_s) == (3, 0.0)  # it would join that batch
+    assert acc.sojourn_s == pytest.approx(0.150) and not acc.meets_deadline
+    assert mid.backlog_wait_s == pytest.approx(0.100)
+    assert choice.predicted_sojourn_s == pytest.approx(0.115)
+
+
+def test_room_is_left_for_one_more_request_on_the_fastest_variant() -> None:
+    fast_1 = CURVES["fast"][1]
+    # accurate would end exactly at the deadline: no room left for a next arrival
+    exact = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.050, config=CFG,
+                           backlog=Backlog((0.0,)))
+    assert exact.variant == "mid"
+    roomy = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.050 + fast_1,
+                           config=CFG, backlog=Backlog((0.0,)))
+    assert roomy.variant == "acc"
+
+
+def test_joining_a_batch_that_would_then_miss_is_not_allowed() -> None:
+    state = Backlog((0.0,), (Queued("acc", 0.060),))  # alone it ends at 50 ms of 60
+    choice = choose_variant(variants(), arrival_per_s=0.0, time_left_s=1.0, config=CFG,
+                            backlog=state)
+    acc = choice.predictions[0]
+    assert acc.delays_others and not acc.meets_deadline
+    assert choice.variant == "mid"
+
+
+def test_above_the_line_the_steady_state_still_counts() -> None:
+    """An empty queue at 95 % of the accurate capacity: the state alone says "acc", the
+    Erlang-C bound says its queue would grow past the deadline."""
+    choice = choose_variant(variants(), arrival_per_s=0.95 * CAPACITY_PER_S,
+                            time_left_s=0.150, config=CFG, backlog=Backlog((0.0,)))
+    assert choice.variant == "mid"
+    assert choice.predictions[0].erlang_wait_s > 0.150
+
+
+@given(st.lists(st.sampled_from(["acc", "mid", "fast"]), max_size=10),
+       st.floats(0.0, 0.2), st.floats(0.0, 1.5), st.floats(0.001, 0.5))
+def test_a_chosen_variant_is_predicted_to_meet_the_deadline(
+    queued: list[str], busy_s: float, utilization: float, time_left_s: float
+) -> None:
+    state = Backlog((busy_s,), queue(*queued, time_left_s=1.0))
+    choice = choose_variant(variants(), arrival_per_s=utilization * CAPACITY_PER_S,
+                            time_left_s=time_left_s, config=CFG, backlog=state)
+    if choice.variant is None:
+        assert not any(p.meets_deadline for p in choice.predictions)
+    elif choice.reason != "low_load" or choice.variant != "acc":
+        assert choice.predicted_sojourn_s <= time_left_s
+    else:
+        assert choice.predictions[0].meets_deadline

@@ -1,0 +1,73 @@
+"""The runtime plans from the queue and re-plans queued requests as time passes: driven
+step by step with a hand-moved clock and the threads not started (nothing runs, so the
+queue only ages)."""
+
+from __future__ import annotations
+
+from sluice.backends.base import ModelSpec
+from sluice.backends.synthetic import SyntheticBackend
+from sluice.engine.request import Request, RequestStatus
+from sluice.engine.runtime import Runtime, RuntimeConfig
+from sluice.engine.variants import GroupSpec
+from sluice.engine.worker import WorkerConfig
+from sluice.policy.planner import PlannerConfig
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def spec(model_id: str, accuracy: float, ms_per_item: float) -> ModelSpec:
+    return ModelSpec(model_id, "oneshot", "synthetic", 10_000_000, task="classification",
+                     options={"accuracy": accuracy, "load_s": 0.0,
+                              "service_ms": {"1": ms_per_item, "8": 8 * ms_per_item}})
+
+
+def runtime(clock: Clock) -> Runtime:
+    models = (spec("big", 0.9, 30.0), spec("small", 0.8, 1.0))
+    group = GroupSpec("g", ("big", "small"), PlannerConfig(max_batch_size=8))
+    cfg = RuntimeConfig(models=models, workers=(WorkerConfig(0, 10**9),), groups=(group,))
+    return Runtime(cfg, {"synthetic": SyntheticBackend()}, clock=clock)
+
+
+def submit(rt: Runtime, model: str, deadline_in_s: float) -> Request:
+    req = rt.new_request(model, input="x", deadline_s=rt.clock() + deadline_in_s)
+    assert rt.try_submit(req) is None
+    return req
+
+
+def replan(rt: Runtime) -> None:
+    with rt._cv:
+        rt._replan_queued(rt.clock())
+
+
+def test_queued_requests_move_to_a_faster_variant_or_fail_early() -> None:
+    clock = Clock()
+    rt = runtime(clock)
+    # An empty queue at a low rate: accurate-only's choice; the queue then decides.
+    reqs = [submit(rt, "g", 0.100) for _ in range(3)]
+    assert [r.model_id for r in reqs] == ["big", "big", "big"]  # one batch: 90 ms
+    assert rt.variants.last_choice["g"].reason == "low_load"
+    fourth = submit(rt, "g", 0.100)  # joining would make the batch 120 ms
+    assert fourth.model_id == "small"
+    assert rt.variants.last_choice["g"].reason == "backlog"
+    named = submit(rt, "big", 0.100)  # a variant named directly is never moved
+
+    clock.now += 0.050  # nothing ran: the 90 ms batch now ends 40 ms late
+    replan(rt)
+    assert [r.model_id for r in reqs] == ["small", "small", "big"]
+    snapshot = rt.variants.snapshot()
+    assert (snapshot["big"]["in_system"], snapshot["small"]["in_system"]) == (2, 3)
+    assert all(r.status == RequestStatus.QUEUED for r in [*reqs, fourth, named])
+
+    clock.now += 0.049  # 1 ms left: no variant can finish anything in time
+    replan(rt)
+    for r in [*reqs, fourth]:
+        assert r.status == RequestStatus.REJECTED
+        assert r.final is not None and r.final.error_code == "deadline_infeasible"
+    assert named.status == RequestStatus.QUEUED and named.model_id == "big"
+    assert len(rt._scheduler) == 1
