@@ -1,0 +1,141 @@
+"""Cost models the simulator charges on its virtual clock, read from measurements.
+
+Per model, one ``ModelCost``:
+
+- one-shot models: seconds per batch of ``n`` (``batch_s``), from a profile of batch sizes
+  (``sluice profile``'s ``batch_ms``, or a model's ``options.service_ms``), interpolated
+  linearly between profiled sizes and extrapolated along the last segment past them;
+- generative models: a ``StepCost`` (``sluice.policy.step_cost``: the same linear step-time
+  model the engine's TPOT budget uses), from a JSON file fitted by a profiling run;
+- every model: its load time in seconds.
+
+Where they come from, first match wins: a costs file given to the simulator (``--costs``,
+JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost"}}``), or a ``sluice
+profile`` result (``variants.*.model`` / ``batch_ms``); then the model's own options
+(``service_ms``, ``step_cost`` as an object or a path to a JSON file, ``load_s``); then the
+synthetic backend's cost options (its own model of time, which is one more such file);
+else ``ValueError`` naming the model, since a guess would make every prediction wrong.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sluice.policy.step_cost import StepCost
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Service, step and load times of one model (seconds)."""
+
+    load_s: float
+    batch_sizes: tuple[int, ...] = ()
+    """Profiled one-shot batch sizes, ascending (empty for generative models)."""
+    batch_times_s: tuple[float, ...] = ()
+    step: StepCost | None = None
+    """Generative models: seconds per continuous-batching step."""
+
+    def __post_init__(self) -> None:
+        if not self.load_s >= 0:
+            raise ValueError(f"load_s must be >= 0, got {self.load_s}")
+        if len(self.batch_sizes) != len(self.batch_times_s):
+            raise ValueError("batch_sizes and batch_times_s differ in length")
+        if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or any(
+                b < 1 for b in self.batch_sizes):
+            raise ValueError(f"batch_sizes must be distinct, >= 1, ascending: {self.batch_sizes}")
+        if any(not t >= 0 for t in self.batch_times_s):
+            raise ValueError(f"batch times must be >= 0: {self.batch_times_s}")
+
+    def batch_s(self, n: int) -> float:
+        """Seconds for a one-shot batch of ``n`` (linear between and past profiled sizes)."""
+        sizes, times = self.batch_sizes, self.batch_times_s
+        if not sizes:
+            raise ValueError("no batch profile: this is not a one-shot model's cost")
+        if len(sizes) == 1:
+            return times[0] * n / sizes[0] if n > sizes[0] else times[0]
+        i = bisect.bisect_left(sizes, n)
+        if i < len(sizes) and sizes[i] == n:
+            return times[i]
+        i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] (or the nearest one)
+        b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
+        return max(0.0, t0 + (t1 - t0) * (n - b0) / (b1 - b0))
+
+    @classmethod
+    def oneshot(cls, batch_ms: Mapping[Any, float], load_s: float) -> ModelCost:
+        pairs = sorted((int(b), float(ms) / 1000.0) for b, ms in batch_ms.items())
+        return cls(load_s, tuple(b for b, _ in pairs), tuple(t for _, t in pairs))
+
+
+def _step_cost(value: Any, base_dir: Path | None) -> StepCost:
+    if isinstance(value, Mapping):
+        return StepCost.from_json(value)
+    path = Path(str(value))
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return StepCost.load(path)
+
+
+def _from_entry(kind: str, entry: Mapping[str, Any], load_s: float,
+                base_dir: Path | None) -> ModelCost | None:
+    load_s = float(entry.get("load_s", load_s))
+    if kind == "generative":
+        if "step_cost" in entry:
+            return ModelCost(load_s, step=_step_cost(entry["step_cost"], base_dir))
+        return None
+    for key in ("batch_ms", "service_ms"):
+        if entry.get(key):
+            return ModelCost.oneshot(entry[key], load_s)
+    return None
+
+
+def synthetic_cost(kind: str, options: Mapping[str, Any]) -> ModelCost:
+    """The synthetic backend's own cost model (``sluice.backends.synthetic``), same
+    defaults."""
+    scale = float(options.get("speed_scale", 1.0))
+
+    def opt(key: str, default: float) -> float:
+        return float(options.get(key, default)) * scale
+
+    load_s = opt("load_s", 0.01)
+    if kind == "generative":
+        return ModelCost(load_s, step=StepCost(
+            base_s=opt("step_fixed_s", 0.002), per_decode_token_s=opt("decode_per_seq_s", 0.0005),
+            per_prefill_token_s=opt("prefill_per_token_s", 0.0001)))
+    fixed, item = opt("batch_fixed_s", 0.002), opt("per_item_s", 0.001)
+    return ModelCost(load_s, (1, 2), (fixed + item, fixed + 2 * item))
+
+
+def model_cost(model_id: str, kind: str, backend: str, options: Mapping[str, Any],
+               load_cost_s: float, files: Mapping[str, Mapping[str, Any]] | None = None,
+               base_dir: Path | None = None) -> ModelCost:
+    """The cost of one model (see the module docstring for the order of sources)."""
+    load_s = float(options.get("load_s", load_cost_s))
+    if files and model_id in files:
+        cost = _from_entry(kind, files[model_id], load_s, base_dir)
+        if cost is not None:
+            return cost
+    cost = _from_entry(kind, options, load_s, base_dir)
+    if cost is not None:
+        return cost
+    if backend == "synthetic":
+        return synthetic_cost(kind, options)
+    what = "a step_cost (StepCost JSON)" if kind == "generative" else "service_ms / batch_ms"
+    raise ValueError(f"models[{model_id!r}]: no cost model: give {what} in a costs file "
+                     f"(--costs) or in the model's options")
+
+
+def read_costs(path: Path) -> dict[str, dict[str, Any]]:
+    """A costs file: ``{model_id: {...}}``, or a ``sluice profile`` result (its variants'
+    ``batch_ms`` keyed by their served model id)."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a costs file is a JSON object")
+    if "variants" in data and isinstance(data["variants"], dict):
+        return {str(v.get("model", name)): {"batch_ms": v["batch_ms"]}
+                for name, v in data["variants"].items()}
+    return {str(k): dict(v) for k, v in data.items()}

@@ -1,0 +1,158 @@
+"""A simulated continuous-batching engine: the server's step planner and KV allocator, with
+a step-time model in place of the forward pass.
+
+A step is what ``ContinuousEngine.step`` does, in the same order: retire what ended
+(deadlines), ``plan_step`` on the same kind of view, apply the admissions
+(``reserve_admission`` on a real ``KVBlockAllocator``, slots from the same stack order,
+prefix copies), then the pass, charged ``StepCost.predict_s(decode, prefill, context)``
+seconds; at its end every chunk that wants logits yields one token, a token past the
+deadline expires its request instead (never completed late), and a request that reaches
+``max_tokens`` completes and frees its slot and blocks at once. Sequences run to
+``max_tokens`` (as the load generator's ``ignore_eos`` asks); ``n`` is 1.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.step_cost import StepCost
+from sluice.policy.step_planner import (
+    EngineConfig,
+    RunningSeq,
+    StepPlan,
+    StepView,
+    WaitingSeq,
+    plan_step,
+    reserve_admission,
+    static_wakeup_s,
+)
+from sluice.sim.request import SimRequest
+
+
+@dataclass(slots=True)
+class _Seq:
+    req: SimRequest
+    slot: int
+    n_fed: int = 0
+
+
+class SimEngine:
+    """One resident generative model on one simulated worker."""
+
+    def __init__(self, config: EngineConfig, cost: StepCost, n_ctx_total: int,
+                 n_seq_max: int) -> None:
+        self.config = config
+        self.cost = cost
+        self.kv = KVBlockAllocator.for_context(n_ctx_total, n_seq_max, config.kv_block_tokens,
+                                               unified=False)
+        self.waiting: deque[SimRequest] = deque()
+        self.running: dict[int, _Seq] = {}
+        self._free_slots = list(range(n_seq_max - 1, -1, -1))
+        self.steps = 0
+        self.busy_s = 0.0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def refusal(self, req: SimRequest) -> str | None:
+        """Why ``req`` can never run here (as ``ContinuousEngine.add`` refuses), else None."""
+        if self.kv.never_fits(req.n_prompt + req.max_tokens):
+            return "context_length_exceeded"
+        return None
+
+    def expire(self, now: float) -> list[SimRequest]:
+        """Requests past their deadline leave before the next pass (running ones free
+        their slot and blocks); returned for the caller to end."""
+        gone = []
+        for slot, seq in list(self.running.items()):
+            d = seq.req.deadline_s
+            if d is not None and now >= d:
+                self._retire(slot)
+                gone.append(seq.req)
+        if any(r.deadline_s is not None and now >= r.deadline_s for r in self.waiting):
+            keep: deque[SimRequest] = deque()
+            for r in self.waiting:
+                if r.deadline_s is not None and now >= r.deadline_s:
+                    gone.append(r)
+                else:
+                    keep.append(r)
+            self.waiting = keep
+        return gone
+
+    def view(self, now: float) -> StepView:
+        return StepView(
+            running=tuple(RunningSeq(s.slot, s.req.request_id, s.req.n_prompt, s.n_fed,
+                                     s.req.generated, s.req.prompt)
+                          for s in self.running.values()),
+            waiting=tuple(WaitingSeq(r.request_id, r.prompt, r.max_tokens, r.arrival_s)
+                          for r in self.waiting),
+            free_slots=tuple(reversed(self._free_slots)),
+            kv=self.kv.snapshot(),
+            now=now,
+        )
+
+    def start_step(self, now: float) -> tuple[StepPlan, float]:
+        """Plan and apply one step at ``now``; returns the plan and its seconds (0 and
+        no chunks when there is nothing to feed)."""
+        plan = plan_step(self.config, self.view(now))
+        for adm in plan.admissions:
+            req = self.waiting.popleft()
+            if req.request_id != adm.request_id:  # the planner admits from the head
+                raise RuntimeError(f"plan admits {adm.request_id}, head is {req.request_id}")
+            req.status = "running"
+            req.started_s = now
+            self._free_slots.remove(adm.slot)
+            reserve_admission(self.kv, adm)
+            seq = _Seq(req, adm.slot)
+            if adm.prefix is not None:
+                seq.n_fed = adm.prefix.n_tokens
+            self.running[adm.slot] = seq
+        if not plan.chunks:
+            return plan, 0.0
+        running = self.running
+        context = sum(running[c.slot].n_fed for c in plan.chunks if c.decode)
+        step_s = self.cost.predict_s(plan.decode_tokens, plan.prefill_tokens, context)
+        self.busy_s += step_s
+        return plan, step_s
+
+    def end_step(self, plan: StepPlan, now: float) -> list[tuple[SimRequest, str]]:
+        """The pass ended at ``now``: feed, sample, retire. Returns the requests that end,
+        with their terminal state."""
+        self.steps += 1
+        ended: list[tuple[SimRequest, str]] = []
+        for chunk in plan.chunks:
+            seq = self.running.get(chunk.slot)
+            if seq is None:
+                continue
+            seq.n_fed += chunk.n_tokens
+            if not chunk.want_logits:
+                continue
+            req = seq.req
+            if req.deadline_s is not None and now >= req.deadline_s:
+                self._retire(chunk.slot)
+                ended.append((req, "expired"))
+                continue
+            req.generated += 1
+            if req.first_token_s is None:
+                req.first_token_s = now
+            if req.generated >= req.max_tokens:
+                self._retire(chunk.slot)
+                ended.append((req, "completed"))
+        return ended
+
+    def next_wakeup_s(self) -> float | None:
+        """Static mode: when the waiting head stops waiting for a full batch."""
+        if self.config.mode != "static" or not self.waiting:
+            return None
+        head = self.waiting[0]
+        return static_wakeup_s(self.config, len(self.running),
+                               WaitingSeq(head.request_id, (), head.max_tokens,
+                                          head.arrival_s))
+
+    def _retire(self, slot: int) -> None:
+        del self.running[slot]
+        self.kv.free(slot)
+        self._free_slots.append(slot)

@@ -1,0 +1,208 @@
+"""A simulated fleet: tenant quotas, a front end routing across replicas, the replicas, on
+one virtual clock; ``simulate`` runs a workload through it and returns the report.
+
+Per arrival, in the server's order: the tenant's quota (``TenantQuota.reserve`` on one
+state shared by every replica: a Redis store modelled as exact and instant), then, with
+more than one replica, the cross-replica router (``make_replica_router``: the same ranking
+the cluster front end uses; the request goes to the best-ranked replica with room, and is
+rejected ``queue_full`` when none has any), then the replica's admission. When a request
+ends, its quota slot is released (the request refunded if it never ran, unused tokens
+given back).
+
+Arrivals are pulled from the workload one at a time, so memory stays bounded by the
+requests in flight plus the report's latency arrays. Conservation is checked at the end:
+every submitted request ended exactly once (``SimRequest.finish`` refuses a second end),
+and no replica holds anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from sluice.policy.quota import QuotaState, TenantQuota
+from sluice.policy.replica_router import ReplicaRequest, ReplicaView, make_replica_router
+from sluice.sim.clock import EventLoop
+from sluice.sim.replica import SimReplica
+from sluice.sim.report import Recorder
+from sluice.sim.request import SimRequest
+from sluice.sim.setup import SimConfig
+from sluice.sim.workload import Arrival
+
+
+class ConservationError(AssertionError):
+    """A simulated request was lost or ended twice (a simulator bug, never a result)."""
+
+
+class Fleet:
+    """Replicas, front router and quotas on one ``EventLoop``."""
+
+    def __init__(self, config: SimConfig, *, ttft_slo_s: float | None = None,
+                 keep_requests: bool = False) -> None:
+        self.config = config
+        self.loop = EventLoop()
+        self.recorder = Recorder(ttft_slo_s)
+        self.replicas = [SimReplica(i, config, self.loop, self._ended)
+                         for i in range(config.replicas)]
+        self.front = (make_replica_router(config.replica_router) if config.replicas > 1
+                      else None)
+        self._ids = [str(r.replica_id) for r in self.replicas]
+        self._capacity = config.capacity_per_replica
+        self.quotas = {t: TenantQuota(limits) for t, limits in config.tenant_limits.items()}
+        self.quota_state: dict[str, QuotaState] = {}
+        self.submitted = 0
+        self.ended = 0
+        self.requests: list[SimRequest] | None = [] if keep_requests else None
+        self._model_bytes = {m.model_id: m.memory_bytes for m in config.models.values()}
+
+    # -- arrivals --------------------------------------------------------------------------
+
+    def submit(self, arrival: Arrival, now: float) -> SimRequest:
+        self.submitted += 1
+        req = SimRequest(self.submitted, arrival.model, now, tenant=arrival.tenant,
+                         priority=arrival.priority,
+                         deadline_s=None if arrival.deadline_s is None
+                         else now + arrival.deadline_s,
+                         n_prompt=arrival.prompt_tokens, max_tokens=arrival.output_tokens,
+                         prefix_id=arrival.prefix_id, prefix_tokens=arrival.prefix_tokens)
+        if self.requests is not None:
+            self.requests.append(req)
+        if arrival.model not in self.config.models and not any(
+                g.group_id == arrival.model for g in self.config.groups):
+            raise ValueError(f"workload names model {arrival.model!r}, which the config lacks")
+        if not self._take_quota(req, now):
+            return req
+        if self.front is None:
+            self.replicas[0].submit(req, now)
+            return req
+        ranking = self.front.rank(self._replica_request(req), self._replica_views())
+        for rid in ranking.ranked:
+            replica = self.replicas[int(rid)]
+            if replica.ongoing < self._capacity:
+                replica.submit(req, now)
+                return req
+        self._reject(req, now, "queue_full")
+        return req
+
+    def _replica_request(self, req: SimRequest) -> ReplicaRequest:
+        key = None if req.prefix_id is None else f"{req.model}:{req.prefix_id}"
+        return ReplicaRequest(req.model, self._model_bytes.get(req.model, 0), key)
+
+    def _replica_views(self) -> list[ReplicaView]:
+        views = []
+        for r in self.replicas:
+            resident: frozenset[str] = frozenset()
+            free = 0
+            for w in r.workers:
+                v = w.view()
+                resident |= v.resident
+                free = max(free, v.free_bytes)
+            views.append(ReplicaView(self._ids[r.replica_id], r.ongoing, self._capacity,
+                                     resident, free))
+        return views
+
+    # -- quotas ----------------------------------------------------------------------------
+
+    def _take_quota(self, req: SimRequest, now: float) -> bool:
+        quota = self.quotas.get(req.tenant)
+        if quota is None:
+            return True
+        tokens = float(req.n_prompt + req.max_tokens)
+        state = self.quota_state.get(req.tenant) or quota.initial(now)
+        decision = quota.reserve(state, tokens, now)
+        self.quota_state[req.tenant] = decision.state
+        if not decision.ok:
+            self._reject(req, now, "quota")
+            return False
+        req.quota_tokens = tokens
+        return True
+
+    def _release_quota(self, req: SimRequest, now: float) -> None:
+        quota = self.quotas.get(req.tenant)
+        if quota is None or req.quota_tokens == 0:
+            return
+        used = float(req.n_prompt + req.generated) if req.started_s is not None else 0.0
+        self.quota_state[req.tenant] = quota.release(
+            self.quota_state[req.tenant], refund_request=req.started_s is None,
+            refund_tokens=max(0.0, req.quota_tokens - used), now=now)
+
+    # -- ends ------------------------------------------------------------------------------
+
+    def _reject(self, req: SimRequest, now: float, reason: str) -> None:
+        req.finish("rejected", now, reason)
+        self._ended(req)
+
+    def _ended(self, req: SimRequest) -> None:
+        self.ended += 1
+        self._release_quota(req, req.end_s if req.end_s is not None else self.loop.now)
+        self.recorder.record(req)
+
+    def check_conservation(self) -> None:
+        """Every submitted request ended once; nothing is left anywhere."""
+        if self.ended != self.submitted:
+            raise ConservationError(f"{self.submitted} submitted, {self.ended} ended")
+        for r in self.replicas:
+            if r.live or len(r.scheduler) or r.ongoing:
+                raise ConservationError(f"replica {r.replica_id} still holds {len(r.live)} "
+                                        f"live, {len(r.scheduler)} queued, {r.ongoing} ongoing")
+            for w in r.workers:
+                if w.inbox or any(e.has_work for e in w.engines.values()):
+                    raise ConservationError(f"worker {r.replica_id}/{w.worker_id} holds work")
+                for e in w.engines.values():
+                    e.kv.check_integrity()
+                    if e.kv.free_blocks != e.kv.total_blocks:
+                        raise ConservationError("an idle engine holds KV blocks")
+                w.residency.check_integrity()
+        if self.requests is not None and any(not q.is_terminal for q in self.requests):
+            raise ConservationError("a request is not in a terminal state")
+
+
+def simulate(config: SimConfig, arrivals: Iterable[Arrival], *, ttft_slo_s: float | None = None,
+             progress: Callable[[int, float], None] | None = None,
+             keep_requests: bool = False) -> tuple[dict[str, Any], Fleet]:
+    """Run ``arrivals`` through a fleet of ``config`` until every request has ended.
+
+    ``progress(submitted, now)`` is called every 10,000 arrivals. Returns the report (a
+    JSON-ready dict) and the fleet (for tests: its requests when ``keep_requests``)."""
+    fleet = Fleet(config, ttft_slo_s=ttft_slo_s, keep_requests=keep_requests)
+    loop = fleet.loop
+    source: Iterator[Arrival] = iter(arrivals)
+    first_s: list[float] = []
+    last_arrival_s = [0.0]
+
+    def arrive(now: float, arrival: Arrival) -> None:
+        fleet.submit(arrival, now)
+        last_arrival_s[0] = now
+        if progress is not None and fleet.submitted % 10_000 == 0:
+            progress(fleet.submitted, now)
+        nxt = next(source, None)
+        if nxt is not None:
+            loop.at(nxt.time_s, arrive, nxt)
+
+    first = next(source, None)
+    wall0 = time.perf_counter()
+    if first is not None:
+        first_s.append(first.time_s)
+        loop.at(first.time_s, arrive, first)
+    loop.run()
+    wall_s = time.perf_counter() - wall0
+    fleet.check_conservation()
+    start_s = first_s[0] if first_s else 0.0
+    duration_s = max(last_arrival_s[0] - start_s, 1e-9)
+    end_s = max(fleet.recorder.last_end_s, loop.now)
+    busy = sum(r.busy_s() for r in fleet.replicas)
+    n_workers = config.replicas * config.workers
+    report = fleet.recorder.to_json(duration_s)
+    report.update({
+        "requests": fleet.submitted,
+        "arrival_span_s": round(duration_s, 6),
+        "drained_at_s": round(end_s, 6),
+        "offered_per_s": round(fleet.submitted / duration_s, 4),
+        "utilisation": round(busy / (n_workers * max(end_s - start_s, 1e-9)), 6),
+        "replicas": [r.summary() for r in fleet.replicas] if config.replicas <= 64 else None,
+        "workers": n_workers,
+        "events": loop.events_run,
+        "wall_s": round(wall_s, 3),
+    })
+    return report, fleet

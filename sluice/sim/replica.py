@@ -1,0 +1,191 @@
+"""A simulated replica: the server runtime's control plane on the virtual clock.
+
+``submit`` does what ``Runtime.try_submit`` does: the variant planner for a group request
+(``VariantTracker``, rejecting ``deadline_infeasible``), then ``AdmissionPolicy.decide``
+(queue capacity, a deadline already passed), then the scheduler queue. ``dispatch`` is
+the dispatcher thread: ``Dispatcher.next`` over the workers' views while some inbox has
+room; queued requests whose deadline passes expire. A worker reports every terminal
+state back through ``ended`` and frees capacity through ``capacity``. The fair-share
+charge of a dispatched request is corrected to the tokens it was served, as the server's
+``_settle_share`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from sluice.policy.admission import AdmissionConfig, AdmissionPolicy
+from sluice.policy.dispatch import Dispatcher
+from sluice.policy.rates import RateMeter
+from sluice.policy.router import make_router
+from sluice.policy.scheduler import make_scheduler
+from sluice.policy.types import QueueItem
+from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
+from sluice.sim.clock import EventLoop
+from sluice.sim.request import SimRequest
+from sluice.sim.setup import SimConfig
+from sluice.sim.worker import SimWorker
+
+
+def make_tracker(config: SimConfig) -> VariantTracker | None:
+    """The variant planner's measurements for the config's groups (``None`` without)."""
+    if not config.groups:
+        return None
+    variants = {}
+    for g in config.groups:
+        for v in g.variants:
+            m = config.models[v]
+            cost = m.cost
+            variants[v] = VariantInfo(
+                accuracy=m.accuracy,
+                servers=config.workers if m.memory_bytes <= config.budget_bytes else 1,
+                profile_s=dict(zip(cost.batch_sizes, cost.batch_times_s, strict=True)),
+            )
+    return VariantTracker([GroupPlan(g.group_id, g.variants, g.planner) for g in config.groups],
+                          variants)
+
+
+class SimReplica:
+    """One replica's queue, dispatcher and workers."""
+
+    def __init__(self, replica_id: int, config: SimConfig, loop: EventLoop,
+                 on_end: Callable[[SimRequest], None]) -> None:
+        self.replica_id = replica_id
+        self.config = config
+        self.loop = loop
+        self.on_end = on_end
+        self.admission = AdmissionPolicy(AdmissionConfig(queue_capacity=config.queue_capacity))
+        self.scheduler = make_scheduler(config.scheduler, bypass_threshold=config.bypass_threshold,
+                                        tenant_weights=config.tenant_weights)
+        self.dispatcher = Dispatcher(self.scheduler, make_router(config.router))
+        self.completions = RateMeter(window_s=10.0)
+        self.tracker = make_tracker(config)
+        self.groups = {g.group_id: g for g in config.groups}
+        self.live: dict[int, SimRequest] = {}
+        self.charged: dict[int, int] = {}
+        self.workers = [SimWorker(i, config, loop, self) for i in range(config.workers)]
+        self.ongoing = 0
+        """Requests admitted here and not ended (the front end's load signal)."""
+        self._dispatching = False
+        self._model_bytes = {m.model_id: m.memory_bytes for m in config.models.values()}
+
+    # -- admission -------------------------------------------------------------------------
+
+    def submit(self, req: SimRequest, now: float) -> bool:
+        """Admit ``req`` or end it ``rejected`` at once; True when admitted."""
+        req.replica = self.replica_id
+        self.ongoing += 1
+        reason = self._plan(req, now)
+        if reason is None:
+            rejection = self.admission.decide(
+                queue_depth=len(self.scheduler),
+                completions_per_s=self.completions.rate_per_s(now),
+                now=now, deadline_s=req.deadline_s)
+            reason = None if rejection is None else rejection.reason
+        if reason is not None:
+            self.ended(req, "rejected", now, reason)
+            return False
+        self.live[req.request_id] = req
+        req.status = "queued"
+        if self.tracker is not None:
+            self.tracker.admitted(req.request_id, req.model)
+        generative = self.config.models[req.model].kind == "generative"
+        self.scheduler.push(QueueItem(
+            request_id=req.request_id, model_id=req.model, arrival_s=req.arrival_s,
+            tenant_id=req.tenant, priority=req.priority, deadline_s=req.deadline_s,
+            cost_tokens=req.n_prompt + req.max_tokens if generative else 1))
+        if req.deadline_s is not None:
+            self.loop.at(req.deadline_s, self._expire_queued, req)
+        self.dispatch(now)
+        return True
+
+    def _plan(self, req: SimRequest, now: float) -> str | None:
+        """A group request gets its variant (``req.model`` rewritten); the rejection
+        reason when no variant meets its deadline."""
+        if self.tracker is None:
+            return None
+        group = self.groups.get(req.model)
+        if group is not None and req.deadline_s is None and group.default_deadline_s:
+            req.deadline_s = req.arrival_s + group.default_deadline_s
+        choice = self.tracker.plan(req.model, req.deadline_s, now)
+        if choice is None:
+            return None
+        if req.model in self.groups:
+            req.group = req.model
+            if choice.variant is None:
+                return "deadline_infeasible"
+            req.model = choice.variant
+        return None
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def dispatch(self, now: float) -> None:
+        """Route queued requests while some inbox has room (re-entry is a no-op: offers
+        wake workers through events, never synchronously)."""
+        if self._dispatching or not len(self.scheduler):
+            return
+        self._dispatching = True
+        try:
+            workers = self.workers
+            while True:
+                d = self.dispatcher.next(now, [w.view() for w in workers],
+                                         self._model_bytes.__getitem__, self._is_live)
+                if d is None or d.put_back:
+                    break
+                req = self.live[d.item.request_id]
+                if d.rejected:
+                    self.ended(req, "rejected", now, "no_feasible_worker")
+                    continue
+                if d.worker_id is None or not workers[d.worker_id].offer(req, now):
+                    self.dispatcher.put_back(d.item)
+                    break
+                self.charged[req.request_id] = d.item.cost_tokens
+        finally:
+            self._dispatching = False
+
+    def _is_live(self, request_id: int) -> bool:
+        return request_id in self.live
+
+    def _expire_queued(self, now: float, req: SimRequest) -> None:
+        if not req.is_terminal and self.scheduler.remove(req.request_id) is not None:
+            self.ended(req, "expired", now, "deadline")
+
+    # -- what workers report ---------------------------------------------------------------
+
+    def capacity(self, now: float) -> None:
+        self.dispatch(now)
+
+    def batch_done(self, model_id: str, size: int, seconds: float) -> None:
+        if self.tracker is not None:
+            self.tracker.batch_done(model_id, size, seconds)
+
+    def ended(self, req: SimRequest, status: str, now: float, reason: str | None) -> None:
+        req.finish(status, now, reason)
+        self.ongoing -= 1
+        if self.live.pop(req.request_id, None) is not None and self.tracker is not None:
+            self.tracker.finished(req.request_id, req.model)
+        charged = self.charged.pop(req.request_id, None)
+        if charged is not None:
+            served = 0
+            if req.started_s is not None:
+                generative = self.config.models[req.model].kind == "generative"
+                served = req.n_prompt + req.generated if generative else 1
+            if served != charged:
+                self.scheduler.on_served(req.tenant, served - charged)
+        if status == "completed":
+            self.completions.record(now)
+        self.on_end(req)
+
+    # -- reporting -------------------------------------------------------------------------
+
+    def busy_s(self) -> float:
+        return sum(w.busy_s for w in self.workers)
+
+    def summary(self) -> dict[str, Any]:
+        return {"replica": self.replica_id, "busy_s": round(self.busy_s(), 6),
+                "loads": sum(w.loads for w in self.workers),
+                "queue_left": len(self.scheduler), "live_left": len(self.live),
+                "completions_per_s": round(self.completions.rate_per_s(self.loop.now), 3)
+                if math.isfinite(self.loop.now) else None}

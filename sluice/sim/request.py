@@ -1,0 +1,101 @@
+"""A simulated request: the lifecycle of a real one, on the virtual clock.
+
+States as in the server: queued → running → one terminal state (``completed``,
+``rejected``, ``expired``, ``failed``); the first terminal transition wins and a second
+one is an error here (the conservation check: every request ends exactly once).
+"""
+
+from __future__ import annotations
+
+TERMINAL = ("completed", "rejected", "expired", "failed")
+
+_ID_SPAN = 1 << 20
+"""Prompt token ids of request ``r`` are ``r * _ID_SPAN + i``: unique per request, so two
+prompts share a prefix only when their workload says so."""
+
+
+class SimRequest:
+    """One request's identity, sizes, decisions and times (seconds, virtual clock)."""
+
+    __slots__ = (
+        "_prompt",
+        "arrival_s",
+        "deadline_s",
+        "end_s",
+        "enqueued_s",
+        "first_token_s",
+        "generated",
+        "group",
+        "max_tokens",
+        "model",
+        "n_prompt",
+        "prefix_id",
+        "prefix_tokens",
+        "priority",
+        "quota_tokens",
+        "reason",
+        "replica",
+        "request_id",
+        "started_s",
+        "status",
+        "tenant",
+        "worker",
+    )
+
+    def __init__(self, request_id: int, model: str, arrival_s: float, *, tenant: str = "default",
+                 priority: int = 5, deadline_s: float | None = None, n_prompt: int = 16,
+                 max_tokens: int = 16, prefix_id: int | None = None,
+                 prefix_tokens: int = 0) -> None:
+        self.request_id = request_id
+        self.model = model
+        """The model it runs on (a group request is rewritten to the chosen variant)."""
+        self.group: str | None = None
+        self.arrival_s = arrival_s
+        self.tenant = tenant
+        self.priority = priority
+        self.deadline_s = deadline_s
+        """Absolute deadline, or ``None``."""
+        self.n_prompt = max(1, n_prompt)
+        self.max_tokens = max(1, max_tokens)
+        self.prefix_id = prefix_id
+        self.prefix_tokens = prefix_tokens
+        self.status = "received"
+        self.reason: str | None = None
+        """Error code of a terminal state other than ``completed``."""
+        self.enqueued_s = arrival_s
+        self.started_s: float | None = None
+        self.first_token_s: float | None = None
+        self.end_s: float | None = None
+        self.generated = 0
+        self.replica = -1
+        self.worker = -1
+        self.quota_tokens = 0.0
+        self._prompt: tuple[int, ...] | None = None
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        """Prompt token ids (built on first use; only generative models read them)."""
+        if self._prompt is None:
+            n, shared = self.n_prompt, 0
+            head: tuple[int, ...] = ()
+            if self.prefix_id is not None and self.prefix_tokens > 0:
+                shared = min(self.prefix_tokens, n)
+                base = -(self.prefix_id + 1) * _ID_SPAN
+                head = tuple(range(base, base + shared))
+            base = self.request_id * _ID_SPAN
+            self._prompt = head + tuple(range(base + shared, base + n))
+        return self._prompt
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    def finish(self, status: str, now: float, reason: str | None = None) -> None:
+        """Enter terminal ``status`` at ``now``; ``RuntimeError`` if it already ended (the
+        simulator must never end a request twice)."""
+        if self.status in TERMINAL:
+            raise RuntimeError(f"request {self.request_id} ended twice: {self.status} then "
+                               f"{status}")
+        self.status = status
+        self.reason = reason
+        self.end_s = now

@@ -1,0 +1,135 @@
+"""What a simulation runs: the fleet's shape and every model's cost, as plain frozen data.
+
+``SimConfig.from_config`` reads the same TOML configuration ``sluice serve`` does (the
+parsed ``sluice.config.Config``, taken by its attributes so this layer imports nothing
+above ``policy/``), plus cost files (``sluice.sim.costs``); overrides for replicas,
+workers, scheduler and batch size are ``dataclasses.replace`` on the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sluice.policy.planner import PlannerConfig
+from sluice.policy.quota import QuotaLimits
+from sluice.policy.step_planner import EngineConfig
+from sluice.sim.costs import ModelCost, model_cost
+
+
+@dataclass(frozen=True)
+class SimModel:
+    """One servable model and its cost."""
+
+    model_id: str
+    kind: str
+    """``oneshot`` or ``generative``."""
+    memory_bytes: int
+    load_cost_s: float
+    """The residency policy's idea of the load cost (cost-aware eviction)."""
+    cost: ModelCost
+    accuracy: float = 0.0
+    n_seq_max: int = 8
+    """Generative: sequence slots of one loaded model."""
+    n_ctx_total: int = 4096
+    """Generative: KV positions of one loaded model (split evenly among the slots)."""
+
+
+@dataclass(frozen=True)
+class SimGroup:
+    """A model group whose requests the variant planner routes to a variant."""
+
+    group_id: str
+    variants: tuple[str, ...]
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    default_deadline_s: float | None = None
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """A fleet: ``replicas`` identical replicas of ``workers`` workers each."""
+
+    models: Mapping[str, SimModel]
+    groups: tuple[SimGroup, ...] = ()
+    replicas: int = 1
+    workers: int = 1
+    """Workers per replica."""
+    budget_bytes: int = 2_000_000_000
+    inbox_capacity: int = 8
+    eviction: str = "lru"
+    max_batch_size: int = 8
+    max_wait_s: float = 0.005
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    scheduler: str = "fifo"
+    bypass_threshold: int = 8
+    router: str = "residency_aware"
+    queue_capacity: int = 64
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    tenant_limits: Mapping[str, QuotaLimits] = field(default_factory=dict)
+    """Tenant quotas, shared by every replica (one store: Redis modelled as exact)."""
+    replica_router: str = "least_loaded"
+    """Across replicas: ``round_robin``, ``least_loaded`` or ``affinity``."""
+    replica_capacity: int | None = None
+    """Requests one replica holds at once; ``None``: queue capacity + inboxes."""
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "workers", "inbox_capacity", "max_batch_size",
+                     "queue_capacity"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for g in self.groups:
+            missing = [v for v in g.variants if v not in self.models]
+            if missing:
+                raise ValueError(f"groups[{g.group_id!r}]: unknown variants {missing}")
+
+    @property
+    def capacity_per_replica(self) -> int:
+        if self.replica_capacity is not None:
+            return self.replica_capacity
+        return self.queue_capacity + self.workers * self.inbox_capacity
+
+    @classmethod
+    def from_config(cls, config: Any, costs: Mapping[str, Mapping[str, Any]] | None = None,
+                    base_dir: Path | None = None) -> SimConfig:
+        """From a parsed ``sluice.config.Config`` and optional cost entries."""
+        rc = config.runtime_config()
+        worker = rc.workers[0]
+        models = {}
+        for spec in rc.models:
+            opts = dict(spec.options)
+            n_seq = int(opts.get("n_seq_max", 8))
+            if spec.backend == "synthetic":
+                n_ctx = int(opts.get("n_ctx_per_seq", 512)) * n_seq
+            else:
+                n_ctx = int(opts.get("n_ctx", 4096))
+            models[spec.model_id] = SimModel(
+                model_id=spec.model_id, kind=spec.kind, memory_bytes=spec.memory_bytes,
+                load_cost_s=spec.load_cost_s,
+                cost=model_cost(spec.model_id, spec.kind, spec.backend, opts, spec.load_cost_s,
+                                costs, base_dir),
+                accuracy=float(opts.get("accuracy", 0.0)), n_seq_max=n_seq, n_ctx_total=n_ctx)
+        return cls(
+            models=models,
+            groups=tuple(SimGroup(g.group_id, tuple(g.variants), g.planner,
+                                  g.default_deadline_s) for g in rc.groups),
+            replicas=1,
+            workers=len(rc.workers),
+            budget_bytes=worker.budget_bytes,
+            inbox_capacity=worker.inbox_capacity,
+            eviction=worker.eviction,
+            max_batch_size=worker.max_batch_size,
+            max_wait_s=worker.max_wait_s,
+            engine=worker.engine,
+            scheduler=rc.scheduler,
+            bypass_threshold=rc.bypass_threshold,
+            router=rc.router,
+            queue_capacity=rc.queue_capacity,
+            tenant_weights=dict(rc.tenant_weights),
+            tenant_limits={t.id: t.limits.quota_limits() for t in config.tenants
+                           if not t.limits.quota_limits().unlimited},
+            replica_router="affinity" if config.cluster.router == "affinity"
+            else config.cluster.router,
+            replica_capacity=config.cluster.max_ongoing_requests,
+        )

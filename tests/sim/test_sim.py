@@ -1,0 +1,188 @@
+"""The simulator: conservation under every kind of load, determinism, and agreement with
+what queueing theory and the step-time model say exactly."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from sluice.policy.planner import PlannerConfig
+from sluice.policy.quota import QuotaLimits
+from sluice.policy.step_cost import StepCost
+from sluice.policy.step_planner import EngineConfig
+from sluice.sim import Arrival, SimConfig, SimGroup, SimModel, generate, parse_spec, simulate
+from sluice.sim.costs import ModelCost
+
+MB = 1_000_000
+
+
+def oneshot(model_id: str, fixed_s: float = 0.004, item_s: float = 0.001, mb: int = 300,
+            load_s: float = 0.05, accuracy: float = 0.0) -> SimModel:
+    cost = ModelCost(load_s, (1, 2), (fixed_s + item_s, fixed_s + 2 * item_s))
+    return SimModel(model_id, "oneshot", mb * MB, load_s, cost, accuracy=accuracy)
+
+
+def chat(model_id: str = "chat", mb: int = 500, n_seq: int = 8, ctx_per_seq: int = 512,
+         step: StepCost | None = None) -> SimModel:
+    step = step or StepCost(0.003, 0.0005, 0.00005)
+    return SimModel(model_id, "generative", mb * MB, 1.0, ModelCost(0.1, step=step),
+                    n_seq_max=n_seq, n_ctx_total=ctx_per_seq * n_seq)
+
+
+def fleet_config(**kw: object) -> SimConfig:
+    models = {m.model_id: m for m in (oneshot("a"), oneshot("b", 0.002, 0.0005), chat())}
+    base = SimConfig(models=models, workers=2, budget_bytes=800 * MB, queue_capacity=32)
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+WORKLOADS = [
+    "poisson:rate=60,duration=20,model=chat,prompt=10,output=16",
+    "poisson:rate=600,duration=10,model=chat:1|a:2|b:2,prompt=40,output=8,deadline_ms=400",
+    "onoff:rate=900,off_rate=20,on_s=1,off_s=2,duration=20,model=a|b,deadline_ms=100",
+    "diurnal:rate=300,trough=0.1,period_s=10,duration=20,model=chat|a,prompt=300,output=64",
+    "poisson:rate=200,duration=10,model=chat,prompt=20,output=32,prefixes=3,prefix_tokens=18",
+]
+
+
+@pytest.mark.parametrize("spec", WORKLOADS)
+@pytest.mark.parametrize("scheduler", ["fifo", "workload_aware", "priority_edf", "wfq"])
+def test_every_request_ends_exactly_once(spec: str, scheduler: str) -> None:
+    config = fleet_config(scheduler=scheduler,
+                          tenant_weights={"t0": 1.0, "t1": 3.0})
+    arrivals = [replace(a, tenant=f"t{i % 2}", priority=i % 3)
+                for i, a in enumerate(generate(parse_spec(spec), seed=7))]
+    report, fleet = simulate(config, arrivals, keep_requests=True)
+    assert fleet.requests is not None and len(fleet.requests) == len(arrivals)
+    assert all(r.is_terminal for r in fleet.requests)
+    assert sum(report["overall"]["states"].values()) == len(arrivals)
+    for r in fleet.requests:
+        if r.status == "completed":
+            assert r.end_s is not None and r.first_token_s is not None
+            assert r.arrival_s <= r.first_token_s <= r.end_s
+            assert r.deadline_s is None or r.end_s < r.deadline_s  # never completed late
+            assert r.generated == (r.max_tokens if fleet.config.models[r.model].kind ==
+                                   "generative" else 0)
+
+
+def test_overload_rejects_and_expires_but_loses_nothing() -> None:
+    spec = parse_spec("poisson:rate=3000,duration=5,model=a|chat,prompt=30,output=20,"
+                      "deadline_ms=150")
+    report, _ = simulate(fleet_config(replicas=3, replica_router="round_robin"),
+                         generate(spec, seed=3))
+    states = report["overall"]["states"]
+    assert states.get("rejected", 0) > 0 and states.get("expired", 0) > 0
+    assert sum(states.values()) == report["requests"]
+    assert sum(report["rejections"].values()) == states["rejected"]
+
+
+def test_same_seed_same_report() -> None:
+    spec = parse_spec(WORKLOADS[1])
+    one, _ = simulate(fleet_config(), generate(spec, seed=5))
+    two, _ = simulate(fleet_config(), generate(spec, seed=5))
+    other, _ = simulate(fleet_config(), generate(spec, seed=6))
+    for r in (one, two, other):
+        r.pop("wall_s")
+    assert one == two and one != other
+
+
+def test_md1_queue_matches_pollaczek_khinchine() -> None:
+    """One worker, batches of one, a fixed 10 ms service: M/D/1, whose mean wait is
+    ρ / (2 μ (1 - ρ)) exactly."""
+    service_s, rho = 0.010, 0.7
+    model = SimModel("m", "oneshot", MB, 0.0, ModelCost(0.0, (1,), (service_s,)))
+    config = SimConfig(models={"m": model}, workers=1, max_batch_size=1, max_wait_s=0.0,
+                       queue_capacity=10_000, inbox_capacity=1)
+    spec = parse_spec(f"poisson:rate={rho / service_s},requests=40000,model=m")
+    report, _ = simulate(config, generate(spec, seed=11))
+    mean_wait_s = report["overall"]["e2e_s"]["mean"] - service_s
+    expected_s = rho / (2 * (1 / service_s) * (1 - rho))
+    assert mean_wait_s == pytest.approx(expected_s, rel=0.08)
+    assert report["utilisation"] == pytest.approx(rho, rel=0.03)
+
+
+def test_a_lone_llm_request_costs_its_steps_exactly() -> None:
+    """Alone, a 100-token prompt with 20 output tokens: a load, one prefill step (chunk
+    ≤ 256), then 19 decode steps; TTFT and end-to-end follow from the step model."""
+    step = StepCost(0.01, 0.002, 0.0001, 0.00001)
+    config = SimConfig(models={"chat": chat(step=step)}, workers=1)
+    report, fleet = simulate(config, [Arrival(0.0, "chat", prompt_tokens=100,
+                                              output_tokens=20)], keep_requests=True)
+    assert fleet.requests is not None
+    (req,) = fleet.requests
+    load_s = 0.1
+    prefill_s = step.predict_s(0, 100, 0)
+    assert req.first_token_s == pytest.approx(load_s + prefill_s)
+    decode_s = sum(step.predict_s(1, 0, 100 + i) for i in range(19))
+    assert req.end_s == pytest.approx(load_s + prefill_s + decode_s)
+    assert report["overall"]["tpot_s"]["mean"] == pytest.approx(decode_s / 19)
+
+
+def test_continuous_batching_admits_into_free_slots_and_kv() -> None:
+    """Two slots of 64 tokens: at most two sequences at once; a third waits for a slot."""
+    config = SimConfig(models={"chat": chat(n_seq=2, ctx_per_seq=64)}, workers=1,
+                       engine=EngineConfig(kv_block_tokens=16))
+    arrivals = [Arrival(0.0, "chat", prompt_tokens=8, output_tokens=24) for _ in range(3)]
+    _, fleet = simulate(config, arrivals, keep_requests=True)
+    assert fleet.requests is not None
+    a, b, c = fleet.requests
+    assert a.started_s == b.started_s and c.started_s is not None
+    assert c.started_s >= min(x.end_s or 0 for x in (a, b))
+    too_long = [Arrival(0.0, "chat", prompt_tokens=50, output_tokens=30)]
+    report, _ = simulate(config, too_long)
+    assert report["overall"]["states"] == {"failed": 1}
+
+
+def test_prefix_reuse_shortens_prefill() -> None:
+    """Requests sharing a 200-token prefix copy it from a running donor: less prefill, so
+    a lower TTFT than the same prompts with nothing shared."""
+    def run(prefixes: int) -> float:
+        spec = parse_spec(f"poisson:rate=40,requests=400,model=chat,prompt=240,output=32,"
+                          f"prefixes={prefixes},prefix_tokens=200")
+        report, _ = simulate(SimConfig(models={"chat": chat()}, workers=1),
+                             generate(spec, seed=2))
+        return float(report["overall"]["ttft_s"]["mean"])
+    assert run(1) < 0.8 * run(0)
+
+
+def test_variant_group_moves_to_the_fast_variant_under_load() -> None:
+    models = {"big": oneshot("big", 0.020, 0.004, mb=100, accuracy=0.9),
+              "small": oneshot("small", 0.002, 0.0005, mb=100, accuracy=0.8)}
+    group = SimGroup("g", ("big", "small"), PlannerConfig(max_batch_size=8))
+    config = SimConfig(models=models, groups=(group,), workers=1, queue_capacity=256)
+    light, _ = simulate(config, generate(parse_spec(
+        "poisson:rate=5,duration=60,model=g,deadline_ms=200"), seed=1))
+    heavy, _ = simulate(config, generate(parse_spec(
+        "poisson:rate=400,duration=60,model=g,deadline_ms=200"), seed=1))
+    assert light["variant_mix"]["g"].get("small", 0) == 0
+    assert heavy["variant_mix"]["g"].get("small", 0) > heavy["variant_mix"]["g"].get("big", 0)
+
+
+def test_shared_quota_across_replicas() -> None:
+    """A tenant limited to 20 requests/s gets about 20/s across 4 replicas, not 80."""
+    limits = QuotaLimits(requests_per_s=20.0, request_burst=20.0, tokens_per_s=None,
+                         token_capacity=1.0, max_concurrent=None)
+    config = fleet_config(replicas=4, tenant_limits={"t": limits})
+    spec = parse_spec("poisson:rate=100,duration=30,model=b,tenant=t")
+    report, _ = simulate(config, generate(spec, seed=4))
+    admitted = report["requests"] - report["rejections"].get("quota", 0)
+    assert admitted == pytest.approx(20 * 30 + 20, rel=0.05)
+
+
+def test_random_fleets_conserve() -> None:
+    rng = random.Random(0)
+    for _ in range(15):
+        config = fleet_config(
+            replicas=rng.randint(1, 3), workers=rng.randint(1, 3),
+            inbox_capacity=rng.randint(1, 6), queue_capacity=rng.randint(1, 40),
+            max_batch_size=rng.randint(1, 8), eviction=rng.choice(["lru", "cost_aware"]),
+            router=rng.choice(["round_robin", "least_loaded", "residency_aware"]),
+            replica_router=rng.choice(["round_robin", "least_loaded", "affinity"]),
+            engine=EngineConfig(mode=rng.choice(["continuous", "static", "serial"]),
+                                max_batch_tokens=rng.choice([64, 512])))
+        spec = parse_spec(f"poisson:rate={rng.randint(20, 800)},duration=4,model=a|b|chat,"
+                          f"prompt={rng.randint(1, 200)},output={rng.randint(1, 40)},"
+                          f"deadline_ms={rng.randint(50, 3000)}")
+        report, _ = simulate(config, generate(spec, seed=rng.randint(0, 99)))
+        assert sum(report["overall"]["states"].values()) == report["requests"]
