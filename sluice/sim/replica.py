@@ -12,6 +12,7 @@ charge of a dispatched request is corrected to the tokens it was served, as the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
@@ -44,7 +45,7 @@ def make_tracker(config: SimConfig) -> VariantTracker | None:
                 profile_s=dict(zip(cost.batch_sizes, cost.batch_times_s, strict=True)),
             )
     return VariantTracker([GroupPlan(g.group_id, g.variants, g.planner) for g in config.groups],
-                          variants)
+                          variants, workers=config.workers)
 
 
 class SimReplica:
@@ -90,7 +91,7 @@ class SimReplica:
         self.live[req.request_id] = req
         req.status = "queued"
         if self.tracker is not None:
-            self.tracker.admitted(req.request_id, req.model)
+            self.tracker.admitted(req.request_id, req.model, req.deadline_s, req.group)
         generative = self.config.models[req.model].kind == "generative"
         self.scheduler.push(QueueItem(
             request_id=req.request_id, model_id=req.model, arrival_s=req.arrival_s,
@@ -128,6 +129,7 @@ class SimReplica:
             return
         self._dispatching = True
         try:
+            self._replan_queued(now)
             workers = self.workers
             while True:
                 d = self.dispatcher.next(now, [w.view() for w in workers],
@@ -145,6 +147,24 @@ class SimReplica:
         finally:
             self._dispatching = False
 
+    def _replan_queued(self, now: float) -> None:
+        """As the server's dispatcher does: queued group requests predicted to miss their
+        deadline move to a faster variant (keeping their place) or are rejected
+        ``deadline_infeasible`` now."""
+        if self.tracker is None:
+            return
+        for rid, variant in self.tracker.replan(now, self.scheduler.__contains__):
+            item = self.scheduler.remove(rid)
+            if item is None:
+                continue
+            req = self.live[rid]
+            if variant is None:
+                self.ended(req, "rejected", now, "deadline_infeasible")
+                continue
+            self.tracker.moved(rid, variant)
+            req.model = variant
+            self.scheduler.push(dataclasses.replace(item, model_id=variant))
+
     def _is_live(self, request_id: int) -> bool:
         return request_id in self.live
 
@@ -157,9 +177,16 @@ class SimReplica:
     def capacity(self, now: float) -> None:
         self.dispatch(now)
 
-    def batch_done(self, model_id: str, size: int, seconds: float) -> None:
+    def batch_started(self, worker_id: int, model_id: str, batch: list[SimRequest],
+                      now: float) -> None:
         if self.tracker is not None:
-            self.tracker.batch_done(model_id, size, seconds)
+            for r in batch:
+                self.tracker.started(r.request_id)
+            self.tracker.batch_started(worker_id, model_id, len(batch), now)
+
+    def batch_done(self, worker_id: int, model_id: str, size: int, seconds: float) -> None:
+        if self.tracker is not None:
+            self.tracker.batch_done(model_id, size, seconds, worker_id)
 
     def ended(self, req: SimRequest, status: str, now: float, reason: str | None) -> None:
         req.finish(status, now, reason)

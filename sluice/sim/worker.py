@@ -36,7 +36,10 @@ class Owner(Protocol):
 
     def capacity(self, now: float) -> None: ...
 
-    def batch_done(self, model_id: str, size: int, seconds: float) -> None: ...
+    def batch_started(self, worker_id: int, model_id: str, batch: list[SimRequest],
+                      now: float) -> None: ...
+
+    def batch_done(self, worker_id: int, model_id: str, size: int, seconds: float) -> None: ...
 
 
 class SimWorker:
@@ -198,6 +201,7 @@ class SimWorker:
             r.started_s = now
         self.residency.acquire(model.model_id, now)
         self.oneshot_active = len(batch)
+        self.owner.batch_started(self.worker_id, model.model_id, batch, now)
         seconds = model.cost.batch_s(len(batch))
         self._busy_until(now + seconds, self._after_batch, (model.model_id, batch, seconds))
 
@@ -206,7 +210,7 @@ class SimWorker:
         self.busy = False
         self.oneshot_active = 0
         self.residency.release(model_id, now)
-        self.owner.batch_done(model_id, len(batch), seconds)
+        self.owner.batch_done(self.worker_id, model_id, len(batch), seconds)
         for r in batch:
             if r.deadline_s is not None and now >= r.deadline_s:  # never complete late
                 self.owner.ended(r, "expired", now, "deadline")
