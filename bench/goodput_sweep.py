@@ -1,6 +1,10 @@
-"""Goodput sweep of the variant planner: open-loop Poisson arrivals of real labelled text
-against the ``sentiment`` group, at ρ × the measured capacity of the accurate-only pool,
-with a stated deadline, for four policies in one run:
+"""Goodput sweep of the variant planner: open-loop arrivals of real labelled text against
+the ``sentiment`` group, at a mean of ρ × the measured capacity of the accurate-only pool,
+with a stated deadline, for four policies in one run. Two arrival processes
+(``--processes``): ``poisson``, and ``onoff`` — bursts: a two-state MMPP that sends at
+``(on + off) / on`` × the mean rate while on and nothing while off, with exponential
+state durations (means ``--burst-on-s`` / ``--burst-off-s``), so the mean is the same ρ.
+The policies:
 
 * ``accurate``: always the most accurate variant, on a server that is not told the
   deadline: it serves every request, late or not, first come first served (what a server
@@ -43,6 +47,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.servers import free_port, running  # noqa: E402
 from sluice import prep  # noqa: E402
+from sluice.sim.workload import WorkloadSpec, arrival_times  # noqa: E402
+
+PROCESSES = ("poisson", "onoff")
 
 POLICIES = ("accurate", "accurate_expiry", "fastest", "adaptive")
 SERVER_POLICY = {"accurate": "accurate", "accurate_expiry": "accurate", "fastest": "fastest",
@@ -92,29 +99,45 @@ async def one(client: httpx.AsyncClient, model: str, text: str, label: str,
     return out
 
 
-async def open_loop(url: str, model: str, texts: list[tuple[str, str]], rate_per_s: float,
-                    duration_s: float, deadline_ms: float | None, seed: int
-                    ) -> tuple[list[dict[str, Any]], float]:
-    """Poisson arrivals at absolute times (no drift from late wake-ups)."""
-    rng = random.Random(seed)
+def arrival_offsets(process: str, mean_per_s: float, duration_s: float, seed: int,
+                    on_s: float = 1.0, off_s: float = 1.0) -> list[float]:
+    """Arrival instants (seconds from the start) of ``process`` at a mean of
+    ``mean_per_s``, seeded (the policies of one repeat see the same arrivals)."""
+    if process == "poisson":
+        spec = WorkloadSpec("poisson", mean_per_s, duration_s)
+    elif process == "onoff":
+        spec = WorkloadSpec("onoff", mean_per_s * (on_s + off_s) / on_s, duration_s,
+                            on_s=on_s, off_s=off_s)
+    else:
+        raise ValueError(f"process must be one of {PROCESSES}, got {process!r}")
+    out = []
+    for at in arrival_times(spec, random.Random(seed)):
+        if at > duration_s:
+            return out
+        out.append(at)
+    return out
+
+
+async def open_loop(url: str, model: str, texts: list[tuple[str, str]],
+                    offsets: list[float], deadline_ms: float | None
+                    ) -> list[dict[str, Any]]:
+    """Send one request at each offset, at absolute times (no drift from late wake-ups);
+    each sample records its offset as ``at_s``."""
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+
+    async def timed(at: float, text: str, label: str) -> dict[str, Any]:
+        return {"at_s": at, **(await one(client, model, text, label, deadline_ms))}
+
     async with httpx.AsyncClient(base_url=url, limits=limits) as client:
         tasks = []
         t0 = time.perf_counter()
-        at = 0.0
-        i = 0
-        while True:
-            at += rng.expovariate(rate_per_s)
-            if at > duration_s:
-                break
+        for i, at in enumerate(offsets):
             delay = t0 + at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             text, label = texts[i % len(texts)]
-            i += 1
-            tasks.append(asyncio.create_task(one(client, model, text, label, deadline_ms)))
-        samples = await asyncio.gather(*tasks)
-        return list(samples), duration_s
+            tasks.append(asyncio.create_task(timed(at, text, label)))
+        return list(await asyncio.gather(*tasks))
 
 
 async def closed_loop(url: str, model: str, texts: list[tuple[str, str]], concurrency: int,
@@ -190,6 +213,15 @@ def main() -> int:
     p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
     p.add_argument("--variants", nargs="*", help="variants (default: all, by accuracy)")
     p.add_argument("--rhos", default="0.4,0.8,0.95,1.3")
+    p.add_argument("--processes", default=",".join(PROCESSES),
+                   help="arrival processes, each at the same mean per ρ")
+    p.add_argument("--burst-on-s", type=float, default=1.0,
+                   help="onoff: mean seconds of a burst (sending at (on+off)/on × the mean)")
+    p.add_argument("--burst-off-s", type=float, default=1.0,
+                   help="onoff: mean seconds of silence between bursts")
+    p.add_argument("--capacity-per-s", type=float,
+                   help="the accurate-only capacity measured by an earlier run (skips "
+                        "measuring it, so a sweep split into parts shares one ρ scale)")
     p.add_argument("--policies", default=",".join(POLICIES),
                    help="a subset of the policies to run (adaptive and both accurate-only "
                         "baselines are needed for the ratios)")
@@ -209,9 +241,16 @@ def main() -> int:
     p.add_argument("--render", metavar="JSON",
                    help="recompute an earlier result's tables from its points, rewrite its "
                         "JSON and PNG, print the tables and exit")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="join the points of results measured in parts (same deadline and "
+                        "capacity) into --out, and exit")
     args = p.parse_args()
     if args.render:
         write(report(json.loads(Path(args.render).read_text())), Path(args.render))
+        return 0
+    if args.merge:
+        write(report(merge([json.loads(Path(m).read_text()) for m in args.merge])),
+              Path(args.out))
         return 0
     cache = Path(args.cache) if args.cache else None
     manifest = prep.load_manifest(cache)
@@ -225,6 +264,9 @@ def main() -> int:
     print(f"deadline {args.deadline_ms:.0f} ms", flush=True)
     texts = load_texts(manifest, seed=7)
     rhos = [float(x) for x in args.rhos.split(",")]
+    processes = [x for x in args.processes.split(",") if x]
+    if set(processes) - set(PROCESSES):
+        p.error(f"unknown processes {processes}; choose from {PROCESSES}")
     policies = [x for x in args.policies.split(",") if x]
     unknown = set(policies) - set(POLICIES)
     if unknown:
@@ -235,36 +277,39 @@ def main() -> int:
     # loop at several concurrencies. A full queue makes batches of max_batch, which need
     # not be the most efficient size (on one CPU thread batch 2 can beat batch 8), so one
     # concurrency alone could understate it, and "ρ = 0.95" would really be lighter.
-    ctx, url, _ = serve(manifest, "accurate", args, profile, "capacity")
-    levels = sorted({2, max(2, args.max_batch // 2), args.max_batch, 4 * args.max_batch})
-    with ctx:
-        warm(url, args.variants[:1])
-        by_level = {c: asyncio.run(closed_loop(url, "sentiment", texts, c, args.capacity_s))
-                    for c in levels}
-    capacity = max(by_level.values())
-    print(f"accurate-only capacity: {capacity:.1f} req/s ({args.variants[0]}); by "
-          f"concurrency: {', '.join(f'{c}: {r:.1f}' for c, r in by_level.items())}", flush=True)
+    if args.capacity_per_s:
+        capacity, by_level = args.capacity_per_s, {}
+        print(f"accurate-only capacity: {capacity:.1f} req/s (given)", flush=True)
+    else:
+        ctx, url, _ = serve(manifest, "accurate", args, profile, "capacity")
+        levels = sorted({2, max(2, args.max_batch // 2), args.max_batch, 4 * args.max_batch})
+        with ctx:
+            warm(url, args.variants[:1])
+            by_level = {c: asyncio.run(closed_loop(url, "sentiment", texts, c,
+                                                   args.capacity_s)) for c in levels}
+        capacity = max(by_level.values())
+        print(f"accurate-only capacity: {capacity:.1f} req/s ({args.variants[0]}); by "
+              f"concurrency: {', '.join(f'{c}: {r:.1f}' for c, r in by_level.items())}",
+              flush=True)
 
     points = []
     for rep in range(args.repeats):
-        for rho in rhos:
-            for policy in policies:
-                ctx, url, _ = serve(manifest, policy, args, profile, f"{policy}")
-                with ctx as proc:
-                    warm(url, args.variants)
-                    cpu0 = cpu_seconds(proc.pid)
-                    samples, dur = asyncio.run(open_loop(
-                        url, "sentiment", texts, rho * capacity, args.duration_s,
-                        args.deadline_ms if SENDS_DEADLINE[policy] else None,
-                        seed=1000 * rep + int(rho * 100)))
-                    cpu = cpu_seconds(proc.pid) - cpu0
-                point = {"repeat": rep, "rho": rho, "policy": policy,
-                         "offered_per_s": rho * capacity,
-                         **summarize(samples, dur, args.deadline_ms, cpu)}
-                points.append(point)
-                print(f"rep {rep} ρ={rho:<4} {policy:<8} goodput {point['goodput_per_s']:7.1f}/s"
-                      f"  acc {point['served_accuracy'] or 0:.3f}  p95 {point['p95_ms'] or 0:7.1f}"
-                      f" ms  mix {point['variant_mix']}  fail {point['failures']}", flush=True)
+        for process in processes:
+            for rho in rhos:
+                offsets = arrival_offsets(process, rho * capacity, args.duration_s,
+                                          seed=1000 * rep + int(rho * 100),
+                                          on_s=args.burst_on_s, off_s=args.burst_off_s)
+                for policy in policies:
+                    point = run_point(manifest, policy, args, profile, texts, offsets)
+                    point = {"repeat": rep, "process": process, "rho": rho,
+                             "policy": policy, "offered_per_s": rho * capacity, **point}
+                    points.append(point)
+                    print(f"rep {rep} {process:<7} ρ={rho:<4} {policy:<8} goodput "
+                          f"{point['goodput_per_s']:7.1f}/s  in deadline "
+                          f"{point['good'] / max(1, point['sent']):.1%}  acc "
+                          f"{point['served_accuracy'] or 0:.3f}  p95 "
+                          f"{point['p95_ms'] or 0:7.1f} ms  mix {point['variant_mix']}  "
+                          f"fail {point['failures']}", flush=True)
 
     result = report({
         "variants": {v: manifest["variants"][v]["accuracy"] for v in args.variants},
@@ -274,10 +319,38 @@ def main() -> int:
         "duration_s": args.duration_s, "repeats": args.repeats, "threads": args.threads,
         "workers": args.workers, "max_batch": args.max_batch, "max_wait_ms": args.max_wait_ms,
         "pessimism": args.pessimism, "cores": len(os.sched_getaffinity(0)),
+        "burst_on_s": args.burst_on_s, "burst_off_s": args.burst_off_s,
         "points": points,
     })
     write(result, Path(args.out))
     return 0
+
+
+def run_point(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
+              profile: dict[str, Any] | None, texts: list[tuple[str, str]],
+              offsets: list[float]) -> dict[str, Any]:
+    """One policy against one arrival sequence, in a fresh server."""
+    ctx, url, _ = serve(manifest, policy, args, profile, f"{policy}")
+    with ctx as proc:
+        warm(url, args.variants)
+        cpu0 = cpu_seconds(proc.pid)
+        samples = asyncio.run(open_loop(
+            url, "sentiment", texts, offsets,
+            args.deadline_ms if SENDS_DEADLINE[policy] else None))
+        cpu = cpu_seconds(proc.pid) - cpu0
+    return summarize(samples, args.duration_s, args.deadline_ms, cpu)
+
+
+def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """One result from parts measured separately: the first part's settings, every
+    part's points. The parts must share the deadline and the capacity (the ρ scale)."""
+    first = parts[0]
+    for other in parts[1:]:
+        for key in ("deadline_ms", "capacity_per_s", "duration_s", "variants"):
+            if other[key] != first[key]:
+                raise SystemExit(f"cannot merge: {key} differs ({first[key]} vs {other[key]})")
+    return {**first, "repeats": max(p["repeats"] for p in parts),
+            "points": [q for p in parts for q in p["points"]]}
 
 
 def write(result: dict[str, Any], out: Path) -> None:
@@ -297,45 +370,59 @@ def fmt_num(x: float | None, fmt: str) -> str:
     return format(x, fmt.removesuffix("×")) + ("×" if fmt.endswith("×") else "")
 
 
+def process_of(point: dict[str, Any]) -> str:
+    """A point's arrival process (results from before bursts were swept are Poisson)."""
+    return str(point.get("process", "poisson"))
+
+
 def report(result: dict[str, Any]) -> dict[str, Any]:
     """``result`` with its ``table`` and ``ratios`` (re)computed from its ``points``."""
     accuracy: dict[str, float] = result["variants"]
     best = next(iter(accuracy))
     rhos = sorted({q["rho"] for q in result["points"]})
+    processes = [p for p in PROCESSES if any(process_of(q) == p for q in result["points"])]
     table = []
-    for rho in rhos:
-        for policy in POLICIES:
-            mine = [q for q in result["points"] if q["rho"] == rho and q["policy"] == policy]
-            if not mine:
-                continue
-            gp = [q["goodput_per_s"] for q in mine]
-            # Good answers over requests sent: the repeats draw different arrivals (and so
-            # different counts), so the run-to-run spread is measured on this fraction.
-            frac = [q["good"] / q["sent"] for q in mine if q["sent"]]
-            frac_mean = statistics.fmean(frac) if frac else None
-            acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
-            p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
-            good = sum(q["good"] for q in mine)
-            mix: dict[str, int] = {}
-            for q in mine:
-                for model, n in q["variant_mix"].items():
-                    v = model.removeprefix("sentiment-")
-                    mix[v] = mix.get(v, 0) + n
-            served = sum(mix.values())
-            table.append({
-                "rho": rho, "policy": policy, "goodput_mean": statistics.fmean(gp),
-                "goodput_min": min(gp), "goodput_max": max(gp),
-                "good_fraction": frac_mean,
-                "good_fraction_spread": ratio(max(frac) - min(frac), frac_mean) if frac else None,
-                "served_accuracy": statistics.fmean(acc) if acc else None,
-                "mix_accuracy": ratio(sum(accuracy[v] * n for v, n in mix.items()), served),
-                "p95_ms": statistics.fmean(p95) if p95 else None,
-                # Pooled over the repeats: one starved repeat does not dominate a mean.
-                "cpu_ms_per_good": ratio(1000 * sum(q["cpu_s"] for q in mine), good),
-                "share_on_best": ratio(mix.get(best, 0), served),
-                "mix": mix,
-            })
+    for process in processes:
+        for rho in rhos:
+            for policy in POLICIES:
+                mine = [q for q in result["points"] if q["rho"] == rho
+                        and q["policy"] == policy and process_of(q) == process]
+                if mine:
+                    table.append(table_row(mine, accuracy, best)
+                                 | {"process": process, "rho": rho, "policy": policy})
     return {**result, "table": table, "ratios": ratios(table, result["points"])}
+
+
+def table_row(mine: list[dict[str, Any]], accuracy: dict[str, float], best: str
+              ) -> dict[str, Any]:
+    """One (process, ρ, policy) over its repeats."""
+    gp = [q["goodput_per_s"] for q in mine]
+    # Good answers over requests sent: the repeats draw different arrivals (and so
+    # different counts), so the run-to-run spread is measured on this fraction.
+    frac = [q["good"] / q["sent"] for q in mine if q["sent"]]
+    frac_mean = statistics.fmean(frac) if frac else None
+    acc = [q["served_accuracy"] for q in mine if q["served_accuracy"] is not None]
+    p95 = [q["p95_ms"] for q in mine if q["p95_ms"] is not None]
+    good = sum(q["good"] for q in mine)
+    mix: dict[str, int] = {}
+    for q in mine:
+        for model, n in q["variant_mix"].items():
+            v = model.removeprefix("sentiment-")
+            mix[v] = mix.get(v, 0) + n
+    served = sum(mix.values())
+    return {
+        "goodput_mean": statistics.fmean(gp), "goodput_min": min(gp), "goodput_max": max(gp),
+        "good_fraction": frac_mean,
+        "good_fraction_min": min(frac) if frac else None,
+        "good_fraction_spread": ratio(max(frac) - min(frac), frac_mean) if frac else None,
+        "served_accuracy": statistics.fmean(acc) if acc else None,
+        "mix_accuracy": ratio(sum(accuracy[v] * n for v, n in mix.items()), served),
+        "p95_ms": statistics.fmean(p95) if p95 else None,
+        # Pooled over the repeats: one starved repeat does not dominate a mean.
+        "cpu_ms_per_good": ratio(1000 * sum(q["cpu_s"] for q in mine), good),
+        "share_on_best": ratio(mix.get(best, 0), served),
+        "mix": mix,
+    }
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -354,53 +441,60 @@ def span(pair: list[float] | None) -> str:
 
 
 def ratios(table: list[dict[str, Any]], points: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per ρ: adaptive's goodput and CPU per good answer over each accurate-only
-    baseline's (all repeats pooled; the policies of one repeat saw the same arrivals, so
-    the per-repeat ratios are paired and their range is given too), and the accuracy it
-    gave up (measured on what was served, and expected from the variant mix and the
-    frontier: the latter without sampling noise)."""
-    good = {(q["rho"], q["policy"], q["repeat"]): q["good"] for q in points}
+    """Per process and ρ: adaptive's goodput and CPU per good answer over each baseline's
+    (all repeats pooled; the policies of one repeat saw the same arrivals, so the
+    per-repeat ratios are paired and their range is given too), and the accuracy it gave
+    up against the accurate-only baselines or gained over ``fastest`` (measured on what
+    was served, and expected from the variant mix and the frontier: the latter without
+    sampling noise)."""
+    good = {(process_of(q), q["rho"], q["policy"], q["repeat"]): q["good"] for q in points}
     out = []
-    for rho in sorted({r["rho"] for r in table}):
-        row = {r["policy"]: r for r in table if r["rho"] == rho}
-        if "adaptive" not in row:
-            continue
-        ada = row["adaptive"]
-        entry: dict[str, Any] = {"rho": rho}
-        for base in ("accurate", "accurate_expiry"):
-            if base not in row:
+    for process in [p for p in PROCESSES if any(r["process"] == p for r in table)]:
+        for rho in sorted({r["rho"] for r in table if r["process"] == process}):
+            row = {r["policy"]: r for r in table if r["rho"] == rho and r["process"] == process}
+            if "adaptive" not in row:
                 continue
-            ref = row[base]
-            entry[f"goodput_vs_{base}"] = ratio(ada["goodput_mean"], ref["goodput_mean"])
-            paired = [good[k] / good[(rho, base, k[2])] for k in good
-                      if k[:2] == (rho, "adaptive") and good.get((rho, base, k[2]))]
-            entry[f"goodput_vs_{base}_range"] = [min(paired), max(paired)] if paired else None
-            entry[f"cost_vs_{base}"] = ratio(ada["cpu_ms_per_good"] or None,
-                                             ref["cpu_ms_per_good"])
-            entry[f"accuracy_points_vs_{base}"] = points_lost(ref["served_accuracy"],
-                                                              ada["served_accuracy"])
-            entry[f"mix_accuracy_points_vs_{base}"] = points_lost(ref["mix_accuracy"],
-                                                                  ada["mix_accuracy"])
-        entry["adaptive_share_on_best"] = ada.get("share_on_best")
-        out.append(entry)
+            ada = row["adaptive"]
+            entry: dict[str, Any] = {"process": process, "rho": rho}
+            for base in ("accurate", "accurate_expiry", "fastest"):
+                if base not in row:
+                    continue
+                ref = row[base]
+                entry[f"goodput_vs_{base}"] = ratio(ada["goodput_mean"], ref["goodput_mean"])
+                paired = [good[k] / good[(process, rho, base, k[3])] for k in good
+                          if k[:3] == (process, rho, "adaptive")
+                          and good.get((process, rho, base, k[3]))]
+                entry[f"goodput_vs_{base}_range"] = [min(paired), max(paired)] if paired \
+                    else None
+                entry[f"cost_vs_{base}"] = ratio(ada["cpu_ms_per_good"] or None,
+                                                 ref["cpu_ms_per_good"])
+                entry[f"accuracy_points_vs_{base}"] = points_lost(ref["served_accuracy"],
+                                                                  ada["served_accuracy"])
+                entry[f"mix_accuracy_points_vs_{base}"] = points_lost(ref["mix_accuracy"],
+                                                                      ada["mix_accuracy"])
+            entry["adaptive_share_on_best"] = ada.get("share_on_best")
+            entry["adaptive_good_fraction"] = ada.get("good_fraction")
+            entry["adaptive_good_fraction_min"] = ada.get("good_fraction_min")
+            out.append(entry)
     return out
 
 
 def markdown(result: dict[str, Any]) -> str:
     """The summary table (mean over repeats; goodput as mean [min-max])."""
-    lines = ["| ρ | policy | goodput /s [min–max] | in deadline (spread) | served accuracy | "
-             "p95 ms | CPU ms per good answer | variant mix (all repeats) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| process | ρ | policy | goodput /s [min–max] | in deadline: mean (worst "
+             "repeat) | served accuracy | p95 ms | CPU ms per good answer | "
+             "variant mix (all repeats) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in result["table"]:
         mix = row["mix"]
-        spread = row.get("good_fraction_spread")
         total = sum(mix.values()) or 1
         mix_s = ", ".join(f"{k} {100 * n / total:.0f}%" for k, n in
                           sorted(mix.items(), key=lambda kv: -kv[1]))
         lines.append(
-            f"| {row['rho']} | {row['policy']} | {row['goodput_mean']:.1f} "
-            f"[{row['goodput_min']:.1f}–{row['goodput_max']:.1f}] | "
-            f"{fmt_num(row.get('good_fraction'), '.0%')} ({fmt_num(spread, '.0%')}) | "
+            f"| {row.get('process', 'poisson')} | {row['rho']} | {row['policy']} | "
+            f"{row['goodput_mean']:.1f} [{row['goodput_min']:.1f}–{row['goodput_max']:.1f}] | "
+            f"{fmt_num(row.get('good_fraction'), '.1%')} "
+            f"({fmt_num(row.get('good_fraction_min'), '.1%')}) | "
             f"{fmt_num(row['served_accuracy'], '.3f')} | {fmt_num(row['p95_ms'], '.0f')} | "
             f"{fmt_num(row['cpu_ms_per_good'], '.1f')} | {mix_s} |")
     return "\n".join(lines)
@@ -408,21 +502,26 @@ def markdown(result: dict[str, Any]) -> str:
 
 def ratio_lines(result: dict[str, Any]) -> str:
     """The headline ratios as a markdown table."""
-    lines = ["| ρ | adaptive goodput ÷ accurate | ÷ accurate_expiry | CPU per good answer ÷ "
-             "accurate | accuracy points given up: measured / expected from the mix | "
-             "adaptive on the best variant |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| process | ρ | adaptive in deadline (worst repeat) | goodput ÷ fastest | "
+             "accuracy points above fastest: measured / from the mix | goodput ÷ accurate | "
+             "÷ accurate_expiry | accuracy points given up vs accurate | on the best variant |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for e in result["ratios"]:
         g = e.get  # a run without one of the baselines has no ratios against it
         share = g("adaptive_share_on_best")
+        above = [None if x is None else -x for x in
+                 (g("accuracy_points_vs_fastest"), g("mix_accuracy_points_vs_fastest"))]
         lines.append(
-            f"| {e['rho']} | {fmt_num(g('goodput_vs_accurate'), '.2f×')} "
+            f"| {e.get('process', 'poisson')} | {e['rho']} | "
+            f"{fmt_num(g('adaptive_good_fraction'), '.1%')} "
+            f"({fmt_num(g('adaptive_good_fraction_min'), '.1%')}) | "
+            f"{fmt_num(g('goodput_vs_fastest'), '.3f×')} {span(g('goodput_vs_fastest_range'))} | "
+            f"{fmt_num(above[0], '.1f')} / {fmt_num(above[1], '.1f')} | "
+            f"{fmt_num(g('goodput_vs_accurate'), '.2f×')} "
             f"{span(g('goodput_vs_accurate_range'))} | "
             f"{fmt_num(g('goodput_vs_accurate_expiry'), '.2f×')} "
             f"{span(g('goodput_vs_accurate_expiry_range'))} | "
-            f"{fmt_num(g('cost_vs_accurate'), '.2f')} | "
-            f"{fmt_num(g('accuracy_points_vs_accurate'), '.2f')} / "
-            f"{fmt_num(g('mix_accuracy_points_vs_accurate'), '.2f')} | "
+            f"{fmt_num(g('accuracy_points_vs_accurate'), '.2f')} | "
             f"{fmt_num(None if share is None else 100 * share, '.0f')}% |")
     return "\n".join(lines)
 
@@ -433,29 +532,36 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for policy in POLICIES:
-        rows = [r for r in result["table"] if r["policy"] == policy]
-        if not rows:
-            continue
-        x = [r["rho"] for r in rows]
-        y = [r["goodput_mean"] for r in rows]
-        err = [[r["goodput_mean"] - r["goodput_min"] for r in rows],
-               [r["goodput_max"] - r["goodput_mean"] for r in rows]]
-        line = a.errorbar(x, y, yerr=err, marker="o", capsize=3, label=policy)
-        color = line[0].get_color()
-        b.plot(x, [r["mix_accuracy"] for r in rows], marker="o", color=color, label=policy)
-        b.scatter(x, [r["served_accuracy"] for r in rows], marker="x", color=color, alpha=0.5)
-    a.set_xlabel("offered load ρ (× accurate-only capacity)")
-    a.set_ylabel(f"goodput (answers within {result['deadline_ms']:.0f} ms, /s)")
-    a.legend()
-    a.grid(alpha=0.3)
-    b.set_xlabel("offered load ρ")
-    b.set_ylabel("accuracy of the traffic served")
-    b.set_title("line: frontier accuracy × variant mix; ×: measured against labels",
-                fontsize=9)
-    b.grid(alpha=0.3)
-    b.legend()
+    processes = [p for p in PROCESSES if any(r.get("process", "poisson") == p
+                                             for r in result["table"])]
+    fig, axes = plt.subplots(len(processes), 2, figsize=(11, 4 * len(processes)),
+                             squeeze=False)
+    for (a, b), process in zip(axes, processes, strict=True):
+        for policy in POLICIES:
+            rows = [r for r in result["table"] if r["policy"] == policy
+                    and r.get("process", "poisson") == process]
+            if not rows:
+                continue
+            x = [r["rho"] for r in rows]
+            y = [r["goodput_mean"] for r in rows]
+            err = [[r["goodput_mean"] - r["goodput_min"] for r in rows],
+                   [r["goodput_max"] - r["goodput_mean"] for r in rows]]
+            line = a.errorbar(x, y, yerr=err, marker="o", capsize=3, label=policy)
+            color = line[0].get_color()
+            b.plot(x, [r["mix_accuracy"] for r in rows], marker="o", color=color,
+                   label=policy)
+            b.scatter(x, [r["served_accuracy"] for r in rows], marker="x", color=color,
+                      alpha=0.5)
+        a.set_xlabel(f"offered load ρ (× accurate-only capacity), {process} arrivals")
+        a.set_ylabel(f"goodput (answers within {result['deadline_ms']:.0f} ms, /s)")
+        a.legend()
+        a.grid(alpha=0.3)
+        b.set_xlabel(f"offered load ρ, {process} arrivals")
+        b.set_ylabel("accuracy of the traffic served")
+        b.set_title("line: frontier accuracy × variant mix; ×: measured against labels",
+                    fontsize=9)
+        b.grid(alpha=0.3)
+        b.legend()
     fig.suptitle(f"sentiment group: {', '.join(result['variants'])}; "
                  f"capacity {result['capacity_per_s']:.0f}/s, {result['cores']} cores")
     fig.tight_layout()

@@ -367,7 +367,9 @@ def choose_variant(
     prediction starts from the state: below the low-load line the accurate variant is
     kept only while its predicted finish behind the queue meets the deadline (reason
     ``low_load``), else the most accurate variant that does is taken at once (reason
-    ``backlog``); above it, the state and the Erlang-C steady state must both agree.
+    ``backlog``); above it, the state and the Erlang-C steady state must both agree,
+    except on an idle pool (nothing queued or running): there the request's own service
+    time is the whole prediction, so accuracy comes back the moment a backlog clears.
     """
     if not variants:
         raise ValueError("a group needs at least one variant")
@@ -384,7 +386,7 @@ def choose_variant(
     below_line = surely_above_per_s < low_load_line_per_s  # never when the line is at 0
     preds = predict(variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s,
                     config=config, backlog=backlog,
-                    steady_state=backlog is None or not below_line,
+                    steady_state=backlog is None or not (below_line or backlog.is_empty),
                     queued_curves=queued_curves)
 
     def pick(p: Prediction, reason: str) -> VariantChoice:

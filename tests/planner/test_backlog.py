@@ -165,12 +165,24 @@ def test_joining_a_batch_that_would_then_miss_is_not_allowed() -> None:
 
 
 def test_above_the_line_the_steady_state_still_counts() -> None:
-    """An empty queue at 95 % of the accurate capacity: the state alone says "acc", the
-    Erlang-C bound says its queue would grow past the deadline."""
+    """A short queue at 95 % of the accurate capacity: the state alone says "acc" fits,
+    the Erlang-C bound says its queue would grow past the deadline."""
+    busy = Backlog((0.010,))
     choice = choose_variant(variants(), arrival_per_s=0.95 * CAPACITY_PER_S,
-                            time_left_s=0.150, config=CFG, backlog=Backlog((0.0,)))
+                            time_left_s=0.150, config=CFG, backlog=busy)
     assert choice.variant == "mid"
     assert choice.predictions[0].erlang_wait_s > 0.150
+    assert choice.predictions[0].backlog_wait_s == pytest.approx(0.010)
+
+
+def test_an_idle_pool_serves_accurately_whatever_the_rate() -> None:
+    """Nothing queued or running: the request's own service time is the whole
+    prediction, so accuracy returns as soon as a backlog clears, at any rate."""
+    for rho in (0.95, 1.3, 3.0):
+        choice = choose_variant(variants(), arrival_per_s=rho * CAPACITY_PER_S,
+                                time_left_s=0.150, config=CFG, backlog=Backlog((0.0,)))
+        assert (choice.variant, choice.reason) == ("acc", "meets_deadline")
+        assert choice.predicted_sojourn_s == pytest.approx(CURVES["acc"][1])
 
 
 @given(st.lists(st.sampled_from(["acc", "mid", "fast"]), max_size=10),
