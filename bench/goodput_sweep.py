@@ -371,7 +371,8 @@ def fmt_num(x: float | None, fmt: str) -> str:
 
 
 def process_of(point: dict[str, Any]) -> str:
-    """A point's arrival process (results from before bursts were swept are Poisson)."""
+    """A point's (or table row's) arrival process (results from before bursts were
+    swept are Poisson)."""
     return str(point.get("process", "poisson"))
 
 
@@ -449,9 +450,9 @@ def ratios(table: list[dict[str, Any]], points: list[dict[str, Any]]) -> list[di
     sampling noise)."""
     good = {(process_of(q), q["rho"], q["policy"], q["repeat"]): q["good"] for q in points}
     out = []
-    for process in [p for p in PROCESSES if any(r["process"] == p for r in table)]:
-        for rho in sorted({r["rho"] for r in table if r["process"] == process}):
-            row = {r["policy"]: r for r in table if r["rho"] == rho and r["process"] == process}
+    for process in [p for p in PROCESSES if any(process_of(r) == p for r in table)]:
+        for rho in sorted({r["rho"] for r in table if process_of(r) == process}):
+            row = {r["policy"]: r for r in table if r["rho"] == rho and process_of(r) == process}
             if "adaptive" not in row:
                 continue
             ada = row["adaptive"]

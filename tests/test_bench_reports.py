@@ -33,6 +33,20 @@ def test_ratios_divide_adaptive_by_each_accurate_baseline() -> None:
     assert r["adaptive_share_on_best"] == 0.1
 
 
+def test_ratios_against_fastest_are_per_arrival_process() -> None:
+    table = [row("fastest", 12.0, 20.0, 0.76) | {"process": "onoff"},
+             row("adaptive", 11.94, 50.0, 0.86) | {"process": "onoff"},
+             row("adaptive", 10.0, 50.0, 0.87)]  # Poisson, no fastest row
+    points = [{"rho": 0.95, "policy": p, "repeat": 0, "good": g, "process": "onoff"}
+              for p, g in (("fastest", 100), ("adaptive", 99))]
+    poisson, onoff = ratios(table, points)
+    assert (poisson["process"], onoff["process"]) == ("poisson", "onoff")
+    assert "goodput_vs_fastest" not in poisson
+    assert onoff["goodput_vs_fastest"] == pytest.approx(0.995)
+    assert onoff["goodput_vs_fastest_range"] == [0.99, 0.99]
+    assert onoff["accuracy_points_vs_fastest"] == pytest.approx(-10.0)  # 10 points above
+
+
 def test_a_baseline_with_no_good_answers_has_no_ratio() -> None:
     table = [row("accurate", 0.0, None, None), row("accurate_expiry", 1.0, 300.0, 0.9),
              row("fastest", 12.0, 20.0, 0.76), row("adaptive", 10.0, 50.0, 0.87)]
