@@ -1,4 +1,4 @@
-"""``sluice serve | models | chat`` — the command line.
+"""``sluice serve | models | chat | prepare | profile | simulate`` — the command line.
 
 Settings come from the TOML file (``--config`` or ``$SLUICE_CONFIG``), with flags and
 ``SLUICE_*`` environment variables over it; with no file, the packaged Gemma 3 270M is
@@ -330,6 +330,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     prof.add_argument("--out", help="where to write the profile JSON")
     prof.add_argument("--log-level", default="warning")
     prof.set_defaults(func=cmd_profile)
+    from sluice.simulate_cli import add_parser as add_simulate
+
+    add_simulate(sub)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
