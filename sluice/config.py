@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sluice.backends.base import ModelSpec
+from sluice.backends.faults import FaultPlan
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
 from sluice.engine.variants import GroupSpec
@@ -27,6 +28,23 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class FaultsConfig(_Strict):
+    """Injected faults (tests and the chaos bench; never in production): calls of the
+    model's ``forward`` / ``run_batch``, numbered from 1 across its loads, that kill the
+    worker's thread or hang it (see ``sluice.backends.faults``)."""
+
+    kill_on_calls: list[int] = Field(default_factory=list)
+    hang_on_calls: list[int] = Field(default_factory=list)
+    kill_probability: float = Field(default=0.0, ge=0, le=1)
+    hang_probability: float = Field(default=0.0, ge=0, le=1)
+    hang_s: float = Field(default=3600.0, ge=0)
+    seed: int = 0
+
+    def plan(self) -> FaultPlan:
+        return FaultPlan(frozenset(self.kill_on_calls), frozenset(self.hang_on_calls),
+                         self.kill_probability, self.hang_probability, self.hang_s, self.seed)
+
+
 class ModelConfig(_Strict):
     """One servable model."""
 
@@ -37,6 +55,8 @@ class ModelConfig(_Strict):
     load_cost_s: float = Field(default=1.0, ge=0)
     task: Literal["embedding", "classification", "generation"] = "embedding"
     options: dict[str, Any] = Field(default_factory=dict)
+    faults: FaultsConfig | None = None
+    """Fault injection (tests and the chaos bench only)."""
 
     @model_validator(mode="after")
     def _backend_options(self) -> ModelConfig:
@@ -90,6 +110,12 @@ class WorkersConfig(_Strict):
     budget_bytes: int = Field(default=2_000_000_000, gt=0)
     inbox_capacity: int = Field(default=8, ge=1)
     eviction: Literal["lru", "cost_aware"] = "lru"
+    watchdog_s: float = Field(default=30.0, gt=0)
+    """A worker that holds work and shows no progress for this long (one engine step or
+    one batch) is declared dead: its requests fail at once and a new worker replaces it.
+    Keep it a few times the slowest step (a full prefill chunk of the largest model)."""
+    load_watchdog_s: float = Field(default=600.0, gt=0)
+    """The same allowance while a worker loads a model or runs an admin call."""
 
 
 class BatchingConfig(_Strict):
@@ -401,6 +427,8 @@ class Config(_Strict):
                 max_batch_size=self.batching.max_batch_size,
                 max_wait_s=self.batching.max_wait_ms / 1000.0,
                 engine=engine,
+                watchdog_s=self.workers.watchdog_s,
+                load_watchdog_s=self.workers.load_watchdog_s,
             )
             for i in range(self.workers.count)
         )
@@ -412,6 +440,7 @@ class Config(_Strict):
             router=self.scheduling.router,
             queue_capacity=self.scheduling.queue_capacity,
             tenant_weights={t.id: t.weight for t in self.tenants},
+            faults={m.id: m.faults.plan() for m in self.models if m.faults is not None},
             groups=tuple(
                 GroupSpec(
                     group_id=g.id,

@@ -41,3 +41,10 @@ class Observer:
 
     def model_load_failed(self, worker_id: int, model_id: str, error: str) -> None:
         """A load raised."""
+
+    def worker_died(self, worker_id: int, cause: str, failed_requests: int) -> None:
+        """The supervisor declared a worker dead (``cause``: ``died`` or ``stalled``) and
+        ended the ``failed_requests`` it held."""
+
+    def worker_recovered(self, worker_id: int, seconds: float) -> None:
+        """A dead worker's replacement loaded its models ``seconds`` after the death."""

@@ -8,7 +8,9 @@ scheduler (keeping its place, its fair-share charge refunded) until capacity fre
 Deadlines of queued requests are watched here; workers watch those they hold.
 
 Every admitted request ends in exactly one terminal state: the request state machine
-guarantees "first terminal wins", and ``stop`` drains, then cancels whatever is left.
+guarantees "first terminal wins", and ``stop`` drains, then cancels whatever is left. A
+worker that dies or stalls is replaced by the ``Supervisor`` (``sluice.engine.supervisor``),
+which ends the requests it held; ``health`` says whether every thread is doing its job.
 
 The asyncio side (``AsyncHandle``, re-exported here) lives in ``sluice.engine.bridge``.
 """
@@ -20,6 +22,7 @@ import dataclasses
 import functools
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,9 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.backends.base import Backend, ModelSpec, Tokenizer
+from sluice.backends.faults import FaultInjector, FaultPlan
 from sluice.engine.bridge import AsyncHandle
 from sluice.engine.observer import Observer
 from sluice.engine.request import Event, Final, Request, RequestStatus, SamplingParams
+from sluice.engine.supervisor import Recovery, Supervisor, WorkerStatus
 from sluice.engine.variants import GroupSpec, PlannerObserver, VariantPlanner
 from sluice.engine.worker import Worker, WorkerConfig, WorkerState
 from sluice.policy.admission import (
@@ -45,6 +50,10 @@ from sluice.policy.scheduler import make_scheduler
 from sluice.policy.types import QueueItem
 
 IDLE_POLL_S = 0.5
+MAX_SUPERVISOR_POLL_S = 0.25
+"""The supervisor checks heartbeats at least this often (a death wakes it at once)."""
+
+log = logging.getLogger("sluice.runtime")
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,8 @@ class RuntimeConfig:
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     groups: tuple[GroupSpec, ...] = ()
     """Model groups whose requests the variant planner routes to a variant."""
+    faults: Mapping[str, FaultPlan] = field(default_factory=dict)
+    """Injected faults by model id (tests and the chaos bench only)."""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -99,6 +110,24 @@ class RuntimeSnapshot:
     completions_per_s: float
     workers: tuple[WorkerState, ...]
     inbox_depths: tuple[int, ...]
+    worker_status: tuple[WorkerStatus, ...] = ()
+    """Per worker slot: ``up``, ``recovering``, ``dead`` or ``stopped``."""
+
+
+@dataclass(frozen=True)
+class RuntimeHealth:
+    """Whether the runtime's threads do their jobs (``/health``, ``/ready``)."""
+
+    alive: bool
+    """The dispatcher and the supervisor run, and no worker is dead without a replacement
+    on the way."""
+    workers: tuple[WorkerStatus, ...]
+    problem: str = ""
+    """What is wrong when not ``alive`` (or which worker recovers)."""
+
+    @property
+    def all_up(self) -> bool:
+        return all(s == "up" for s in self.workers)
 
 
 class Runtime:
@@ -135,13 +164,17 @@ class Runtime:
         self._tokenizers: dict[str, Tokenizer] = {}
         self.variants = VariantPlanner(config.groups, self.specs,
                                        [w.budget_bytes for w in config.workers], clock)
-        worker_observer: Any = PlannerObserver(self.observer, self.variants)
+        self._worker_observer: Any = PlannerObserver(self.observer, self.variants)
+        self._faults = {m: FaultInjector(plan) for m, plan in config.faults.items()}
         self._draining = False
         self._stopped = False
-        self.workers = [
-            Worker(w, self.specs, backends, clock, worker_observer, self._notify)
-            for w in config.workers
-        ]
+        self.dispatcher_fault: str | None = None
+        """Set if the dispatcher thread failed (``/health`` then fails)."""
+        self.supervisor = Supervisor(
+            lambda: self.workers, self._replace_worker, self._end_held, clock, self.observer,
+            poll_s=min(MAX_SUPERVISOR_POLL_S,
+                       min(w.watchdog_s for w in config.workers) / 4))
+        self.workers = [self._new_worker(w) for w in config.workers]
         self._thread = threading.Thread(target=self._dispatch_loop, name="sluice-dispatch",
                                         daemon=True)
 
@@ -151,6 +184,7 @@ class Runtime:
         for w in self.workers:
             w.start()
         self._thread.start()
+        self.supervisor.start()
 
     def stop(self, drain_timeout_s: float = 10.0) -> int:
         """Stop admitting, let in-flight work finish for up to ``drain_timeout_s``, then
@@ -171,6 +205,7 @@ class Runtime:
                            error_code="shutdown")
             self._stopped = True
             self._cv.notify_all()
+        self.supervisor.stop()
         for w in self.workers:
             w.stop()
         for w in self.workers:
@@ -281,15 +316,37 @@ class Runtime:
             depth = self._queue_depth()
             live = len(self._live)
             rate = self._completions.rate_per_s(now)
+        workers = list(self.workers)
         return RuntimeSnapshot(
             queue_depth=depth,
             queue_capacity=self.config.queue_capacity,
             live_requests=live,
             draining=self._draining,
             completions_per_s=rate,
-            workers=tuple(w.state for w in self.workers),
-            inbox_depths=tuple(w.inbox_depth() for w in self.workers),
+            workers=tuple(w.state for w in workers),
+            inbox_depths=tuple(w.inbox_depth() for w in workers),
+            worker_status=self.supervisor.statuses(),
         )
+
+    def health(self) -> RuntimeHealth:
+        """Liveness: the dispatcher and supervisor threads run (until ``stop``) and every
+        worker is up or being replaced."""
+        statuses = self.supervisor.statuses()
+        problem = ""
+        if self._stopped:  # shutting down: the threads end on purpose
+            return RuntimeHealth(alive=True, workers=statuses)
+        if self.dispatcher_fault is not None or not self._thread.is_alive():
+            problem = f"dispatcher thread is dead ({self.dispatcher_fault or 'ended'})"
+        elif not self.supervisor.alive:
+            problem = "worker supervisor is dead"
+        for i, status in enumerate(statuses):
+            if not problem and status in ("dead", "stopped"):
+                problem = f"worker {i} is {status} and not being replaced"
+        return RuntimeHealth(alive=not problem, workers=statuses, problem=problem)
+
+    def recoveries(self) -> list[Recovery]:
+        """Replaced workers, oldest first (the last ``RECOVERY_LOG``)."""
+        return list(self.supervisor.recoveries)
 
     def completions_per_s(self) -> float:
         with self._cv:
@@ -425,7 +482,49 @@ class Runtime:
         with self._cv:
             self._cv.notify_all()
 
+    # -- supervision ---------------------------------------------------------------------
+
+    def _new_worker(self, config: WorkerConfig) -> Worker:
+        return Worker(config, self.specs, self._backends, self.clock, self._worker_observer,
+                      self._notify, faults=self._faults, on_death=self.supervisor.wake)
+
+    def _replace_worker(self, index: int) -> Worker:
+        """A fresh worker in slot ``index`` (same id and limits), started (supervisor)."""
+        worker = self._new_worker(self.workers[index].config)
+        with self._cv:
+            self.workers[index] = worker
+            worker.start()
+            self._cv.notify_all()  # requests held back from the dead one may go there now
+        return worker
+
+    def _end_held(self, worker_id: int, message: str) -> int:
+        """End (FAILED, ``worker_failed``) every live request routed to ``worker_id``,
+        whose worker was abandoned (it takes no more); returns how many ended."""
+        with self._cv:
+            held = [r for r in self._live.values() if r.worker_id == worker_id]
+        now = self.clock()
+        return sum(r.finish(RequestStatus.FAILED, now, error=message,
+                            error_code="worker_failed") for r in held)
+
     def _dispatch_loop(self) -> None:
+        try:
+            self._dispatch_forever()
+        except BaseException as exc:
+            # Nothing dispatches any more: refuse new work (``/health`` fails, so the
+            # process gets restarted) and end the queued requests rather than leave them.
+            self.dispatcher_fault = type(exc).__name__
+            log.exception("the dispatcher thread failed; no request is dispatched any more")
+            with self._cv:
+                self._draining = True
+                queued = [r for r in self._live.values() if r.worker_id is None]
+                for req in queued:
+                    self._scheduler.remove(req.request_id)
+            now = self.clock()
+            for req in queued:
+                req.finish(RequestStatus.FAILED, now, error="the dispatcher failed; the "
+                           "server must be restarted", error_code="internal_error")
+
+    def _dispatch_forever(self) -> None:
         while True:
             with self._cv:
                 if self._stopped:
@@ -519,5 +618,6 @@ __all__ = [
     "Rejected",
     "Runtime",
     "RuntimeConfig",
+    "RuntimeHealth",
     "RuntimeSnapshot",
 ]

@@ -4,21 +4,29 @@ continuous-batching engine per resident generative model, and one one-shot execu
 
 The control plane talks to it only through ``offer`` (a request for its inbox),
 ``call`` (run a closure on its thread: admin load/unload) and ``stop``; it reads back
-immutable ``WorkerState`` snapshots. The inbox is served in order: a generative request
+immutable ``WorkerState`` snapshots and the thread's ``Heartbeat``. The thread stamps the
+heartbeat before every piece of work (a step, a batch, a load, an idle wait) with how long
+that piece may take; ``sluice.engine.supervisor`` declares the worker dead when its thread
+died (``fault`` says how) or a stamp is overdue while it holds work, and ``abandon``s it.
+
+The inbox is served in order: a generative request
 at the head moves into its model's engine, a one-shot request at the head starts a
 dynamic batch of the contiguous same-model requests behind it.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import traceback
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sluice.backends.base import Backend, GenerativeModel, ModelSpec, OneShotModel
+from sluice.backends.faults import FaultInjector
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.observer import Observer
 from sluice.engine.oneshot import OneShotExecutor
@@ -46,6 +54,41 @@ class WorkerConfig:
     max_wait_s: float = 0.005
     """One-shot dynamic batches: how long the head waits for company."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    watchdog_s: float = 30.0
+    """A worker holding work that shows no progress for this long (one step, one batch)
+    is declared dead and replaced."""
+    load_watchdog_s: float = 600.0
+    """The same allowance while it loads a model or runs an admin call."""
+
+    def __post_init__(self) -> None:
+        for name in ("watchdog_s", "load_watchdog_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The worker thread's last sign of progress: at ``stamp_s`` it began ``activity``,
+    which may take ``allowance_s`` before the next stamp is due."""
+
+    stamp_s: float
+    allowance_s: float
+    activity: str
+
+    def overdue_s(self, now: float) -> float:
+        """Seconds past the allowance (negative while it is still due)."""
+        return now - self.stamp_s - self.allowance_s
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFault:
+    """Why a worker's thread ended unexpectedly: ``cause`` for clients and metrics (no
+    exception text: it may name files), ``detail`` (the traceback) for the log."""
+
+    cause: str
+    detail: str
+    time_s: float
 
 
 @dataclass(frozen=True)
@@ -98,18 +141,31 @@ class Worker:
         clock: Callable[[], float],
         observer: Observer,
         on_capacity: Callable[[], None],
+        *,
+        faults: Mapping[str, FaultInjector] | None = None,
+        on_death: Callable[[], None] = lambda: None,
     ) -> None:
+        """``faults``: injectors armed on the models they name as they load (tests, chaos
+        bench); ``on_death``: called from the thread as it dies (wakes the supervisor)."""
         self.config = config
         self._specs = specs
         self._backends = backends
         self._clock = clock
         self._observer = observer
         self._on_capacity = on_capacity
+        self._faults = faults or {}
+        self._on_death = on_death
         self._cv = threading.Condition()
         self._inbox: deque[tuple[Request, float]] = deque()
         self._controls: deque[Callable[[], None]] = deque()
+        self._pending_calls: set[Future[Any]] = set()
         self._dirty = False
         self._stopping = False
+        self.abandoned = False
+        """Given up by the supervisor (lock held to write): refuses work, never serves again."""
+        self.fault: WorkerFault | None = None
+        """Set by the thread as it dies of an exception."""
+        self.heartbeat = Heartbeat(clock(), config.load_watchdog_s, "starting")
         self._engine_waiting = 0
         """Requests moved into engines and not yet running (lock held to read or write;
         raised on every move, recomputed after every loop, so it never undercounts)."""
@@ -164,15 +220,20 @@ class Worker:
 
         def run() -> None:
             try:
-                fut.set_result(fn())
+                result = fn()
             except Exception as exc:
-                fut.set_exception(exc)
+                _settle(fut, exc=exc)
+            else:
+                _settle(fut, result=result)
+            with self._cv:
+                self._pending_calls.discard(fut)
 
         with self._cv:
             if self._stopping:
                 fut.set_exception(RuntimeError("worker is stopping"))
                 return fut
             self._controls.append(run)
+            self._pending_calls.add(fut)
             self._dirty = True
             self._cv.notify()
         return fut
@@ -187,8 +248,45 @@ class Worker:
         self._thread.join(timeout_s)
 
     def is_alive(self) -> bool:
-        """The worker's thread is running (``sluice_worker_up``)."""
+        """The worker's thread is running."""
         return self._thread.is_alive()
+
+    @property
+    def stopped_on_purpose(self) -> bool:
+        """``stop`` was called (not a death, not an abandonment)."""
+        return self._stopping and not self.abandoned
+
+    def holds_work(self) -> bool:
+        """Requests are waiting in its inbox or engines, or running on it."""
+        with self._cv:
+            depth = self._queue_depth()
+        return depth > 0 or self.state.active_count > 0
+
+    def abandon(self, reason: str) -> None:
+        """Give up on this worker (the supervisor replaces it): it takes no more work, its
+        pending admin calls fail with ``reason``, and its thread ends (closing its models)
+        if it ever resumes. Its requests are the supervisor's to end."""
+        with self._cv:
+            self.abandoned = True
+            self._stopping = True
+            pending = list(self._pending_calls)
+            self._pending_calls.clear()
+            self._cv.notify()
+        for fut in pending:
+            _settle(fut, exc=RuntimeError(reason))
+
+    def close_models(self) -> None:
+        """Release the models of a worker whose thread is dead (no one else uses them)."""
+        if self._thread.is_alive():
+            raise RuntimeError(f"worker {self.config.worker_id}: its thread still runs")
+        for model_id in list(self._models):
+            self._models.pop(model_id).close()
+        self._engines.clear()
+
+    def stack(self) -> str:
+        """Where the thread is now (for the log of a stalled worker)."""
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        return "".join(traceback.format_stack(frame)) if frame is not None else ""
 
     def view(self) -> WorkerView:
         """What the router needs, consistent with the inbox at this instant."""
@@ -199,7 +297,7 @@ class Worker:
             worker_id=self.config.worker_id,
             queue_depth=depth,
             active_count=state.active_count,
-            inbox_free=max(0, self.config.inbox_capacity - depth),
+            inbox_free=0 if self._stopping else max(0, self.config.inbox_capacity - depth),
             budget_bytes=self.config.budget_bytes,
             free_bytes=self.config.budget_bytes - state.resident_bytes,
             resident=state.resident,
@@ -221,6 +319,16 @@ class Worker:
     # -- worker thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug outside every barrier, or an injected kill
+            self.fault = WorkerFault(f"died (its thread ended: {type(exc).__name__})",
+                                     traceback.format_exc(), self._clock())
+            self._on_death()
+            return
+        self._shutdown()
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 controls = list(self._controls)
@@ -228,20 +336,26 @@ class Worker:
                 stopping = self._stopping
                 self._dirty = False
             for control in controls:
+                self._beat("admin call", self.config.load_watchdog_s)
                 control()
             if stopping:
                 break
             did = self._loop_once()
             if not did:
                 self._sleep()
-        self._shutdown()
+
+    def _beat(self, activity: str, allowance_s: float) -> None:
+        """Stamp the heartbeat: ``activity`` begins now and may take ``allowance_s``."""
+        self.heartbeat = Heartbeat(self._clock(), allowance_s, activity)
 
     def _loop_once(self) -> bool:
         now = self._clock()
+        self._beat("inbox", self.config.watchdog_s)
         self._sweep_inbox(now)
         did = self._advance_inbox(now)
         for engine in list(self._engines.values()):
             if engine.has_work:
+                self._beat("step", self.config.watchdog_s)
                 stepped = engine.step()
                 if stepped:
                     self._observer.batch(
@@ -265,7 +379,9 @@ class Worker:
         with self._cv:
             wake.extend(r.deadline_s for r, _ in self._inbox if r.deadline_s is not None)
             if not self._dirty and not self._stopping and not self._controls:
-                self._cv.wait(max(0.0, min(wake) - now))
+                wait_s = max(0.0, min(wake) - now)
+                self._beat("idle", wait_s + self.config.watchdog_s)
+                self._cv.wait(wait_s)
 
     def _sweep_inbox(self, now: float) -> None:
         """Cancelled and expired requests leave the inbox without running."""
@@ -321,6 +437,7 @@ class Worker:
             self._on_capacity()
             model = self._models[spec.model_id]
             assert isinstance(model, OneShotModel)
+            self._beat("batch", self.config.watchdog_s)
             self._oneshot.run(model, batch)
             return True
 
@@ -364,7 +481,11 @@ class Worker:
     def load(self, spec: ModelSpec) -> None:
         """Load ``spec`` now (worker thread only); the caller made room."""
         t0 = self._clock()
+        self._beat("load", self.config.load_watchdog_s)
         model = self._backends[spec.backend].load(spec)
+        injector = self._faults.get(spec.model_id)
+        if injector is not None:
+            injector.arm(model)
         seconds = self._clock() - t0
         self._residency.commit_load(spec.model_id, spec.memory_bytes, spec.load_cost_s, t0)
         self._residency.check_integrity()
@@ -485,3 +606,15 @@ class Worker:
                 self._residency.evict(model_id)
         self._publish()
 
+
+
+def _settle(fut: Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:
+    """Resolve ``fut`` unless it already is (an abandoned worker's call may be failed by
+    the supervisor and later finished by the thread)."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:
+        pass

@@ -42,8 +42,7 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     if backends is None:
         backends = make_backends(m.backend for m in config.models)
     runtime = Runtime(config.runtime_config(), backends, observer=observer)
-    registry.register(SnapshotCollector(runtime.snapshot,
-                                        lambda: [w.is_alive() for w in runtime.workers]))
+    registry.register(SnapshotCollector(runtime.snapshot))
     quota = QuotaGate(config.quota, config.tenants, observer)
     registry.register(QuotaCollector(quota))
     ctx = AppContext(

@@ -120,6 +120,7 @@ FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
     "too_large": (503, "server_overloaded", None),
     "shutdown": (503, "server_shutting_down", None),
     "internal_error": (500, "server_error", None),
+    "worker_failed": (500, "server_error", None),
 }
 
 

@@ -9,7 +9,7 @@ prefix-cache queries and hits in tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -112,6 +112,21 @@ class PrometheusObserver(Observer):
             "sluice_model_evictions", "Models unloaded to make room or on request",
             ["worker", "model"], registry=registry,
         )
+        self.worker_deaths = Counter(
+            "sluice_worker_deaths", "Workers the supervisor declared dead and replaced "
+            "(cause: died = its thread ended, stalled = no progress within the watchdog)",
+            ["worker", "cause"], registry=registry,
+        )
+        self.worker_failed_requests = Counter(
+            "sluice_worker_failed_requests",
+            "Requests ended (failed, worker_failed) because their worker died",
+            ["worker"], registry=registry,
+        )
+        self.worker_recovery = Histogram(
+            "sluice_worker_recovery_seconds",
+            "A worker's death to its replacement having loaded the dead one's models",
+            buckets=LATENCY_BUCKETS_S, registry=registry,
+        )
 
     def planned(self, group_id: str, variant: str | None, reason: str) -> None:
         if variant is None:
@@ -173,15 +188,21 @@ class PrometheusObserver(Observer):
     def model_load_failed(self, worker_id: int, model_id: str, error: str) -> None:
         self.load_failures.labels(str(worker_id), model_id).inc()
 
+    def worker_died(self, worker_id: int, cause: str, failed_requests: int) -> None:
+        self.worker_deaths.labels(str(worker_id), cause).inc()
+        self.worker_failed_requests.labels(str(worker_id)).inc(failed_requests)
+
+    def worker_recovered(self, worker_id: int, seconds: float) -> None:
+        self.worker_recovery.observe(seconds)
+
 
 class SnapshotCollector(Collector):
-    """Gauges read from the runtime when Prometheus scrapes. ``workers_up``: per worker,
-    whether its thread runs (``sluice_worker_up``)."""
+    """Gauges read from the runtime when Prometheus scrapes. ``sluice_worker_up``: 1 while
+    a worker serves; 0 while it is dead, stopped, or being replaced (its replacement has
+    not yet loaded the dead one's models)."""
 
-    def __init__(self, snapshot: Callable[[], RuntimeSnapshot],
-                 workers_up: Callable[[], Sequence[bool]] | None = None) -> None:
+    def __init__(self, snapshot: Callable[[], RuntimeSnapshot]) -> None:
         self._snapshot = snapshot
-        self._workers_up = workers_up
 
     def collect(self) -> Iterator[Metric]:
         snap = self._snapshot()
@@ -218,11 +239,12 @@ class SnapshotCollector(Collector):
                     kv_total.add_metric([w, m.model_id], m.kv_total_blocks)
                     kv_usage.add_metric([w, m.model_id], used / m.kv_total_blocks)
         yield from (inbox, active, resident, budget, kv_used, kv_total, kv_usage)
-        if self._workers_up is not None:
-            up = GaugeMetricFamily("sluice_worker_up", "1 while the worker's thread runs",
-                                   labels=["worker"])
-            for state, alive in zip(snap.workers, self._workers_up(), strict=True):
-                up.add_metric([str(state.worker_id)], int(alive))
+        if snap.worker_status:
+            up = GaugeMetricFamily(
+                "sluice_worker_up", "1 while the worker serves; 0 while it is dead or being "
+                "replaced", labels=["worker"])
+            for state, status in zip(snap.workers, snap.worker_status, strict=True):
+                up.add_metric([str(state.worker_id)], int(status == "up"))
             yield up
         hits = CounterMetricFamily(
             "sluice_prefix_cache_hits",

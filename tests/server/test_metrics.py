@@ -116,6 +116,8 @@ def test_worker_up_follows_the_worker_threads(serve: Callable[..., LiveServer]) 
         s = scrape(c)
         assert metric_sum(s, "sluice_worker_up", worker="0") == 1
         assert metric_sum(s, "sluice_worker_up", worker="1") == 0
+        # stopped from outside the runtime: no replacement comes, so liveness fails
+        assert c.get("/health").status_code == 503
 
 
 def _stream_in_background(live: LiveServer, body: dict[str, object]) -> tuple[

@@ -8,23 +8,26 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from sluice.server.health import readiness
+from sluice.server.health import liveness, readiness
 from sluice.server.routes.common import ctx_of
 from sluice.server.status import STATUS_PAGE, status_json
 
 router = APIRouter(tags=["operations"])
 
 
-@router.get("/health")
-async def health() -> dict[str, str]:
-    """The process is alive."""
-    return {"status": "ok"}
+@router.get("/health", responses={503: {"description": "a thread is dead"}})
+async def health(request: Request) -> JSONResponse:
+    """Alive: the dispatcher and the worker supervisor run, and every worker is up or
+    being replaced (503 with the reason otherwise)."""
+    state = liveness(ctx_of(request))
+    return JSONResponse(dict(state.body), status_code=200 if state.ok else 503)
 
 
 @router.get("/ready", responses={503: {"description": "not ready"}})
 async def ready(request: Request) -> JSONResponse:
-    """Able to serve the default model: loaded on a worker (or loadable again after an
-    eviction), and not draining."""
+    """A request sent now can be served: the default model is loaded on a worker (or
+    loadable again after an eviction), every worker is up, and the server is not
+    draining."""
     state = readiness(ctx_of(request))
     return JSONResponse(dict(state.body), status_code=200 if state.ok else 503)
 
