@@ -154,3 +154,31 @@ def test_grpc_overhead_summary_pairs_the_protocols_per_client_count() -> None:
     assert s["1"]["ratio_server_cpu_grpc_over_http"] == pytest.approx(29 / 31)
     assert s["8"]["ratio_tpot_grpc_over_http"] == pytest.approx(0.95)
     assert s["8"]["http"]["server_cpu_ms_per_token_stdev"] == 0.0
+
+
+def arrival(at_s: float, ok: bool = True, variant: str = "sentiment-big") -> dict[str, Any]:
+    return {"at_s": at_s, "status": 200, "latency_s": 0.05 if ok else 0.5, "variant": variant}
+
+
+def test_step_recovery_is_the_end_of_the_last_window_below_target() -> None:
+    from bench.goodput_step import recovery_s
+
+    step = 2.0
+    samples = [arrival(step + 0.01 * k) for k in range(300)]  # 3 s after the step
+    assert recovery_s(samples, 150.0, step, 5.0) == 0.0
+    samples[50] = arrival(step + 0.5, ok=False)  # one late answer, 0.5 s after the step
+    # windows [w, w + 0.5) containing 2.5 start at 2.1 .. 2.5: the last ends at 3.0
+    assert recovery_s(samples, 150.0, step, 5.0) == pytest.approx(1.0)
+
+
+def test_step_mix_over_time_and_the_return_to_the_best_variant() -> None:
+    from bench.goodput_step import back_on_best_s, mix_over_time
+
+    samples = [arrival(0.1 * k, variant="sentiment-small" if k < 10 else "sentiment-big")
+               for k in range(20)]
+    mix = mix_over_time(samples, 2.0)
+    assert mix["small"][:4] == [1.0, 1.0, 1.0, 1.0]
+    assert mix["big"][4:] == [1.0, 1.0, 1.0, 1.0]
+    # from 0: the first window of arrivals >= 90 % on big is [1.0, 1.5), ending 1.5 s in
+    assert back_on_best_s(samples, "sentiment-big", 0.0, 2.0) == pytest.approx(1.5)
+    assert back_on_best_s(samples, "sentiment-none", 0.0, 2.0) is None
