@@ -57,6 +57,15 @@ class ModelConfig(_Strict):
     options: dict[str, Any] = Field(default_factory=dict)
     faults: FaultsConfig | None = None
     """Fault injection (tests and the chaos bench only)."""
+    tpot_target_ms: float | None = Field(default=None, gt=0)
+    """Generative: time per output token each running sequence stays within; sets how
+    many sequences decode at once and how long prefill chunks are (unset: no limit)."""
+    ttft_deadline_ms: float | None = Field(default=None, gt=0)
+    """Generative: first-token deadline of requests that bring none and whose tenant sets
+    none; one predicted to miss it is refused at once (503 ``deadline_infeasible``)."""
+    step_cost_file: str | None = None
+    """Generative: a profiled step-time model (JSON from ``bench/kv_layout.py``), the prior
+    that the engine refines online."""
 
     @model_validator(mode="after")
     def _backend_options(self) -> ModelConfig:
@@ -81,6 +90,10 @@ class ModelConfig(_Strict):
             load_cost_s=self.load_cost_s,
             task=self.task,
             options=dict(self.options),
+            tpot_target_s=None if self.tpot_target_ms is None else self.tpot_target_ms / 1000,
+            ttft_deadline_s=None if self.ttft_deadline_ms is None
+            else self.ttft_deadline_ms / 1000,
+            step_cost_path=self.step_cost_file,
         )
 
 

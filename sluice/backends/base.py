@@ -38,6 +38,16 @@ class ModelSpec:
     """For one-shot models: ``embedding`` or ``classification``."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific settings (paths, thread counts, cost model, ...)."""
+    tpot_target_s: float | None = None
+    """Generative models: the time per output token every running sequence should stay
+    within; the engine admits and sizes prefill chunks by its step-time model to keep it
+    (``None``: no limit beyond the token budget)."""
+    ttft_deadline_s: float | None = None
+    """Generative models: the first-token deadline of a request that brings none (and
+    whose tenant sets none); ``None``: no deadline."""
+    step_cost_path: str | None = None
+    """Generative models: a profiled ``StepCost`` JSON, the prior of the learned step-time
+    model (``None``: a rough default, refined online within seconds)."""
 
 
 class ModelLoadError(RuntimeError):
@@ -147,6 +157,9 @@ class GenerativeModel(Tokenizer, Protocol):
 
     spec: ModelSpec
     n_ctx_total: int
+    kv_unified: bool
+    """One KV pool any sequence may fill (``n_ctx_per_seq == n_ctx_total``), else a fixed
+    stream per slot."""
 
     def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
         """Run one forward pass; return float32 logits, ``chunk.n_rows`` rows per chunk

@@ -111,6 +111,10 @@ class SyntheticTokenizer:
         self.n_seq_max = int(spec.options.get("n_seq_max", 8))
         self.n_ctx_per_seq = int(spec.options.get("n_ctx_per_seq", 512))
         self.n_ctx_total = self.n_ctx_per_seq * self.n_seq_max
+        self.kv_unified = bool(spec.options.get("kv_unified", False))
+        """One pool of ``n_ctx_total`` tokens that any slot may fill."""
+        if self.kv_unified:
+            self.n_ctx_per_seq = self.n_ctx_total
         self.eos_token_ids = frozenset({EOS_ID})
         self.byte_tokens = bool(spec.options.get("byte_tokens", False))
         """Ids 3..258 are the 256 single bytes (grammar tests need JSON's characters)."""

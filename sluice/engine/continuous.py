@@ -34,11 +34,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sluice.backends.base import ForwardChunk, GenerativeModel
+from sluice.backends.base import ForwardChunk, GenerativeModel, ModelLoadError
 from sluice.engine.chooser import BatchRows, Pick, TokenChooser
 from sluice.engine.constraints import ConstraintError, GrammarFailure, start_grammar
 from sluice.engine.logprobs import prompt_token_logprobs
@@ -53,12 +54,15 @@ from sluice.engine.request import (
 from sluice.engine.sampling import SamplingError, sample_token
 from sluice.engine.textstream import TextStream
 from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost, StepSample
 from sluice.policy.step_planner import (
+    TOKENS_ONLY,
     Admission,
     BatchingMode,
     EngineConfig,
     PrefixCopy,
     RunningSeq,
+    StepBudget,
     StepPlan,
     StepView,
     WaitingSeq,
@@ -66,6 +70,7 @@ from sluice.policy.step_planner import (
     reserve_admission,
     static_wakeup_s,
 )
+from sluice.policy.tpot_budget import TpotBudget
 
 __all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig"]
 
@@ -120,6 +125,10 @@ class _Batch:
 
     chunks: list[ForwardChunk] = field(default_factory=list)
     owners: list[_Sequence] = field(default_factory=list)
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    context_tokens: int = 0
+    """KV positions the decodes attend to (the step-time model's context term)."""
 
 
 def _waiting_view(req: Request) -> WaitingSeq:
@@ -152,7 +161,8 @@ class ContinuousEngine:
         self._clock = clock
         self._on_retire = on_retire
         self.kv = KVBlockAllocator.for_context(
-            model.n_ctx_total, model.n_seq_max, config.kv_block_tokens, unified=False
+            model.n_ctx_total, model.n_seq_max, config.kv_block_tokens,
+            unified=model.kv_unified,
         )
         self.waiting: deque[Request] = deque()
         self.running: dict[int, _Sequence] = {}
@@ -166,6 +176,9 @@ class ContinuousEngine:
         """Prompt tokens not recomputed thanks to prefix reuse (a counter)."""
         self.forked_prompt_tokens = 0
         """Prompt tokens not recomputed because ``n`` choices shared one prefill."""
+        self.step_cost = OnlineStepCost(_step_cost_prior(model.spec.step_cost_path))
+        """The step-time model, learned from the steps this engine runs."""
+        self.tpot_target_s = model.spec.tpot_target_s
 
     # -- queue ---------------------------------------------------------------------------
 
@@ -214,14 +227,28 @@ class ContinuousEngine:
         """One engine step; False when there was nothing to run."""
         now = self._clock()
         self._retire_stopped(now)
-        plan = plan_step(self.config, self.view(now))  # decide
+        plan = plan_step(self.config, self.view(now), self.budget())  # decide
         batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes
         if not batch.chunks:
             return False
         logits = self._forward(batch)  # execute
         if logits is not None:
             self._update(batch, logits)  # fork, choose, stream, retire
+            self._learn(batch, self._clock() - now)
         return True
+
+    def budget(self) -> StepBudget:
+        """The step budget for the next plan: the TPOT target against the step-time model
+        learned so far, or the token budget alone when the model sets no target."""
+        if self.tpot_target_s is None or self.config.mode != "continuous":
+            return TOKENS_ONLY
+        return TpotBudget(self.step_cost.current(), self.tpot_target_s)
+
+    def _learn(self, batch: _Batch, seconds: float) -> None:
+        """Feed one step's measured time (plan to last token streamed: what a running
+        sequence waits between tokens) to the step-time model."""
+        self.step_cost.observe(StepSample(batch.decode_tokens, batch.prefill_tokens, seconds,
+                                          batch.context_tokens))
 
     def view(self, now: float) -> StepView:
         """The engine as the step planner sees it (ended requests already swept out)."""
@@ -248,6 +275,11 @@ class ContinuousEngine:
                              chunk.all_logits)
             )
             batch.owners.append(seq)
+            if chunk.decode:
+                batch.decode_tokens += 1
+                batch.context_tokens += chunk.start_pos
+            else:
+                batch.prefill_tokens += chunk.n_tokens
         self.last_batch_size = len(batch.chunks)
         return batch
 
@@ -518,6 +550,16 @@ class ContinuousEngine:
         for req in self.requests():
             req.finish(RequestStatus.CANCELLED, now, error=error, error_code="shutdown")
         self._retire_stopped(now)
+
+
+def _step_cost_prior(path: str | None) -> StepCost:
+    """The profiled step-time model a spec names, else the rough default."""
+    if path is None:
+        return DEFAULT_STEP_COST
+    try:
+        return StepCost.load(Path(path).expanduser())
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"step_cost_file {path}: {exc}") from exc
 
 
 def _reason_of(status: RequestStatus) -> str:

@@ -163,6 +163,12 @@ class StepLoad:
     prefill_tokens: int
     sequences: int
     """Sequences holding a slot once the plan is applied (running + admitted so far)."""
+    context_tokens: int = 0
+    """KV positions the step's decodes attend to (the decoding sequences' fed tokens)."""
+    held_tokens: int = 0
+    """KV positions the slot-holding sequences hold once their prompts are fed: what
+    their decodes will attend to in the coming steps (running + admitted so far, each
+    fork counted)."""
 
 
 class StepBudget(Protocol):
@@ -315,6 +321,8 @@ class _Draft:
         self.budget = budget
         self.tokens_left = config.max_batch_tokens
         self.decode_tokens = 0
+        self.context_tokens = 0
+        self.held_tokens = sum(max(r.n_fed, r.n_prompt) for r in view.running)
         self.kv = view.kv
         self.chunks: list[PlannedChunk] = []
         self.admissions: list[Admission] = []
@@ -323,6 +331,7 @@ class _Draft:
         for seq in self.view.running:
             if not seq.prefilling and self.tokens_left > 0:
                 self._chunk(seq.slot, seq.n_fed, 1, want_logits=True, decode=True)
+                self.context_tokens += seq.n_fed
         for seq in self.view.running:
             if seq.prefilling and self.tokens_left > 0:
                 self._prefill(seq.slot, seq.n_prompt, seq.n_fed, seq.prompt_logprobs)
@@ -334,6 +343,8 @@ class _Draft:
             decode_tokens=self.decode_tokens,
             prefill_tokens=self.config.max_batch_tokens - self.tokens_left - self.decode_tokens,
             sequences=len(self.view.running) + sum(len(a.slots) for a in self.admissions),
+            context_tokens=self.context_tokens,
+            held_tokens=self.held_tokens,
         )
 
     def _chunk(self, slot: int, start: int, n: int, want_logits: bool, decode: bool,
@@ -372,6 +383,7 @@ class _Draft:
                 return "step_budget"
             slots = free[taken : taken + head.n]
             taken += head.n
+            self.held_tokens += head.n * len(head.prompt_tokens)
             self.kv = kv_after
             reuse = self.config.prefix_reuse and not head.prompt_logprobs
             prefix = self._prefix_for(head.prompt_tokens) if reuse else None

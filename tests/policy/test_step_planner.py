@@ -236,9 +236,13 @@ def test_a_step_budget_sizes_prefill_chunks_and_stops_admissions() -> None:
     assert [a.request_id for a in plan.admissions] == [7]
     assert plan.held_back == "step_budget"
     assert budget.loads == [
-        StepLoad(decode_tokens=1, prefill_tokens=0, sequences=1),  # may 7 start?
-        StepLoad(decode_tokens=1, prefill_tokens=0, sequences=2),  # 7's first chunk
-        StepLoad(decode_tokens=1, prefill_tokens=3, sequences=2),  # may 8 start?
+        # slot 0 has fed 5 (its decode attends to them); 7 adds its 4-token prompt
+        StepLoad(decode_tokens=1, prefill_tokens=0, sequences=1, context_tokens=5,
+                 held_tokens=5),  # may 7 start?
+        StepLoad(decode_tokens=1, prefill_tokens=0, sequences=2, context_tokens=5,
+                 held_tokens=9),  # 7's first chunk
+        StepLoad(decode_tokens=1, prefill_tokens=3, sequences=2, context_tokens=5,
+                 held_tokens=9),  # may 8 start?
     ]
 
 

@@ -2,11 +2,13 @@
 ``forward`` at a time by the continuous-batching engine.
 
 One loaded model is one ``llama_model`` plus one ``llama_context`` with ``n_seq_max``
-sequences; the engine's sequence slots are llama.cpp sequence ids. The KV cache is not
-unified, so each sequence owns its own ``n_ctx / n_seq_max`` cells (llama.cpp rounds
-that up to a multiple of 256). One ``forward`` is one ``llama_decode`` (several if the
-tokens exceed ``n_batch``), with the batch arrays owned by numpy so that filling a
-batch costs a few vectorised writes instead of a Python loop over tokens.
+sequences; the engine's sequence slots are llama.cpp sequence ids. With ``kv_unified``
+the KV cache is one pool of ``n_ctx`` cells that any sequence may fill (so a slot costs
+nothing and concurrency follows the free cells); otherwise each sequence owns its own
+``n_ctx / n_seq_max`` cells (llama.cpp rounds that up to a multiple of 256). One
+``forward`` is one ``llama_decode`` (several if the tokens exceed ``n_batch``), with the
+batch arrays owned by numpy so that filling a batch costs a few vectorised writes instead
+of a Python loop over tokens.
 
 Greedy decoding is deterministic for a given batch composition, but llama.cpp does not
 promise bit-identical logits for the same sequence in a different batch.
@@ -54,10 +56,10 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
             params.n_seq_max = options.n_seq_max
             params.n_batch = params.n_ubatch = options.n_batch
             params.n_threads = params.n_threads_batch = options.n_threads
-            params.kv_unified = False
+            params.kv_unified = options.kv_unified
             # A full-size sliding-window cache keeps every position, so copy_sequence can
-            # share any prefix and release_sequence can trim; with unified=False each
-            # sequence's cells are n_ctx/n_seq_max anyway, so this costs little.
+            # share any prefix and release_sequence can trim; the cells are the same
+            # n_ctx either way, so this costs little.
             params.swa_full = True
             self._ctx = lib.llama_init_from_model(self._model, params)
             if not self._ctx:
@@ -72,6 +74,7 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
         self._mem = lib.llama_get_memory(self._ctx)
         self.n_ctx_total = int(lib.llama_n_ctx(self._ctx))
         self.n_ctx_per_seq = int(lib.llama_n_ctx_seq(self._ctx))
+        self.kv_unified = options.kv_unified
         self.slot_len = [0] * self.n_seq_max
         self._batch = NumpyBatch(lib, self.n_batch)
 
@@ -206,6 +209,10 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
         lib = self._lib
         self._release(dst_slot)
         if n_tokens == 0:
+            return
+        if self.kv_unified:  # one stream: the copy shares the cells of [0, n_tokens)
+            lib.llama_memory_seq_cp(self._mem, src_slot, dst_slot, 0, n_tokens)
+            self.slot_len[dst_slot] = n_tokens
             return
         # Each sequence has its own KV stream, and llama.cpp copies across streams only
         # whole (a partial range fails a GGML_ASSERT and aborts the whole process), so

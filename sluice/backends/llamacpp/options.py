@@ -1,5 +1,6 @@
 """The llamacpp settings of a ``ModelSpec``: validated options, the GGUF file they
-name, and how llama.cpp lays out a non-unified KV cache over the sequences."""
+name, and how llama.cpp lays out its KV cache over the sequences (one pool, or one
+stream per sequence)."""
 
 from __future__ import annotations
 
@@ -36,9 +37,15 @@ class LlamaCppOptions:
     path: str | None = None
     """A GGUF file; ``None`` or ``packaged:gemma-3-270m`` = the packaged default model."""
     n_ctx: int = 4096
-    """Total KV cells, split evenly over the sequences (llama.cpp rounds up to 256 each)."""
+    """Total KV cells: one pool that any sequence may fill (``kv_unified``), or split
+    evenly over the sequences (llama.cpp rounds up to 256 each)."""
     n_seq_max: int = 8
-    """Sequence slots, i.e. the most sequences decoding at once."""
+    """Sequence slots, i.e. the most sequences decoding at once. With a unified pool a
+    slot costs no memory, so this is a ceiling; how many run at once follows the free KV
+    and the engine's step budget."""
+    kv_unified: bool = False
+    """One KV pool shared by every sequence (llama.cpp's ``kv_unified``) instead of a
+    fixed ``n_ctx / n_seq_max`` stream per sequence."""
     n_threads: int = 2
     """CPU threads per decode."""
     n_batch: int = 512
@@ -90,6 +97,7 @@ class LlamaCppOptions:
             n_gpu_layers=gpu,
             verbose=bool(opts.get("verbose", False)),
             extra_bufts=None if extra is None else bool(extra),
+            kv_unified=bool(opts.get("kv_unified", cls.kv_unified)),
             **ints,
         )
 
@@ -98,12 +106,16 @@ class LlamaCppOptions:
 
 
 OPTION_KEYS = frozenset({"path", "n_ctx", "n_seq_max", "n_threads", "n_batch", "chat_template",
-                         "n_gpu_layers", "verbose", "extra_bufts"})
+                         "n_gpu_layers", "verbose", "extra_bufts", "kv_unified"})
 """Every option the llamacpp backend reads (any other key is an error naming it)."""
 
 
-def ctx_layout(n_ctx: int, n_seq_max: int) -> tuple[int, int]:
-    """``(n_ctx_total, n_ctx_per_seq)`` as llama.cpp lays out a non-unified KV cache."""
+def ctx_layout(n_ctx: int, n_seq_max: int, unified: bool = False) -> tuple[int, int]:
+    """``(n_ctx_total, n_ctx_per_seq)`` as llama.cpp lays out the KV cache: a unified pool
+    is one stream that any sequence may fill, else one stream per sequence."""
+    if unified:
+        total = -(-n_ctx // KV_CELL_ALIGN) * KV_CELL_ALIGN
+        return total, total
     per_seq = -(-n_ctx // n_seq_max)
     per_seq = -(-per_seq // KV_CELL_ALIGN) * KV_CELL_ALIGN
     return per_seq * n_seq_max, per_seq

@@ -48,7 +48,8 @@ class LlamaCppTokenizer:
         self._lock: AbstractContextManager[Any] = threading.Lock() if standalone else nullcontext()
         self.vocab_size = int(lib.llama_vocab_n_tokens(self._vocab))
         self.n_seq_max = options.n_seq_max
-        self.n_ctx_total, self.n_ctx_per_seq = ctx_layout(options.n_ctx, options.n_seq_max)
+        self.n_ctx_total, self.n_ctx_per_seq = ctx_layout(options.n_ctx, options.n_seq_max,
+                                                          options.kv_unified)
         self.eos_token_ids = frozenset(
             t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t)
         )

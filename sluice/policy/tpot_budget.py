@@ -1,0 +1,79 @@
+"""A step budget from a latency target: how many sequences decode at once, and how long a
+prefill chunk may be, follow the predicted step time against the model's TPOT target.
+
+``TpotBudget`` is a ``StepBudget`` (``sluice.policy.step_planner``) built on the step-time
+model (``sluice.policy.step_cost``). Every running sequence gets one token per step, so
+its time per output token is the step time; the budget keeps the predicted step within
+``margin × tpot_target_s``:
+
+- **admission**: a waiting request (``n`` choices) starts only if a decode step of every
+  slot-holding sequence plus its ``n``, attending to the KV they will hold once their
+  prompts are fed, is predicted within the target. An engine with nothing running always
+  admits one (a lone sequence is as fast as it can be; refusing it would serve no one).
+- **prefill chunks**: a step's prompt tokens are cut to what fits in the target beside its
+  decodes. A step with no decodes has no TPOT to protect (no limit beyond the token
+  budget); a step whose decodes already fill the target still feeds ``min_prefill_tokens``
+  so that admitted prompts always progress (a bounded overshoot, never a stall).
+
+Pure: no clocks; the engine builds one per step from the current (learned) step cost.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+from sluice.policy.step_cost import StepCost
+from sluice.policy.step_planner import StepLoad, WaitingSeq
+
+DEFAULT_MARGIN = 0.85
+"""Share of the TPOT target a planned step may take: a request's TPOT is the mean of its
+steps, which scatter around the prediction (host noise, sampling work), so planning at
+the target itself would put about half the requests over it."""
+
+
+@dataclass(frozen=True, slots=True)
+class TpotBudget:
+    """Keeps every step's predicted seconds within ``margin × tpot_target_s``."""
+
+    cost: StepCost
+    tpot_target_s: float
+    margin: float = DEFAULT_MARGIN
+    min_prefill_tokens: int = 16
+    """Prompt tokens a step may feed even when its decodes fill the target (progress)."""
+
+    def __post_init__(self) -> None:
+        if not (self.tpot_target_s > 0 and math.isfinite(self.tpot_target_s)):
+            raise ValueError(f"tpot_target_s must be a finite number > 0, got "
+                             f"{self.tpot_target_s!r}")
+        if not 0 < self.margin <= 1:
+            raise ValueError(f"margin must be in (0, 1], got {self.margin!r}")
+        if self.min_prefill_tokens < 1:
+            raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
+
+    @property
+    def step_limit_s(self) -> float:
+        """The longest step the budget plans."""
+        return self.margin * self.tpot_target_s
+
+    def prefill_room_tokens(self, load: StepLoad) -> int:
+        if load.decode_tokens == 0:
+            return sys.maxsize
+        room = self.cost.prefill_room_tokens(self.step_limit_s, load.decode_tokens,
+                                             load.context_tokens) - load.prefill_tokens
+        if load.prefill_tokens == 0:
+            room = max(room, self.min_prefill_tokens)
+        return max(0, room)
+
+    def may_admit(self, load: StepLoad, request: WaitingSeq) -> bool:
+        if load.sequences == 0:
+            return True
+        return self.decode_step_s(load, request) <= self.step_limit_s
+
+    def decode_step_s(self, load: StepLoad, request: WaitingSeq) -> float:
+        """Predicted decode step once ``request`` runs beside the plan's sequences."""
+        return self.cost.predict_s(
+            load.sequences + request.n, 0,
+            load.held_tokens + request.n * len(request.prompt_tokens),
+        )

@@ -1,0 +1,144 @@
+"""The engine under a TPOT target: concurrency follows the step-time model, which it learns
+from the steps it runs (synthetic model, a clock that the forward pass advances)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from sluice.backends.base import ForwardChunk, ModelLoadError, ModelSpec
+from sluice.backends.synthetic import SyntheticGenerative
+from sluice.engine.continuous import ContinuousEngine, EngineConfig
+from sluice.engine.request import Request, RequestStatus, SamplingParams, TokenEvent
+from sluice.policy.step_cost import DEFAULT_STEP_COST, StepCost
+from sluice.policy.step_planner import TOKENS_ONLY
+from sluice.policy.tpot_budget import TpotBudget
+
+_ids = itertools.count(1)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedModel(SyntheticGenerative):
+    """A synthetic model whose forward pass takes ``base_s + per_decode_s`` per decode +
+    ``per_prefill_s`` per prompt token on the shared fake clock."""
+
+    def __init__(self, spec: ModelSpec, clock: Clock, base_s: float, per_decode_s: float,
+                 per_prefill_s: float) -> None:
+        super().__init__(spec)
+        self.clock, self.base_s = clock, base_s
+        self.per_decode_s, self.per_prefill_s = per_decode_s, per_prefill_s
+        self.batch_sizes: list[int] = []
+
+    def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
+        decodes = sum(1 for c in chunks if len(c.tokens) == 1)
+        prefill = sum(len(c.tokens) for c in chunks if len(c.tokens) > 1)
+        self.clock.now += self.base_s + self.per_decode_s * decodes + self.per_prefill_s * prefill
+        self.batch_sizes.append(decodes)
+        return super().forward(chunks)
+
+
+def spec(**fields: Any) -> ModelSpec:
+    options = {"speed_scale": 0.0, "n_seq_max": 16, "n_ctx_per_seq": 64, "kv_unified": True}
+    return ModelSpec("chat", "generative", "synthetic", 1, options=options, **fields)
+
+
+def request(n_prompt: int = 4, max_tokens: int = 12) -> Request:
+    req = Request(
+        request_id=next(_ids), model_id="chat", kind="generative", arrival_s=0.0,
+        prompt_tokens=tuple(range(10, 10 + n_prompt)),
+        params=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+    )
+    req.token_times = []  # type: ignore[attr-defined]
+    req.listeners.append(lambda e: isinstance(e, TokenEvent) and e.token_id >= 0
+                         and req.token_times.append(e.time_s))  # type: ignore[attr-defined]
+    req.mark_queued(0.0)
+    return req
+
+
+def build(model_spec: ModelSpec, per_decode_s: float = 0.010
+          ) -> tuple[ContinuousEngine, TimedModel, list[Request]]:
+    clock = Clock()
+    m = TimedModel(model_spec, clock, base_s=0.002, per_decode_s=per_decode_s,
+                   per_prefill_s=0.0001)
+    retired: list[Request] = []
+    eng = ContinuousEngine(m, EngineConfig(kv_block_tokens=8), clock, retired.append)
+    return eng, m, retired
+
+
+def run(eng: ContinuousEngine, limit: int = 5000) -> None:
+    for _ in range(limit):
+        if not eng.has_work:
+            return
+        eng.step()
+    raise AssertionError("engine did not finish")
+
+
+def test_a_unified_pool_lets_one_sequence_use_the_whole_context() -> None:
+    eng, m, _ = build(spec())
+    assert m.n_ctx_per_seq == m.n_ctx_total == 16 * 64
+    assert eng.kv.max_seq_tokens == m.n_ctx_total
+
+
+def test_without_a_target_every_slot_decodes_at_once() -> None:
+    eng, m, retired = build(spec())
+    assert eng.budget() is TOKENS_ONLY
+    for _ in range(12):
+        eng.add(request())
+    run(eng)
+    assert len(retired) == 12 and max(m.batch_sizes) == 12
+
+
+def test_the_tpot_target_bounds_the_sequences_decoding_at_once(tmp_path: Path) -> None:
+    # Profiled prior: 2 ms + 10 ms per decode. Target 60 ms at margin 0.85 = 51 ms: at
+    # most 4 decodes (42 ms); a fifth would be 52 ms.
+    prior = tmp_path / "cost.json"
+    StepCost(0.002, 0.010, 0.0001).save(prior)
+    eng, m, retired = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
+    assert isinstance(eng.budget(), TpotBudget)
+    reqs = [request() for _ in range(12)]
+    for r in reqs:
+        eng.add(r)
+    run(eng)
+    assert all(r.status == RequestStatus.COMPLETED for r in reqs)
+    assert max(m.batch_sizes) == 4
+    for r in reqs:  # every request's time per output token met the target
+        assert r.final is not None
+        gaps = np.diff(r.token_times)  # type: ignore[attr-defined]
+        assert gaps.max() <= 0.060
+
+
+def test_the_step_model_is_learned_from_measured_steps() -> None:
+    # The prior (3 ms per decode) is wrong: the machine takes 10 ms per decode. Under a
+    # 60 ms target the prior would let 16 decode at once; the learned model brings it
+    # back to 4 within a few refits.
+    eng, m, _ = build(spec(tpot_target_s=0.060))
+    assert eng.step_cost.current() == DEFAULT_STEP_COST
+    for _ in range(3):
+        for _ in range(16):
+            eng.add(request(max_tokens=30))
+        run(eng)
+    learned = eng.step_cost.current()
+    assert learned.per_decode_token_s == pytest.approx(0.010, rel=0.05)
+    assert max(m.batch_sizes[-40:]) == 4
+
+
+def test_a_bad_step_cost_file_fails_the_load_naming_it(tmp_path: Path) -> None:
+    bad = tmp_path / "cost.json"
+    bad.write_text("{}")
+    with pytest.raises(ModelLoadError, match="step_cost_file"):
+        build(spec(step_cost_path=str(bad)))
+    with pytest.raises(ModelLoadError, match="step_cost_file"):
+        build(replace(spec(), step_cost_path=str(tmp_path / "missing.json")))
