@@ -106,7 +106,7 @@ def test_the_tpot_target_bounds_the_sequences_decoding_at_once(tmp_path: Path) -
     # most 4 decodes (42 ms); a fifth would be 52 ms.
     prior = tmp_path / "cost.json"
     StepCost(0.002, 0.010, 0.0001).save(prior)
-    eng, m, retired = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
+    eng, m, _ = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
     assert isinstance(eng.budget(), TpotBudget)
     reqs = [request() for _ in range(12)]
     for r in reqs:
