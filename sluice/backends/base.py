@@ -133,6 +133,13 @@ class Tokenizer(Protocol):
         then cached by the tokenizer)."""
         ...
 
+    def max_token_bytes(self) -> int | None:
+        """The most bytes of input text one token can stand for (the longest piece, special
+        tokens by name), so a text of ``n`` bytes has at least ``n / max_token_bytes()``
+        tokens; ``None`` when no such bound holds. May build the token table: call it off
+        the event loop."""
+        ...
+
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
         """The prompt text for a chat conversation, ending where the assistant replies."""
         ...

@@ -141,6 +141,10 @@ class SyntheticTokenizer:
             return bytes([token_id - SPECIAL_TOKENS])
         return f" w{token_id}".encode()
 
+    def max_token_bytes(self) -> int | None:
+        """One byte per token with ``byte_tokens``; words have no length bound."""
+        return 1 if self.byte_tokens else None
+
     def token_table(self) -> TokenTable:
         names = (b"<eos>", b"<bos>", b"<pad>")
         pieces = [*names, *(self.token_bytes(t) for t in range(SPECIAL_TOKENS, self.vocab_size))]

@@ -61,7 +61,7 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
         for spec in runtime.specs.values():
             if spec.kind == "generative":
                 try:  # a bad model file must not keep the other models from serving
-                    await asyncio.to_thread(runtime.tokenizer, spec.model_id)
+                    await asyncio.to_thread(_warm_tokenizer, runtime, spec.model_id)
                 except Exception as exc:
                     log.error("model %s: tokenizer failed to load: %s", spec.model_id, exc)
         try:  # load the default model now, so /ready means "can serve it"
@@ -100,6 +100,12 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+def _warm_tokenizer(runtime: Runtime, model_id: str) -> None:
+    """Load a generative model's tokenizer and its prompt-length bound (which may build the
+    token table, about a second), so no request waits for either."""
+    runtime.tokenizer(model_id).max_token_bytes()
 
 
 async def _start_grpc(ctx: AppContext) -> Any:

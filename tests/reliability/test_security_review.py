@@ -7,6 +7,7 @@ bounded stop strings on ``/v1/infer``."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from sluice.backends.base import ModelSpec
-from sluice.backends.synthetic import SyntheticBackend
+from sluice.backends.synthetic import SyntheticBackend, SyntheticTokenizer
 from sluice.config import ServerConfig, TenantConfig, hash_key
 from sluice.server.auth import Auth
 from sluice.server.errors import MAX_DETAIL_CHARS, public_text
@@ -270,3 +271,52 @@ def test_public_text_strips_paths_and_bounds_length() -> None:
     assert public_text("C:\\Users\\me\\m.gguf gone") == "<path> gone"
     assert public_text("60 tokens/min, 3/4 done") == "60 tokens/min, 3/4 done"
     assert len(public_text("x" * 10_000)) == MAX_DETAIL_CHARS
+
+
+# -- tokenizing: never on the event loop; a prompt that cannot fit is refused by its length --
+
+
+class _SpyTokenizer(SyntheticTokenizer):
+    """Records the thread of every ``tokenize`` call and the lengths it was given."""
+
+    calls: list[tuple[str, int]] = []
+
+    def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
+        self.calls.append((threading.current_thread().name, len(text)))
+        return super().tokenize(text, add_bos=add_bos, special=special)
+
+
+class _SpyBackend(SyntheticBackend):
+    def load_tokenizer(self, spec: ModelSpec) -> SyntheticTokenizer:
+        return _SpyTokenizer(spec)
+
+
+def test_prompts_are_measured_before_and_tokenized_off_the_event_loop(
+    serve: Callable[..., LiveServer],
+) -> None:
+    _SpyTokenizer.calls.clear()
+    # One token per byte: a prompt of 512 bytes or more cannot fit 512 tokens per sequence.
+    live = serve(config_with(models=[synth_chat(byte_tokens=True, n_ctx_per_seq=512)],
+                             workers={"count": 1}), backends={"synthetic": _SpyBackend()})
+    huge = "x" * 600_000
+    with live.client() as c:
+        for path, body, param in (
+            ("/v1/completions", {"prompt": huge}, "prompt"),
+            ("/v1/infer", {"input": huge}, "input"),
+            ("/v1/infer", {"input": [{"role": "user", "content": huge}]}, "input"),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]},
+             "messages"),
+        ):
+            r = c.post(path, json={"model": CHAT, **body})
+            err = assert_error(r, 400, code="context_length_exceeded", param=param)
+            assert "bytes) has at least" in err["message"], err
+        assert not [n for _, n in _SpyTokenizer.calls if n >= 600_000], "tokenized a huge one"
+        for path, body in (("/v1/completions", {"prompt": "hi there"}),
+                           ("/v1/infer", {"input": "hi there"}),
+                           ("/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "hi"}]})):
+            r = c.post(path, json={"model": CHAT, "max_tokens": 2, "max_new_tokens": 2,
+                                   **body})
+            assert r.status_code == 200, r.text
+    threads = {name for name, _ in _SpyTokenizer.calls}
+    assert threads and live.thread.name not in threads, threads  # never the event loop's

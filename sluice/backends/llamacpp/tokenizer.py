@@ -54,6 +54,7 @@ class LlamaCppTokenizer:
             t for t in range(self.vocab_size) if lib.llama_vocab_is_eog(self._vocab, t)
         )
         self._pieces: dict[int, bytes] = {}
+        self._max_token_bytes: int | None = None
         try:
             self.template: ChatTemplate = pick_template(lib, model, self._vocab,
                                                         options.chat_template)
@@ -107,6 +108,13 @@ class LlamaCppTokenizer:
             if table is None:
                 table = _TABLES[key] = self._build_table()
         return table
+
+    def max_token_bytes(self) -> int | None:
+        """The longest piece of the token table (special tokens by name, as
+        ``tokenize(special=True)`` parses them): 48 bytes for Gemma 3."""
+        if self._max_token_bytes is None:
+            self._max_token_bytes = max(len(p) for p in self.token_table().pieces)
+        return self._max_token_bytes
 
     def _build_table(self) -> TokenTable:
         lib, vocab = self._lib, self._vocab

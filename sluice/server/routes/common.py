@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from sluice.backends.base import ModelSpec, Tokenizer
+from sluice.backends.chat import ChatPrompt, chat_tokens
 from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Final, RequestStatus, SamplingParams, TokenEvent
@@ -156,10 +157,44 @@ def decision_headers(req: RtRequest) -> dict[str, str]:
     return headers
 
 
-async def _tokenize(tok: Tokenizer, text: str, add_bos: bool) -> list[int]:
-    if len(text) < 4096:
-        return tok.tokenize(text, add_bos=add_bos)
-    return await asyncio.to_thread(tok.tokenize, text, add_bos=add_bos)
+def check_prompt_length(tok: Tokenizer, text: str, param: str) -> None:
+    """Refuse (400 ``context_length_exceeded``) a prompt whose length alone proves it cannot
+    fit, before any tokenizing: a token stands for at most ``max_token_bytes()`` bytes, so
+    the text has at least ``bytes / max_token_bytes()`` tokens. Linear in the text, cheap
+    next to tokenizing it (seconds for a megabyte of special-token text on llama.cpp)."""
+    most = tok.max_token_bytes()
+    if most is None:
+        return
+    n_bytes = len(text.encode("utf-8"))
+    least_tokens = -(-n_bytes // most)
+    if least_tokens >= tok.n_ctx_per_seq:
+        raise APIError(
+            400,
+            f"This model's context holds {tok.n_ctx_per_seq} tokens per sequence; the prompt "
+            f"({n_bytes} bytes) has at least {least_tokens}.",
+            param=param, code="context_length_exceeded",
+        )
+
+
+def _bounded_tokenize(tok: Tokenizer, text: str, param: str) -> list[int]:
+    check_prompt_length(tok, text, param)
+    return tok.tokenize(text, add_bos=True)
+
+
+def _bounded_chat_tokens(tok: Tokenizer, prompt: ChatPrompt, param: str) -> list[int]:
+    check_prompt_length(tok, prompt.text, param)
+    return chat_tokens(tok, prompt)
+
+
+async def tokenize_text(tok: Tokenizer, text: str, param: str) -> list[int]:
+    """A text prompt's tokens (BOS first), in a worker thread, never on the event loop;
+    refused by its length first when it cannot fit (``check_prompt_length``)."""
+    return await asyncio.to_thread(_bounded_tokenize, tok, text, param)
+
+
+async def tokenize_chat(tok: Tokenizer, prompt: ChatPrompt, param: str) -> list[int]:
+    """A chat prompt's tokens (user text plain), as ``tokenize_text``."""
+    return await asyncio.to_thread(_bounded_chat_tokens, tok, prompt, param)
 
 
 def _max_tokens(
@@ -347,7 +382,7 @@ async def generative_request(
         tokens = token_ids
     else:
         assert text is not None
-        tokens = await _tokenize(tok, text, add_bos=True)
+        tokens = await tokenize_text(tok, text, names[0])
         if ctx.config.server.log_content:
             access.note_prompt(text)
     n = _max_tokens(ctx, tok, len(tokens), max_tokens, names)

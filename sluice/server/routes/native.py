@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sluice.backends.chat import chat_tokens
 from sluice.server.errors import APIError, bad_param, public_text, unknown_model
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
@@ -16,6 +15,7 @@ from sluice.server.routes.common import (
     generative_request,
     one_shot,
     run_generative,
+    tokenize_chat,
     tokenizer_of,
 )
 from sluice.server.schemas import InferRequest
@@ -50,9 +50,10 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
     ids: list[int] | None = None
     if not isinstance(body.input, str):
         try:
-            ids = chat_tokens(tok, tok.apply_chat([m.as_dict() for m in body.input]))
+            prompt = tok.apply_chat([m.as_dict() for m in body.input])
         except ValueError as exc:
             raise bad_param("input", f"Invalid messages: {public_text(str(exc))}") from None
+        ids = await tokenize_chat(tok, prompt, "input")
     req = await generative_request(
         ctx, request.headers, body.model, tenant, text=text, token_ids=ids,
         max_tokens=body.max_new_tokens,

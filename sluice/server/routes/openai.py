@@ -10,8 +10,6 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sluice.backends.base import Tokenizer
-from sluice.backends.chat import ChatPrompt, chat_tokens
 from sluice.server import access
 from sluice.server.errors import bad_param, public_text, unknown_model
 from sluice.server.params import checked, format_constraint, sampling_kwargs, tool_plan
@@ -27,18 +25,13 @@ from sluice.server.routes.common import (
     one_shot,
     run_generative,
     spec_of_kind,
+    tokenize_chat,
     tokenizer_of,
 )
 from sluice.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from sluice.server.shapes import ChatShape, CompletionShape, TokenText
 
 router = APIRouter(tags=["openai"])
-
-
-async def _chat_tokens(tok: Tokenizer, prompt: ChatPrompt) -> list[int]:
-    if len(prompt.text) < 4096:
-        return chat_tokens(tok, prompt)
-    return await asyncio.to_thread(chat_tokens, tok, prompt)
 
 
 @router.post("/v1/chat/completions", responses=ERROR_RESPONSES)
@@ -66,7 +59,7 @@ async def chat_completions(
                             else await asyncio.to_thread(checked, constraint, tok, param))
     req = await generative_request(
         ctx, request.headers, body.model, tenant, text=None,
-        token_ids=await _chat_tokens(tok, prompt),
+        token_ids=await tokenize_chat(tok, prompt, "messages"),
         max_tokens=body.max_completion_tokens or body.max_tokens, params=params,
         priority=body.priority, deadline_ms=body.deadline_ms,
         names=("messages", "max_completion_tokens" if body.max_completion_tokens
