@@ -222,6 +222,9 @@ class TenantConfig(_Strict):
         """The ceiling: the smallest priority class a request of this tenant gets."""
         return self.priority if self.priority_ceiling is None else self.priority_ceiling
     default_deadline_ms: float | None = Field(default=None, gt=0)
+    default_ttft_deadline_ms: float | None = Field(default=None, gt=0)
+    """First-token deadline of the tenant's generative requests that bring none (before
+    the model's ``ttft_deadline_ms``)."""
     limits: TenantLimits = Field(default_factory=TenantLimits)
 
     def all_api_keys(self) -> list[str]:

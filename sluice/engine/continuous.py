@@ -50,9 +50,11 @@ from sluice.engine.request import (
     RequestStatus,
     TokenEvent,
     TokenLogprob,
+    expired_what,
 )
 from sluice.engine.sampling import SamplingError, sample_token
 from sluice.engine.textstream import TextStream
+from sluice.policy.admission import clamp_retry_after
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost, StepSample
 from sluice.policy.step_planner import (
@@ -71,6 +73,11 @@ from sluice.policy.step_planner import (
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.ttft import LineEntry, TtftPrediction, max_concurrency, predict_ttft
+
+DEFAULT_NEW_TOKENS_GUESS = 128
+"""Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
+sequences is estimated for a TTFT prediction."""
 
 __all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig"]
 
@@ -197,12 +204,60 @@ class ContinuousEngine:
         elif self.kv.blocks_needed(need) * n > self.kv.total_blocks:
             self._refuse(req, f"{n} choices of prompt + max_tokens ({need} tokens) exceed "
                               "the model's KV cache", "context_length_exceeded")
+        elif (late := self._late_start(req)) is not None:
+            now = self._clock()
+            ttft, retry_s = late
+            left_s = (req.ttft_deadline_s or now) - now
+            req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
+                       error=f"first-token deadline infeasible: predicted first token in "
+                             f"{ttft.ttft_s:.3g} s (a slot frees in {ttft.start_wait_s:.3g} s "
+                             f"at {ttft.concurrency} sequences, {ttft.decode_step_s * 1000:.0f}"
+                             f" ms a step), {left_s:.3g} s left; retry in {retry_s:.3g} s",
+                       retry_after_s=retry_s)
+            self._on_retire(req)
         else:
             self.waiting.append(req)
 
     def _refuse(self, req: Request, error: str, code: str) -> None:
         req.finish(RequestStatus.FAILED, self._clock(), error=error, error_code=code)
         self._on_retire(req)
+
+    def predict_ttft(self, prompt_tokens: int, n: int = 1) -> TtftPrediction:
+        """When a request with this prompt, arriving now, would get its first token: the
+        waiting line and the running sequences against the learned step-time model."""
+        cost = self.step_cost.current()
+        running = [LineEntry(max(0, s.n_prompt - s.n_fed),
+                             max(0, s.req.params.max_tokens - s.generated))
+                   for s in self.running.values()]
+        running += [LineEntry(0, g.req.params.max_tokens, len(g.fork_slots))
+                    for g in self._groups.values() if g.fork_slots]
+        waiting = [LineEntry(len(r.prompt_tokens), r.params.max_tokens, max(1, r.params.n))
+                   for r in self.waiting]
+        held = [s.n_fed for s in self.running.values()] or [prompt_tokens]
+        context = sum(held) / len(held)
+        limit = None
+        if self.tpot_target_s is not None:
+            limit = TpotBudget(cost, self.tpot_target_s).step_limit_s
+        slots = min(self.model.n_seq_max,
+                    max(1, self.kv.total_blocks // max(1, self.kv.blocks_needed(
+                        prompt_tokens + DEFAULT_NEW_TOKENS_GUESS))))
+        concurrency = max_concurrency(cost, limit, slots, context)
+        return predict_ttft(cost, concurrency=concurrency, context_tokens_per_seq=context,
+                            running=running, waiting=waiting, new_prompt_tokens=prompt_tokens,
+                            new_n=n)
+
+    def _late_start(self, req: Request) -> tuple[TtftPrediction, float] | None:
+        """For a request with a first-token deadline predicted to be missed: the prediction
+        and a Retry-After (when the line ahead will have drained enough); else None."""
+        if req.ttft_deadline_s is None:
+            return None
+        now = self._clock()
+        ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n))
+        if now + ttft.ttft_s <= req.ttft_deadline_s:
+            return None
+        allowed_s = req.ttft_deadline_s - req.arrival_s
+        retry_s = clamp_retry_after(ttft.ttft_s - allowed_s, 1.0, 60.0)
+        return ttft, retry_s
 
     @property
     def has_work(self) -> bool:
@@ -422,12 +477,13 @@ class ContinuousEngine:
 
     def _accept(self, seq: _Sequence, pick: Pick, now: float) -> None:
         params = seq.req.params
-        deadline = seq.req.deadline_s
-        if deadline is not None and now >= deadline:
-            # The pass ended past the deadline: its token is not delivered, so a request
-            # either completes in time or ends expired, never completes late.
+        if seq.req.missed_start(now):
+            # The pass ended past the deadline (or the first-token deadline, before the
+            # first token): its token is not delivered, so a request either completes in
+            # time or ends expired, never completes late.
             self._end(seq.group, RequestStatus.EXPIRED, now,
-                      error="deadline passed while running", error_code="deadline")
+                      error=f"{expired_what(seq.req, now)} passed while running",
+                      error_code="deadline")
             return
         token = pick.token
         grammar = seq.chooser.grammar
@@ -521,16 +577,18 @@ class ContinuousEngine:
                 self._end(group, req.status, now)
             elif req.cancel_requested:
                 self._end(group, RequestStatus.CANCELLED, now, error="cancelled by client")
-            elif req.deadline_s is not None and now >= req.deadline_s:
+            elif req.missed_start(now):
                 self._end(group, RequestStatus.EXPIRED, now,
-                          error="deadline passed while running", error_code="deadline")
+                          error=f"{expired_what(req, now)} passed while running",
+                          error_code="deadline")
         keep: deque[Request] = deque()
         for req in self.waiting:
             if req.cancel_requested:
                 req.finish(RequestStatus.CANCELLED, now, error="cancelled by client")
-            elif req.deadline_s is not None and now >= req.deadline_s:
+            elif req.missed_start(now):
                 req.finish(
-                    RequestStatus.EXPIRED, now, error="deadline passed while waiting for KV",
+                    RequestStatus.EXPIRED, now,
+                    error=f"{expired_what(req, now)} passed while waiting for a slot",
                     error_code="deadline",
                 )
             if req.is_terminal:

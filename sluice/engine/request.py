@@ -138,6 +138,8 @@ class Final:
     """Every choice when n > 1 (index order); () when n == 1."""
     prompt_logprobs: tuple[TokenLogprob | None, ...] = ()
     """When params.prompt_logprobs (first None)."""
+    retry_after_s: float | None = None
+    """A refusal's computed suggestion of when to retry (``None``: no suggestion)."""
 
 
 Event = TokenEvent | Final
@@ -176,6 +178,9 @@ class Request:
     tenant_id: str = "default"
     priority: int = 5
     deadline_s: float | None = None
+    ttft_deadline_s: float | None = None
+    """Generative: when its first token is due; one that cannot start in time is refused
+    (``deadline_infeasible``) or ended (``deadline``), never left waiting past it."""
     listeners: list[Listener] = field(default_factory=list)
     # Decision record, filled as the request moves through the system.
     worker_id: int | None = None
@@ -196,6 +201,20 @@ class Request:
     @property
     def is_terminal(self) -> bool:
         return self.status.is_terminal
+
+    @property
+    def start_by_s(self) -> float | None:
+        """The time past which it is no use starting it or letting it wait on: its
+        deadline, or its first-token deadline while no token has come."""
+        ttft = self.ttft_deadline_s if self.times.first_token_s is None else None
+        if ttft is None or (self.deadline_s is not None and self.deadline_s < ttft):
+            return self.deadline_s
+        return ttft
+
+    def missed_start(self, now: float) -> bool:
+        """Whether ``now`` is past ``start_by_s``."""
+        start_by = self.start_by_s
+        return start_by is not None and now >= start_by
 
     def mark_queued(self, now: float) -> bool:
         """RECEIVED → QUEUED; False if the request already ended."""
@@ -256,11 +275,7 @@ def total_tokens_estimate(prompt_tokens: Sequence[int], params: SamplingParams) 
 
 def is_stopped(req: Request, now: float) -> bool:
     """Whether ``req`` must not start: ended, cancelled, or past its deadline."""
-    return (
-        req.is_terminal
-        or req.cancel_requested
-        or (req.deadline_s is not None and now >= req.deadline_s)
-    )
+    return req.is_terminal or req.cancel_requested or req.missed_start(now)
 
 
 def end_stopped(req: Request, now: float, where: str) -> None:
@@ -268,6 +283,14 @@ def end_stopped(req: Request, now: float, where: str) -> None:
     ``where`` completes the message, e.g. ``"while queued at the worker"``."""
     if req.cancel_requested:
         req.finish(RequestStatus.CANCELLED, now, error=f"cancelled {where}")
-    elif req.deadline_s is not None and now >= req.deadline_s:
-        req.finish(RequestStatus.EXPIRED, now, error=f"deadline passed {where}",
+    elif req.missed_start(now):
+        req.finish(RequestStatus.EXPIRED, now, error=f"{expired_what(req, now)} passed {where}",
                    error_code="deadline")
+
+
+def expired_what(req: Request, now: float) -> str:
+    """Which deadline ``req`` has missed at ``now``: ``deadline`` or ``first-token
+    deadline``."""
+    if req.deadline_s is not None and now >= req.deadline_s:
+        return "deadline"
+    return "first-token deadline"

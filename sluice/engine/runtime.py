@@ -33,7 +33,14 @@ from sluice.backends.base import Backend, ModelSpec, Tokenizer
 from sluice.backends.faults import FaultInjector, FaultPlan
 from sluice.engine.bridge import AsyncHandle
 from sluice.engine.observer import Observer
-from sluice.engine.request import Event, Final, Request, RequestStatus, SamplingParams
+from sluice.engine.request import (
+    Event,
+    Final,
+    Request,
+    RequestStatus,
+    SamplingParams,
+    expired_what,
+)
 from sluice.engine.supervisor import Recovery, Supervisor, WorkerStatus
 from sluice.engine.variants import GroupSpec, PlannerObserver, VariantPlanner
 from sluice.engine.worker import Worker, WorkerConfig, WorkerState
@@ -246,23 +253,30 @@ class Runtime:
         tenant_id: str = "default",
         priority: int = 5,
         deadline_s: float | None = None,
+        ttft_deadline_s: float | None = None,
     ) -> Request:
         """A request with a fresh id, not yet submitted (attach listeners, then submit).
-        ``model_id`` may name a model group: the planner picks the variant at submission."""
+        ``model_id`` may name a model group: the planner picks the variant at submission.
+        A generative request without a first-token deadline gets its model's default
+        (``ModelSpec.ttft_deadline_s`` after arrival), if it has one."""
         spec = self.spec_for(model_id)
         if spec is None:
             raise KeyError(model_id)
+        now = self.clock()
+        if ttft_deadline_s is None and spec.ttft_deadline_s is not None:
+            ttft_deadline_s = now + spec.ttft_deadline_s
         return Request(
             request_id=next(self._ids),
             model_id=model_id,
             kind=spec.kind,
-            arrival_s=self.clock(),
+            arrival_s=now,
             prompt_tokens=tuple(prompt_tokens),
             input=input,
             params=params or SamplingParams(),
             tenant_id=tenant_id,
             priority=priority,
             deadline_s=deadline_s,
+            ttft_deadline_s=ttft_deadline_s if spec.kind == "generative" else None,
         )
 
     def try_submit(self, req: Request) -> Rejection | None:
@@ -451,8 +465,9 @@ class Runtime:
                 if req.kind == "generative" else 1,
             )
         )
-        if req.deadline_s is not None:
-            heapq.heappush(self._deadlines, (req.deadline_s, req.request_id))
+        start_by = req.start_by_s
+        if start_by is not None:
+            heapq.heappush(self._deadlines, (start_by, req.request_id))
         self._cv.notify_all()
 
     def _on_event(self, req: Request) -> Callable[[Event], None]:
@@ -544,7 +559,8 @@ class Runtime:
             _, request_id = heapq.heappop(self._deadlines)
             req = self._live.get(request_id)
             if req is not None and self._scheduler.remove(request_id) is not None:
-                req.finish(RequestStatus.EXPIRED, now, error="deadline passed while queued",
+                req.finish(RequestStatus.EXPIRED, now,
+                           error=f"{expired_what(req, now)} passed while queued",
                            error_code="deadline")
 
     def _replan_queued(self, now: float) -> None:

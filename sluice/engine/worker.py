@@ -375,9 +375,9 @@ class Worker:
             w = engine.next_wakeup_s(now)
             if w is not None:
                 wake.append(w)
-            wake.extend(r.deadline_s for r in engine.waiting if r.deadline_s is not None)
+            wake.extend(t for t in (r.start_by_s for r in engine.waiting) if t is not None)
         with self._cv:
-            wake.extend(r.deadline_s for r, _ in self._inbox if r.deadline_s is not None)
+            wake.extend(t for t in (r.start_by_s for r, _ in self._inbox) if t is not None)
             if not self._dirty and not self._stopping and not self._controls:
                 wait_s = max(0.0, min(wake) - now)
                 self._beat("idle", wait_s + self.config.watchdog_s)

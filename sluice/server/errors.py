@@ -124,15 +124,17 @@ FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
 }
 
 
-def final_error(code: str | None, message: str | None, status_name: str) -> APIError:
-    """The HTTP error for a request that ended without completing."""
+def final_error(code: str | None, message: str | None, status_name: str,
+                retry_after_s: float | None = None) -> APIError:
+    """The HTTP error for a request that ended without completing (a 503's Retry-After is
+    ``retry_after_s`` when the runtime computed one)."""
     if status_name == "CANCELLED" and code is None:
         return APIError(499, message or "cancelled", type="cancelled", code="cancelled")
     if status_name == "EXPIRED":
         code = "deadline"
     status, etype, public = FINAL_STATUS.get(code or "", (500, "server_error",
                                                           "Internal error."))
-    retry = 1.0 if status == 503 else None
+    retry = (retry_after_s if retry_after_s is not None else 1.0) if status == 503 else None
     if public is None and message:
         public = public_text(message)
         if public != message:

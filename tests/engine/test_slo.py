@@ -142,3 +142,61 @@ def test_a_bad_step_cost_file_fails_the_load_naming_it(tmp_path: Path) -> None:
         build(spec(step_cost_path=str(bad)))
     with pytest.raises(ModelLoadError, match="step_cost_file"):
         build(replace(spec(), step_cost_path=str(tmp_path / "missing.json")))
+
+
+# -- first-token deadlines --------------------------------------------------------------
+
+
+def with_ttft(req: Request, ttft_deadline_s: float) -> Request:
+    req.ttft_deadline_s = ttft_deadline_s
+    return req
+
+
+def test_a_request_predicted_to_miss_its_first_token_deadline_is_refused_at_once(
+        tmp_path: Path) -> None:
+    # 2 ms + 10 ms per decode under 60 ms: 4 run at once (the prior is exact here).
+    prior = tmp_path / "cost.json"
+    StepCost(0.002, 0.010, 0.0001).save(prior)
+    eng, _, retired = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
+    busy = [request(max_tokens=40) for _ in range(4)]
+    for r in busy:
+        eng.add(r)
+    eng.step()  # all four start
+    # A slot frees after 40 more steps of 42 ms (~1.7 s): a 1 s first-token deadline
+    # cannot be met, a 3 s one can.
+    late = with_ttft(request(), eng._clock() + 1.0)
+    eng.add(late)
+    assert late.status == RequestStatus.REJECTED and late in retired
+    assert late.final is not None and late.final.error_code == "deadline_infeasible"
+    assert late.final.retry_after_s is not None and late.final.retry_after_s >= 0.5
+    assert "first-token deadline infeasible" in (late.final.error or "")
+    ok = with_ttft(request(), eng._clock() + 3.0)
+    eng.add(ok)
+    assert ok.status == RequestStatus.QUEUED
+    run(eng)
+    assert ok.status == RequestStatus.COMPLETED
+    assert ok.times.first_token_s is not None and ok.times.first_token_s <= 3.0
+
+
+def test_no_request_waits_past_its_first_token_deadline_unanswered(tmp_path: Path) -> None:
+    # The prior says 1 ms per decode, the machine takes 10: predictions let requests in
+    # that then cannot start in time; they end at their deadline, not later.
+    prior = tmp_path / "cost.json"
+    StepCost(0.0, 0.001, 0.00001).save(prior)
+    eng, _, _ = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
+    eng.step_cost = type(eng.step_cost)(StepCost(0.0, 0.001, 0.00001), min_samples=10**6)
+    reqs = [with_ttft(request(max_tokens=30), 0.5) for _ in range(40)]
+    for r in reqs:
+        eng.add(r)
+    run(eng)
+    for r in reqs:
+        assert r.final is not None
+        if r.times.first_token_s is not None:
+            assert r.times.first_token_s <= 0.5 + 1e-9
+        else:
+            assert r.status in (RequestStatus.EXPIRED, RequestStatus.REJECTED)
+            assert r.times.finished_s is not None
+            # answered by the first step that ended past its deadline (a step: <= 0.2 s)
+            assert r.times.finished_s <= 0.5 + 0.2
+    assert any(r.status == RequestStatus.EXPIRED for r in reqs)
+    assert any(r.status == RequestStatus.COMPLETED for r in reqs)

@@ -138,6 +138,17 @@ def controls(
     return priority, deadline_s
 
 
+def ttft_deadline(ctx: AppContext, headers: Mapping[str, str],
+                  tenant: TenantConfig) -> float | None:
+    """A generative request's absolute first-token deadline: the ``x-sluice-ttft-deadline-ms``
+    header (or gRPC metadata), then the tenant's default; ``None`` leaves the model's
+    default (``ttft_deadline_ms``) to the runtime."""
+    ms = _header_number(headers, "x-sluice-ttft-deadline-ms", 0, 86_400_000)
+    if ms is None:
+        ms = tenant.default_ttft_deadline_ms
+    return None if ms is None else ctx.runtime.clock() + ms / 1000.0
+
+
 def decision_headers(req: RtRequest) -> dict[str, str]:
     """The ``x-sluice-*`` headers that say how the runtime decided (id, tenant, priority
     served at, worker, queue wait, route, variant, predicted wait)."""
@@ -276,7 +287,7 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
 
 def final_api_error(final: Final) -> APIError:
     """The error for a request that ended without completing."""
-    return final_error(final.error_code, final.error, final.status.name)
+    return final_error(final.error_code, final.error, final.status.name, final.retry_after_s)
 
 
 async def run_generative(
@@ -394,6 +405,7 @@ async def generative_request(
         tenant_id=tenant.id,
         priority=prio,
         deadline_s=deadline_s,
+        ttft_deadline_s=ttft_deadline(ctx, headers, tenant),
     )
 
 

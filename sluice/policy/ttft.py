@@ -1,0 +1,91 @@
+"""When would a new generative request get its first token? A prediction from the waiting
+line and the step-time model, for refusing at once what would miss its TTFT deadline.
+
+The engine runs up to ``concurrency`` sequences at once, each getting one token per decode
+step of ``decode_step_s``. A slot frees when its sequence has generated its remaining
+tokens (``max_tokens`` less those generated: an upper bound, since EOS or a stop string
+may end it sooner, so the prediction errs towards refusing). The waiting line takes free
+slots in its order; each holds its slot for its prefill plus its whole budget of decode
+steps. The new request takes the slot after them and gets its first token one prefill and
+one step later. This is the event simulation of that (a min-heap of slot release times),
+O(line × log concurrency).
+
+Pure: no clocks; times are seconds from now.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sluice.policy.step_cost import StepCost
+
+
+@dataclass(frozen=True, slots=True)
+class LineEntry:
+    """A request ahead of the new one, running or waiting."""
+
+    prompt_tokens: int
+    """Prompt tokens still to feed (0 once its prefill is done)."""
+    tokens_left: int
+    """Tokens it may still generate (each of its ``n`` choices, which run side by side)."""
+    n: int = 1
+    """Slots it holds (its choices)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TtftPrediction:
+    """The predicted first-token time of a new request, and the numbers behind it."""
+
+    ttft_s: float
+    """Seconds from now to its first token."""
+    start_wait_s: float
+    """Seconds from now until a slot is free for it."""
+    decode_step_s: float
+    concurrency: int
+
+
+def max_concurrency(cost: StepCost, step_limit_s: float | None, slots: int,
+                    context_tokens_per_seq: float) -> int:
+    """How many sequences may decode at once: the most (up to ``slots``) whose decode step,
+    each attending to ``context_tokens_per_seq`` positions, stays within ``step_limit_s``
+    (at least 1; ``slots`` without a limit)."""
+    if step_limit_s is None:
+        return max(1, slots)
+    best = 1
+    for n in range(1, slots + 1):
+        if cost.predict_s(n, 0, int(n * context_tokens_per_seq)) > step_limit_s:
+            break
+        best = n
+    return best
+
+
+def predict_ttft(cost: StepCost, *, concurrency: int, context_tokens_per_seq: float,
+                 running: Sequence[LineEntry], waiting: Sequence[LineEntry],
+                 new_prompt_tokens: int, new_n: int = 1) -> TtftPrediction:
+    """The first-token time of a request with a ``new_prompt_tokens`` prompt arriving now,
+    behind ``running`` (holding slots) and ``waiting`` (in line, in order)."""
+    concurrency = max(1, concurrency, new_n)
+    step_s = cost.predict_s(concurrency, 0, int(concurrency * context_tokens_per_seq))
+    per_prefill = cost.per_prefill_token_s
+    releases: list[float] = []
+    for entry in running:
+        done_s = entry.prompt_tokens * per_prefill + entry.tokens_left * step_s
+        releases.extend([done_s] * entry.n)
+    free = concurrency - len(releases)
+    releases.extend([0.0] * max(0, free))
+    heapq.heapify(releases)
+    for entry in waiting:
+        start = max(_take(releases) for _ in range(min(entry.n, concurrency)))
+        done_s = start + entry.prompt_tokens * per_prefill + entry.tokens_left * step_s
+        for _ in range(min(entry.n, concurrency)):
+            heapq.heappush(releases, done_s)
+    start_s = max(_take(releases) for _ in range(min(new_n, concurrency)))
+    ttft = start_s + new_prompt_tokens * per_prefill + step_s
+    return TtftPrediction(ttft, start_s, step_s, concurrency)
+
+
+def _take(releases: list[float]) -> float:
+    """The earliest slot release (the heap holds at least one per slot)."""
+    return heapq.heappop(releases)
