@@ -57,6 +57,9 @@ from sluice.policy.scheduler import make_scheduler
 from sluice.policy.types import QueueItem
 
 IDLE_POLL_S = 0.5
+DEADLINE_SLACK = 64
+"""Deadline-heap entries of finished requests tolerated before a purge (see
+``Runtime._purge_deadlines``)."""
 MAX_SUPERVISOR_POLL_S = 0.25
 """The supervisor checks heartbeats at least this often (a death wakes it at once)."""
 
@@ -485,6 +488,7 @@ class Runtime:
             self.variants.finished(req)
             with self._cv:
                 self._live.pop(req.request_id, None)
+                self._purge_deadlines()
                 self._settle_share(req, event)
                 if event.status == RequestStatus.COMPLETED:
                     self._completions.record(now)
@@ -553,6 +557,21 @@ class Runtime:
                     if self._deadlines:
                         wait = min(wait, max(0.0, self._deadlines[0][0] - now))
                     self._cv.wait(wait)
+
+    def _purge_deadlines(self) -> None:
+        """Drop the deadline entries of finished requests once they outnumber the live ones,
+        so the heap holds at most ``2 * live + DEADLINE_SLACK`` entries however far off the
+        deadlines are (amortised O(1) per request). Under ``self._cv``."""
+        if len(self._deadlines) <= 2 * len(self._live) + DEADLINE_SLACK:
+            return
+        self._deadlines = [e for e in self._deadlines if e[1] in self._live]
+        heapq.heapify(self._deadlines)
+
+    @property
+    def deadline_entries(self) -> int:
+        """Entries in the deadline heap (at most ``2 * live + DEADLINE_SLACK``)."""
+        with self._cv:
+            return len(self._deadlines)
 
     def _expire_queued(self, now: float) -> None:
         while self._deadlines and self._deadlines[0][0] <= now:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ from sluice.config import ServerConfig, TenantConfig, hash_key
 from sluice.server.auth import Auth
 from sluice.server.errors import MAX_DETAIL_CHARS, public_text
 from sluice.server.schemas import MAX_STOP, MAX_STOP_CHARS
-from tests.server.live import LiveServer, assert_error, config_with, synth_chat, synth_embed
+from tests.server.live import (
+    LiveServer,
+    assert_error,
+    config_with,
+    synth_chat,
+    synth_embed,
+    wait_for,
+)
 
 CHAT = "synth-chat"
 
@@ -320,3 +328,29 @@ def test_prompts_are_measured_before_and_tokenized_off_the_event_loop(
             assert r.status_code == 200, r.text
     threads = {name for name, _ in _SpyTokenizer.calls}
     assert threads and live.thread.name not in threads, threads  # never the event loop's
+
+
+# -- the deadline heap: bounded by the live requests ----------------------------------------
+
+
+def test_the_deadline_heap_tracks_the_live_requests(serve: Callable[..., LiveServer]) -> None:
+    from sluice.engine.runtime import DEADLINE_SLACK
+
+    live = serve(config_with(models=[synth_chat()], workers={"count": 1}))
+    runtime = live.runtime
+    day_ms = 86_400_000  # the longest deadline a request may carry
+    with live.client() as c:
+        for i in range(6 * DEADLINE_SLACK):
+            r = c.post("/v1/infer", json={"model": CHAT, "input": "hi", "max_new_tokens": 1,
+                                          "deadline_ms": day_ms})
+            assert r.status_code == 200, r.text
+            # every request finished, its deadline a day off: the heap still stays small
+            assert runtime.deadline_entries <= 2 * runtime.snapshot().live_requests \
+                + DEADLINE_SLACK + 1, i
+        with ThreadPoolExecutor(8) as pool:  # and with requests in flight together
+            codes = list(pool.map(lambda _: c.post("/v1/infer", json={
+                "model": CHAT, "input": "hi", "max_new_tokens": 3,
+                "deadline_ms": day_ms}).status_code, range(200)))
+        assert codes == [200] * 200
+        wait_for(lambda: runtime.snapshot().live_requests == 0)
+    assert runtime.deadline_entries <= DEADLINE_SLACK + 1
