@@ -167,6 +167,8 @@ class Runtime:
         self._dispatcher = Dispatcher(self._scheduler, self._router)
         self._deadlines: list[tuple[float, int]] = []
         self._live: dict[int, Request] = {}
+        self._moving: set[int] = set()
+        """Requests in an inbox whose move to another variant the worker has yet to make."""
         self._charged: dict[int, int] = {}
         """Dispatched requests → the tokens their pop charged to their tenant's fair share."""
         self._ids = itertools.count(1)
@@ -585,23 +587,46 @@ class Runtime:
     def _replan_queued(self, now: float) -> None:
         """Queued group requests whose predicted finish now misses their deadline move to
         a faster variant (keeping their place), or fail now with ``deadline_infeasible``
-        instead of expiring in the queue. Under ``self._cv``."""
-        if not self.variants.groups or not len(self._scheduler):
+        instead of expiring in the queue. In the scheduler the move is made here; in a
+        worker's inbox the worker makes it on its thread, between batches. Under
+        ``self._cv``."""
+        if not self.variants.groups or not self._live:
             return
-        for req, variant in self.variants.replan(now, self._scheduler.__contains__):
-            item = self._scheduler.remove(req.request_id)
-            if item is None:
-                continue
+        for req, variant in self.variants.replan(now, self._movable):
             group_id = self.variants.group_of(req.model_id)
             if variant is None:
+                if self._scheduler.remove(req.request_id) is None and req.worker_id is None:
+                    continue
                 self.observer.planned(group_id, None, "deadline_infeasible")
                 req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
                            error=f"deadline infeasible for group {group_id}: queued on "
                                  f"{req.model_id}, no variant can finish it in time now")
                 continue
-            self.variants.moved(req, variant)
-            self._scheduler.push(dataclasses.replace(item, model_id=variant))
+            item = self._scheduler.remove(req.request_id)
+            if item is not None:
+                self.variants.moved(req, variant)
+                self._scheduler.push(dataclasses.replace(item, model_id=variant))
+            elif req.worker_id is not None:
+                self._moving.add(req.request_id)
+                self.variants.moved(req, variant, apply=False)
+                done = self.workers[req.worker_id].retarget(
+                    req, functools.partial(self.variants.apply_move, req, variant))
+                done.add_done_callback(functools.partial(self._moved, req.request_id))
+            else:
+                continue
             self.observer.planned(group_id, variant, "replanned")
+
+    def _movable(self, request_id: int) -> bool:
+        """Queued (in the scheduler, or waiting in an inbox with no move pending)."""
+        if request_id in self._scheduler:
+            return True
+        req = self._live.get(request_id)
+        return (req is not None and req.worker_id is not None
+                and req.status == RequestStatus.QUEUED and request_id not in self._moving)
+
+    def _moved(self, request_id: int, _: object) -> None:
+        with self._cv:
+            self._moving.discard(request_id)
 
     def _dispatch(self, now: float) -> bool:
         """Route queued requests while the queue is non-empty and some inbox has room (the

@@ -133,12 +133,19 @@ class VariantPlanner:
             self._prune()
             return [(self._queued[rid], v) for rid, v in self.tracker.replan(now, movable)]
 
-    def moved(self, req: Request, variant: str) -> None:
-        """``req`` (queued) now runs on ``variant``."""
+    def moved(self, req: Request, variant: str, apply: bool = True) -> None:
+        """``req`` (queued) will run on ``variant``: the tracker plans with it from now
+        on; ``apply``: also rewrite the request (else ``apply_move`` does, later, on the
+        thread that owns it)."""
         with self._lock:
             self.tracker.moved(req.request_id, variant)
-            req.model_id = variant
-            req.variant = variant
+        if apply:
+            self.apply_move(req, variant)
+
+    @staticmethod
+    def apply_move(req: Request, variant: str) -> None:
+        req.model_id = variant
+        req.variant = variant
 
     def batch_started(self, worker_id: int, model_id: str, size: int) -> None:
         with self._lock:

@@ -238,6 +238,21 @@ class Worker:
             self._cv.notify()
         return fut
 
+    def retarget(self, req: Request, apply: Callable[[], None]) -> Future[Any]:
+        """Run ``apply`` (which changes ``req``'s model) on the worker thread between
+        batches, if ``req`` is still waiting in this inbox then; the Future's result says
+        whether it ran. (The worker reads a waiting request's model only on its thread,
+        so a change made there cannot split a batch it is forming.)"""
+        def run() -> bool:
+            with self._cv:
+                waiting = any(r is req for r, _ in self._inbox)
+            if waiting and not req.is_terminal:
+                apply()
+                return True
+            return False
+
+        return self.call(run)
+
     def stop(self) -> None:
         """Cancel what is left and end the thread (the runtime drains first)."""
         with self._cv:

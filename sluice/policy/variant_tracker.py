@@ -62,7 +62,8 @@ class VariantTracker:
         self.info = {v: variants[v] for v in self.group_of}
         self.arrivals = {g: RateMeter(ARRIVAL_WINDOW_S, MIN_RATE_SPAN_S) for g in self.groups}
         self.in_system = dict.fromkeys(self.group_of, 0)
-        self._counted: set[int] = set()
+        self._counted: dict[int, str] = {}
+        """Request → the variant it is counted under in ``in_system``."""
         self.service = {v: ServiceEstimator(info.profile_s) for v, info in self.info.items()}
         self.last_choice: dict[str, VariantChoice] = {}
         self.pending: dict[int, tuple[str, float | None]] = {}
@@ -129,7 +130,7 @@ class VariantTracker:
         (then it may be re-planned)."""
         if model_id in self.in_system:
             self.in_system[model_id] += 1
-            self._counted.add(request_id)
+            self._counted[request_id] = model_id
             self.pending[request_id] = (model_id, deadline_s)
             if group_id is not None:
                 self.named_group[request_id] = group_id
@@ -141,9 +142,9 @@ class VariantTracker:
 
     def finished(self, request_id: int, model_id: str) -> None:
         self.started(request_id)
-        if request_id in self._counted:
-            self._counted.discard(request_id)
-            self.in_system[model_id] -= 1
+        counted = self._counted.pop(request_id, None)
+        if counted is not None:  # under the variant it was counted (``model_id`` may lag a move)
+            self.in_system[counted] -= 1
 
     def replan(self, now: float, movable: Callable[[int], bool]) -> list[tuple[int, str | None]]:
         """Queued requests of adaptive groups predicted to miss their deadlines now, each
@@ -172,13 +173,15 @@ class VariantTracker:
         return out
 
     def moved(self, request_id: int, variant: str) -> None:
-        """A queued request now runs on ``variant``."""
+        """A queued request will run on ``variant`` (planned from now on; a no-op once it
+        has started)."""
         entry = self.pending.get(request_id)
         if entry is None or entry[0] == variant:
             return
         if request_id in self._counted:
             self.in_system[entry[0]] -= 1
             self.in_system[variant] += 1
+            self._counted[request_id] = variant
         self.pending[request_id] = (variant, entry[1])
 
     def batch_started(self, worker_id: int, model_id: str, size: int, now: float) -> None:

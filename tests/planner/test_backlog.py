@@ -4,7 +4,7 @@ queue and the batches in flight decide, with no model and no clock."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.policy.backlog import Backlog, Move, Queued, finishes_s, placement, replan
@@ -90,6 +90,7 @@ def test_replan_fails_what_no_variant_can_save_and_leaves_the_rest() -> None:
     assert replan(state, CURVES, 8, {}) == []
 
 
+@settings(deadline=None)  # timing is not what these test (a loaded machine is slow)
 @given(st.lists(st.sampled_from(["acc", "mid", "fast"]), max_size=12),
        st.lists(st.floats(0.0, 0.3), min_size=1, max_size=3),
        st.floats(0.01, 0.5))
@@ -119,6 +120,7 @@ CFG = PlannerConfig(max_batch_size=8)
 CAPACITY_PER_S = capacity_per_s(variants()[0], 8)
 
 
+@settings(deadline=None)  # timing is not what these test (a loaded machine is slow)
 @given(st.floats(0.0, 0.499), st.floats(0.0521, 5.0))
 def test_below_half_load_an_empty_backlog_gives_accurate_only(
     utilization: float, time_left_s: float
@@ -185,6 +187,7 @@ def test_an_idle_pool_serves_accurately_whatever_the_rate() -> None:
         assert choice.predicted_sojourn_s == pytest.approx(CURVES["acc"][1])
 
 
+@settings(deadline=None)  # timing is not what these test (a loaded machine is slow)
 @given(st.lists(st.sampled_from(["acc", "mid", "fast"]), max_size=10),
        st.floats(0.0, 0.2), st.floats(0.0, 1.5), st.floats(0.001, 0.5))
 def test_a_chosen_variant_is_predicted_to_meet_the_deadline(

@@ -71,3 +71,27 @@ def test_queued_requests_move_to_a_faster_variant_or_fail_early() -> None:
         assert r.final is not None and r.final.error_code == "deadline_infeasible"
     assert named.status == RequestStatus.QUEUED and named.model_id == "big"
     assert len(rt._scheduler) == 1
+
+
+def test_requests_in_a_worker_inbox_are_moved_by_that_worker() -> None:
+    clock = Clock()
+    rt = runtime(clock)
+    reqs = [submit(rt, "g", 0.100) for _ in range(3)]
+    with rt._cv:
+        rt._dispatch(clock.now)  # all three into the (idle, unstarted) worker's inbox
+    worker = rt.workers[0]
+    assert len(rt._scheduler) == 0 and worker.inbox_depth() == 3
+
+    clock.now += 0.050
+    replan(rt)
+    replan(rt)  # a move already asked for is not asked again
+    # The worker makes the moves on its own thread, between batches: not yet.
+    assert [r.model_id for r in reqs] == ["big", "big", "big"]
+    assert len(worker._controls) == 2
+    for control in list(worker._controls):  # what the worker thread runs next
+        worker._controls.popleft()
+        control()
+    assert [r.model_id for r in reqs] == ["small", "small", "big"]
+    assert not rt._moving
+    snapshot = rt.variants.snapshot()
+    assert (snapshot["big"]["in_system"], snapshot["small"]["in_system"]) == (1, 2)
