@@ -22,6 +22,11 @@ from collections.abc import Mapping
 from sluice.policy._queues import UrgentFirst
 from sluice.policy.types import QueueItem
 
+IDLE_SLACK = 64
+"""Idle tenants' counters tolerated (beyond the backlogged ones) before a purge."""
+MAX_IDLE_TENANTS = 4096
+"""Idle tenants' counters kept at most; past it the lowest go first (see ``WfqScheduler``)."""
+
 
 def validate_tenant_weights(weights: Mapping[str, float] | None) -> dict[str, float]:
     """A copy of ``weights`` (``{}`` for ``None``); ``ValueError`` naming a tenant whose
@@ -43,6 +48,12 @@ class WfqScheduler:
     counter and ``on_served`` adds ``tokens / weight`` (negative to settle an over-estimate);
     a tenant becoming backlogged never starts below the lowest backlogged counter. Unknown
     tenants weigh 1.0. A decision costs O(backlogged tenants + log n).
+
+    State is bounded by the backlogged tenants, not by every tenant ever seen (an open
+    server takes any ``X-Tenant-ID``): an idle tenant's counter at or below the lift floor
+    (the lowest backlogged counter, else the last tenant to leave) says nothing the lift
+    would not, so it is dropped; and past ``MAX_IDLE_TENANTS`` idle counters the lowest are
+    dropped too (such a tenant returns at the floor: a credit of at most its lead).
     """
 
     name: str = "wfq"
@@ -55,6 +66,8 @@ class WfqScheduler:
         self._tenant_of: dict[int, str] = {}
         self._last_left: str | None = None
         """The tenant that most recently stopped being backlogged."""
+        self._purge_at = IDLE_SLACK
+        """Idle counters that trigger the next purge (doubles with what a purge keeps)."""
 
     def weight(self, tenant_id: str) -> float:
         """The tenant's weight (1.0 if not configured)."""
@@ -114,6 +127,29 @@ class WfqScheduler:
         if not self._queues[item.tenant_id]:
             del self._queues[item.tenant_id]
             self._last_left = item.tenant_id
+            self._purge_idle()
+
+    def _purge_idle(self) -> None:
+        """Drop idle counters the lift makes redundant, then the lowest past the cap;
+        amortised O(1) per call (the next purge waits for twice what this one kept)."""
+        if len(self._counters) - len(self._queues) <= self._purge_at:
+            return
+        if self._queues:
+            floor = min(self._counters[t] for t in self._queues)
+        else:
+            floor = self._counters[self._last_left] if self._last_left is not None else 0.0
+        kept = {t: c for t, c in self._counters.items()
+                if c > floor or t in self._queues or t == self._last_left}
+        idle = sorted((c, t) for t, c in kept.items()
+                      if t not in self._queues and t != self._last_left)
+        for _, tenant_id in idle[: max(0, len(idle) - MAX_IDLE_TENANTS)]:
+            del kept[tenant_id]
+        self._counters = kept
+        self._purge_at = max(IDLE_SLACK, 2 * (len(kept) - len(self._queues)))
+
+    def tenants_tracked(self) -> int:
+        """Tenants with state here (backlogged or idle with a counter)."""
+        return len(self._counters)
 
     def __len__(self) -> int:
         return len(self._tenant_of)
@@ -124,3 +160,5 @@ class WfqScheduler:
     def on_served(self, tenant_id: str, tokens: int) -> None:
         """Charge ``tokens`` (may be negative) more to ``tenant_id``'s counter."""
         self._counters[tenant_id] = self.counter(tenant_id) + tokens / self.weight(tenant_id)
+        if tenant_id not in self._queues:
+            self._purge_idle()

@@ -27,7 +27,7 @@ from sluice.server import errors
 from sluice.server.auth import Auth
 from sluice.server.context import AppContext
 from sluice.server.errors import APIError
-from sluice.server.metrics import PrometheusObserver, SnapshotCollector
+from sluice.server.metrics import PrometheusObserver, SnapshotCollector, tenant_labels
 from sluice.server.middleware import AccessLogMiddleware, GuardMiddleware
 from sluice.server.quota import QuotaCollector, QuotaGate
 from sluice.server.routes import ROUTERS
@@ -38,7 +38,7 @@ log = logging.getLogger("sluice.server")
 def create_app(config: Config, backends: Mapping[str, Backend] | None = None) -> FastAPI:
     """Build the app and its runtime; the runtime starts and stops with the app."""
     registry = CollectorRegistry()
-    observer = PrometheusObserver(registry)
+    observer = PrometheusObserver(registry, tenant_labels(t.id for t in config.tenants))
     if backends is None:
         backends = make_backends(m.backend for m in config.models)
     runtime = Runtime(config.runtime_config(), backends, observer=observer)

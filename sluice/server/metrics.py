@@ -9,7 +9,7 @@ prefix-cache queries and hits in tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -29,10 +29,29 @@ TOKEN_BUCKETS_S = (0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.25,
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128)
 
 
-class PrometheusObserver(Observer):
-    """Counts and histograms, labelled by model and tenant."""
+OTHER_TENANT = "other"
+"""The ``tenant`` label of every tenant that is not configured (``X-Tenant-ID`` on an open
+server can name any): one series for them all, so they cannot grow the series without bound."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+def tenant_labels(configured: Iterable[str]) -> Callable[[str], str]:
+    """The ``tenant`` label of a tenant id: itself when configured (or ``default``), else
+    ``OTHER_TENANT``."""
+    known = frozenset(configured) | {"default"}
+
+    def label(tenant_id: str) -> str:
+        return tenant_id if tenant_id in known else OTHER_TENANT
+
+    return label
+
+
+class PrometheusObserver(Observer):
+    """Counts and histograms, labelled by model and tenant (``tenant_label`` maps a tenant id
+    to its label; by default every id is its own label)."""
+
+    def __init__(self, registry: CollectorRegistry,
+                 tenant_label: Callable[[str], str] | None = None) -> None:
+        self._tenant = tenant_label or (lambda tenant_id: tenant_id)
         self.requests = Counter(
             "sluice_requests", "Requests by terminal state", ["model", "tenant", "state"],
             registry=registry,
@@ -135,10 +154,10 @@ class PrometheusObserver(Observer):
             self.variant_choices.labels(group_id, variant, reason).inc()
 
     def admitted(self, req: Request) -> None:
-        self.admitted_total.labels(req.model_id, req.tenant_id).inc()
+        self.admitted_total.labels(req.model_id, self._tenant(req.tenant_id)).inc()
 
     def rejected(self, model_id: str, tenant_id: str, reason: str) -> None:
-        self.rejections.labels(model_id, tenant_id, reason).inc()
+        self.rejections.labels(model_id, self._tenant(tenant_id), reason).inc()
 
     def token_gap(self, model_id: str, seconds: float) -> None:
         child = self._itl_by_model.get(model_id)
@@ -147,7 +166,7 @@ class PrometheusObserver(Observer):
         child.observe(seconds)
 
     def finished(self, req: Request) -> None:
-        model, tenant, t = req.model_id, req.tenant_id, req.times
+        model, tenant, t = req.model_id, self._tenant(req.tenant_id), req.times
         self.requests.labels(model, tenant, req.status.name.lower()).inc()
         if req.kind == "generative" and t.started_s is not None:
             self.prefix_queries.labels(model).inc(len(req.prompt_tokens))

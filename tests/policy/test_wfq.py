@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.policy.types import QueueItem
-from sluice.policy.wfq import WfqScheduler
+from sluice.policy.wfq import IDLE_SLACK, MAX_IDLE_TENANTS, WfqScheduler
 
 _ids = itertools.count()
 
@@ -172,3 +172,56 @@ def test_fairness_bound_for_other_weights(weights: list[int]) -> None:
             window = served[start:start + n]
             share = sum(1 for g in window if g and g.tenant_id == tenant) / n
             assert abs(share - w / total) <= share_bound(w, total, w_min, n) + 1e-12
+
+
+def test_state_is_bounded_by_the_backlog_not_by_tenants_ever_seen() -> None:
+    """Tenants that come once and leave (any X-Tenant-ID on an open server) leave no
+    counter behind once the lift floor passes them; a backlogged tenant keeps its own."""
+    s = WfqScheduler()
+    for _ in range(3):
+        s.push(item("steady"))
+    for i in range(20 * IDLE_SLACK):
+        s.push(item(f"once-{i}"))
+        s.push(item("steady"))
+        s.pop(0.0)
+        s.pop(0.0)
+        assert s.tenants_tracked() <= 2 * IDLE_SLACK + 2, i
+    assert "steady" in s.backlogged() and s.counter("steady") > 0
+
+
+def test_idle_counters_above_the_floor_are_capped_lowest_first() -> None:
+    s = WfqScheduler()
+    # Each tenant is served alone at a rising counter, then leaves: all stay above the
+    # floor of a tenant that was served least and now waits.
+    s.push(item("waiting", cost=1))
+    for i in range(MAX_IDLE_TENANTS + 3 * IDLE_SLACK):
+        s.on_served(f"ahead-{i}", 10 + i)
+    assert s.tenants_tracked() <= 2 * MAX_IDLE_TENANTS + 1
+    # the highest counters (the largest leads) are the ones kept
+    assert s.counter(f"ahead-{MAX_IDLE_TENANTS + 3 * IDLE_SLACK - 1}") > 0
+
+
+def test_dropping_idle_state_changes_no_decision() -> None:
+    """The same arrivals with and without purging (a huge slack) pop in the same order."""
+    import sluice.policy.wfq as wfq
+
+    def run(slack: int) -> list[tuple[str, int]]:
+        old = wfq.IDLE_SLACK
+        wfq.IDLE_SLACK = slack
+        try:
+            s = WfqScheduler({"heavy": 3.0})
+            order: list[tuple[str, int]] = []
+            rng = __import__("random").Random(7)
+            for step in range(3000):
+                tenant = rng.choice(["heavy", "light", f"guest-{rng.randrange(400)}"])
+                s.push(item(tenant, cost=rng.randrange(1, 50)))
+                if step % 3 != 0:
+                    popped = s.pop(0.0)
+                    if popped is not None:
+                        order.append((popped.tenant_id, popped.cost_tokens))
+                        s.on_served(popped.tenant_id, rng.randrange(-10, 10))
+            return order
+        finally:
+            wfq.IDLE_SLACK = old
+
+    assert run(2) == run(10**9)

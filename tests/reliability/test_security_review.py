@@ -19,13 +19,17 @@ import pytest
 from sluice.backends.base import ModelSpec
 from sluice.backends.synthetic import SyntheticBackend, SyntheticTokenizer
 from sluice.config import ServerConfig, TenantConfig, hash_key
+from sluice.policy.wfq import IDLE_SLACK
 from sluice.server.auth import Auth
 from sluice.server.errors import MAX_DETAIL_CHARS, public_text
+from sluice.server.metrics import OTHER_TENANT
 from sluice.server.schemas import MAX_STOP, MAX_STOP_CHARS
 from tests.server.live import (
     LiveServer,
     assert_error,
     config_with,
+    metric_sum,
+    scrape,
     synth_chat,
     synth_embed,
     wait_for,
@@ -354,3 +358,38 @@ def test_the_deadline_heap_tracks_the_live_requests(serve: Callable[..., LiveSer
         assert codes == [200] * 200
         wait_for(lambda: runtime.snapshot().live_requests == 0)
     assert runtime.deadline_entries <= DEADLINE_SLACK + 1
+
+
+# -- an open server and any X-Tenant-ID: bounded metric series and WFQ state ---------------
+
+
+def test_unconfigured_tenants_share_a_label_and_leave_no_wfq_state(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(config_with(models=[synth_chat()], workers={"count": 1},
+                             scheduling={"scheduler": "wfq"},
+                             tenants=[{"id": "acme", "weight": 2}]))
+    n_strangers = 5 * IDLE_SLACK
+
+    def send(i: int) -> int:
+        with live.client() as c:
+            return c.post("/v1/infer", json={"model": CHAT, "input": "hi", "max_new_tokens": 2},
+                          headers={"x-tenant-id": f"stranger-{i}"}).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(send, range(n_strangers))) == [200] * n_strangers
+    with live.client() as c:
+        for tenant in ("acme", "default"):
+            r = c.post("/v1/infer", json={"model": CHAT, "input": "hi", "max_new_tokens": 2},
+                       headers={"x-tenant-id": tenant})
+            assert r.status_code == 200 and r.headers["x-sluice-tenant"] == tenant
+        wait_for(lambda: live.runtime.snapshot().live_requests == 0)
+        samples = scrape(c)
+    labels = {lbl["tenant"] for series in samples.values() for lbl, _ in series
+              if "tenant" in lbl}
+    assert labels == {"acme", "default", OTHER_TENANT}
+    assert metric_sum(samples, "sluice_requests_total", tenant=OTHER_TENANT,
+                      state="completed") == n_strangers
+    assert metric_sum(samples, "sluice_requests_total", tenant="acme") == 1
+    # WFQ keeps counters for the backlogged tenants and a bounded few idle ones.
+    assert live.runtime._scheduler.tenants_tracked() <= 2 * IDLE_SLACK + 3

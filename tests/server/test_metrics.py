@@ -45,7 +45,7 @@ def _generative(c: httpx.Client, i: int) -> int:
 
 
 def test_metrics_count_the_requests(serve: Callable[..., LiveServer]) -> None:
-    live = serve(synthetic_config())
+    live = serve(config_with(tenants=[{"id": "t2"}]))  # configured: its own tenant label
     n_generative, n_oneshot = 6, 3
     with live.client() as c:
         empty = scrape(c)
