@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sluice.policy.step_cost import StepSample, fit_step_cost
+from sluice.policy.step_cost import DEFAULT_STEP_COST, StepSample, fit_step_cost
 
 RESULTS = Path(__file__).resolve().parent / "results"
 N_CTX, N_SLOTS, THREADS = 8192, 32, 2
@@ -116,11 +117,13 @@ def main() -> int:
                 key = f"B={r['batch']},L={r['context_tokens']}"
                 ratios[key] = round(r["step_ms_median"] / twin["step_ms_median"], 3)
     print("unified / split step time:", json.dumps(ratios))
+    faster = statistics.median(ratios.values() or [1.0]) < 1.0  # unified faster (median)
     samples = [StepSample(r["batch"], 0, r["step_ms_median"] / 1000,
                           r["batch"] * (r["context_tokens"] + r["steps"] // 2))
-               for r in rows if r["unified"]]
-    cost = fit_step_cost(samples)
-    print("step cost fitted on the unified rows:", cost.to_json())
+               for r in rows if r["unified"] == faster]
+    # No prefill is varied here: its coefficient comes from the default prior.
+    cost = fit_step_cost(samples, fallback=DEFAULT_STEP_COST)
+    print(f"step cost fitted on the {'unified' if faster else 'split'} rows:", cost.to_json())
     result = {
         "benchmark": "kv_layout", "quick": args.quick,
         "model": "gemma-3-270m (Gemma 3 270M Q4_K_M)",
@@ -128,7 +131,8 @@ def main() -> int:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
         "duration_s": round(time.time() - t0, 1),
-        "rows": rows, "unified_over_split": ratios, "step_cost_unified": cost.to_json(),
+        "rows": rows, "unified_over_split": ratios, "faster_layout":
+        "unified" if faster else "split", "step_cost": cost.to_json(),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "kv_layout_quick" if args.quick else "kv_layout"

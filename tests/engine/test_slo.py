@@ -200,3 +200,42 @@ def test_no_request_waits_past_its_first_token_deadline_unanswered(tmp_path: Pat
             assert r.times.finished_s <= 0.5 + 0.2
     assert any(r.status == RequestStatus.EXPIRED for r in reqs)
     assert any(r.status == RequestStatus.COMPLETED for r in reqs)
+
+
+# -- when the KV pool runs out: wait, never preempt ----------------------------------------
+
+
+def test_a_full_kv_pool_makes_requests_wait_and_never_preempts_a_running_one() -> None:
+    # A unified pool of 8 x 32 = 256 tokens (32 blocks of 8); each choice reserves its
+    # prompt + max_tokens = 4 + 44 = 48 tokens (6 blocks): 5 choices fit at once, 8 slots.
+    model_spec = ModelSpec("chat", "generative", "synthetic", 1, options={
+        "speed_scale": 0.0, "n_seq_max": 8, "n_ctx_per_seq": 32, "kv_unified": True})
+    eng, _, retired = build(model_spec)
+    steps_of: dict[int, list[int]] = {}
+    reqs = []
+    for i in range(10):
+        req = request(max_tokens=44)
+        if i % 3 == 1:
+            req.params = SamplingParams(max_tokens=44, temperature=0.8, ignore_eos=True, n=2)
+        req.listeners.append(lambda e, rid=req.request_id: isinstance(e, TokenEvent)
+                             and e.choice == 0 and e.token_id >= 0
+                             and steps_of.setdefault(rid, []).append(eng.steps))
+        reqs.append(req)
+        eng.add(req)
+    held_back_kv = 0
+    while eng.has_work:
+        plan_view = eng.view(eng._clock())
+        used = eng.kv.used_blocks
+        assert used <= eng.kv.total_blocks
+        if plan_view.waiting and plan_view.free_slots and not eng.kv.can_allocate(48):
+            held_back_kv += 1
+        eng.step()
+        eng.kv.check_integrity()
+    assert held_back_kv > 0  # the pool, not the slots, was what made requests wait
+    assert all(r.status == RequestStatus.COMPLETED for r in reqs) and len(retired) == 10
+    for r in reqs:
+        assert r.final is not None and r.final.completion_tokens == 44 * r.params.n
+        steps = steps_of[r.request_id]
+        # once started, a token every step until done: never preempted, never paused
+        assert steps == list(range(steps[0], steps[0] + 44))
+    assert eng.kv.free_blocks == eng.kv.total_blocks
