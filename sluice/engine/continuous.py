@@ -426,14 +426,17 @@ class ContinuousEngine:
         if not jobs:
             return
         plain = all(seq.chooser.plain for seq, _ in jobs)
-        rows = None if plain else BatchRows.build(logits, [(s.chooser, r) for s, r in jobs])
+        rows = None
+        if not plain:
+            try:  # one vectorised pass for the whole step's rows
+                rows = BatchRows.build(logits, [(s.chooser, r) for s, r in jobs])
+            except Exception:  # someone's parameters broke it: each builds its own, alone
+                rows = None
         for j, (seq, r) in enumerate(jobs):
             if self.running.get(seq.slot) is not seq:
                 continue  # its request ended earlier in this update
-            work = None if rows is None else rows.work[j]
-            lse = np.nan if rows is None else float(rows.lse[r])
-            self._barrier(seq.group, partial(self._choose_and_accept, seq, logits[r], work,
-                                             lse, now))
+            self._barrier(seq.group, partial(self._choose_and_accept, seq, logits, r,
+                                             rows, j, now))
 
     def _prompt_logprobs(self, seq: _Sequence, chunk: ForwardChunk, rows: np.ndarray) -> None:
         """Log-probabilities of the prompt tokens this all-logits chunk predicts."""
@@ -464,10 +467,19 @@ class ContinuousEngine:
             out.append(child)
         return out
 
-    def _choose_and_accept(self, seq: _Sequence, raw: np.ndarray, work: np.ndarray | None,
-                           lse: float, now: float) -> None:
-        """One sequence's token: choose it, then stream it (or retire)."""
+    def _choose_and_accept(self, seq: _Sequence, logits: np.ndarray, r: int,
+                           rows: BatchRows | None, j: int, now: float) -> None:
+        """One sequence's token from logits row ``r``: choose it, then stream it (or
+        retire). ``rows``: the step's prepared rows (``j`` is this sequence's job), or None
+        when they could not be prepared together (this sequence prepares its own)."""
         chooser = seq.chooser
+        raw = logits[r]
+        work: np.ndarray | None = None
+        lse = np.nan
+        if not chooser.plain:
+            if rows is None:
+                rows, j = BatchRows.build(logits, [(chooser, r)]), 0
+            work, lse = rows.work[j], float(rows.lse[r])
         if chooser.plain:
             pick = Pick(sample_token(raw, seq.req.params, chooser.rng))
         else:

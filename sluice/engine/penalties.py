@@ -13,6 +13,10 @@ llama-server feeds the prompt to its sampler; 0 turns the penalties off), for ev
 sampler before the penalties); a bias of -100 or less bans the token outright (its logit
 becomes -inf, so no temperature can bring it back), as OpenAI documents -100.
 
+Extreme values are served, never overflowed: a repetition penalty is taken within
+[``MIN_REPETITION``, ``MAX_REPETITION``] (past them the order of the edited logits is the
+same), and an edited logit stays within float32's finite range.
+
 Each sequence keeps a ``PenaltyWindow`` (counts updated as tokens arrive, O(1) a token);
 ``apply_penalties`` and ``apply_bias`` edit the rows of a whole batch in one vectorised
 update from the per-sequence pieces that ``edits`` returns.
@@ -28,6 +32,12 @@ import numpy as np
 
 BAN_BIAS = -100.0
 """A ``logit_bias`` at or below this bans the token."""
+
+MIN_REPETITION, MAX_REPETITION = 1e-30, 1e30
+"""Repetition penalties are clamped to this range (a subnormal one would round to 0 in
+float32 and divide by zero)."""
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +102,17 @@ def apply_penalties(logits: np.ndarray, rows: Sequence[int],
     row_of = np.repeat(np.asarray(rows, dtype=np.int64), sizes)
     ids = np.concatenate([e.token_ids for e in edits])
     counts = np.concatenate([e.counts for e in edits]).astype(np.float32)
-    rep = np.repeat(np.asarray([e.repetition for e in edits], dtype=np.float32), sizes)
+    reps = np.clip([e.repetition for e in edits], MIN_REPETITION, MAX_REPETITION)
+    rep = np.repeat(reps.astype(np.float32), sizes)
     freq = np.repeat(np.asarray([e.frequency for e in edits], dtype=np.float32), sizes)
     pres = np.repeat(np.asarray([e.presence for e in edits], dtype=np.float32), sizes)
     values = logits[row_of, ids]
-    values = np.where(values <= 0, values * rep, values / rep)
-    logits[row_of, ids] = values - counts * freq - (counts > 0) * pres
+    with np.errstate(over="ignore"):  # clipped just below
+        values = np.where(values <= 0, values * rep, values / rep)
+        values = values - counts * freq - (counts > 0) * pres
+    # -inf (a banned token) stays -inf; an overflow becomes the largest finite value
+    logits[row_of, ids] = np.where(np.isneginf(values), values,
+                                   np.clip(values, -FLOAT32_MAX, FLOAT32_MAX))
 
 
 @dataclass(frozen=True, slots=True)

@@ -121,6 +121,7 @@ FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
     "shutdown": (503, "server_shutting_down", None),
     "internal_error": (500, "server_error", None),
     "worker_failed": (500, "server_error", None),
+    "invalid_request_error": (400, "invalid_request_error", None),
 }
 
 

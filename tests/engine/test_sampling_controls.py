@@ -55,6 +55,21 @@ def test_penalties_match_llama_cpp_on_a_batch_of_rows() -> None:
     np.testing.assert_allclose(got, np.stack(expected), rtol=1e-6)
 
 
+@pytest.mark.parametrize("rep", [5e-324, 1e-300, 1e-31, 1e31, 1e300])
+def test_extreme_repetition_penalties_keep_rows_finite_and_ordered(rep: float) -> None:
+    """A subnormal penalty would round to 0 in float32 (a division by zero), a huge one
+    to inf (0 * inf): both are clamped, and what they do to the order of the penalized
+    logits is what a merely large or small penalty does."""
+    row = np.array([[3.0, -2.0, 0.0, 1.0, -np.inf, 5.0]], dtype=np.float32)
+    ids, counts = PenaltyWindow(64, [0, 1, 2, 3, 4]).counts()
+    got = row.copy()
+    apply_penalties(got, [0], [PenaltyEdit(ids, counts, rep, 2.0, 2.0)])
+    assert np.isneginf(got[0, 4]) and np.isfinite(np.delete(got[0], 4)).all()
+    assert got[0, 5] == 5.0  # not in the window: untouched
+    penalized = got[0, [0, 3, 2, 1]]  # 3 > 1 > 0 > -2 before: still in that order
+    assert (np.diff(penalized) <= 0).all(), penalized
+
+
 def test_the_penalty_window_keeps_the_last_n_tokens() -> None:
     w = PenaltyWindow(3, [1, 2, 2])
     w.push(3)  # the first token leaves
