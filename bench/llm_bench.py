@@ -129,7 +129,7 @@ import time
 from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend
 spec = ModelSpec("g", "generative", "llamacpp", 1, options={{"path": "{gguf}",
-    "n_ctx": {N_CTX}, "n_seq_max": {N_SLOTS}, "n_threads": {THREADS}}})
+    "n_ctx": {N_CTX}, "n_seq_max": {max(N_SLOTS, batch)}, "n_threads": {THREADS}}})
 m = LlamaCppBackend().load(spec)
 toks = m.tokenize("Once upon a time there was a", add_bos=True)
 m.forward([ForwardChunk(s, tuple(toks), 0, True) for s in range({batch})])
