@@ -7,11 +7,13 @@ Per model, one ``ModelCost``:
   linearly between profiled sizes and extrapolated along the last segment past them;
 - generative models: a ``StepCost`` (``sluice.policy.step_cost``: the same linear step-time
   model the engine's TPOT budget uses), from a JSON file fitted by a profiling run;
-- every model: its load time in seconds.
+- every model: its load time in seconds, and the latency a request spends outside the
+  workers (``overhead_ms``: HTTP, tokenization, streaming; measured by the profile, it adds
+  to latency but occupies no worker).
 
 Where they come from, first match wins: a costs file given to the simulator (``--costs``,
-JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost"}}``), or a ``sluice
-profile`` result (``variants.*.model`` / ``batch_ms``); then the model's own options
+JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost", "overhead_ms"}}``),
+or a ``sluice profile`` result (``variants.*.model`` / ``batch_ms``); then the model's own options
 (``service_ms``, ``step_cost`` as an object or a path to a JSON file, ``load_s``); then the
 synthetic backend's cost options (its own model of time, which is one more such file);
 else ``ValueError`` naming the model, since a guess would make every prediction wrong.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +41,14 @@ class ModelCost:
     batch_times_s: tuple[float, ...] = ()
     step: StepCost | None = None
     """Generative models: seconds per continuous-batching step."""
+    overhead_s: float = 0.0
+    """Latency each request spends outside the workers (HTTP parsing, tokenization,
+    streaming back): added to its time in the system, not to any worker's busy time."""
 
     def __post_init__(self) -> None:
-        if not self.load_s >= 0:
-            raise ValueError(f"load_s must be >= 0, got {self.load_s}")
+        for name in ("load_s", "overhead_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if len(self.batch_sizes) != len(self.batch_times_s):
             raise ValueError("batch_sizes and batch_times_s differ in length")
         if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or any(
@@ -83,13 +89,15 @@ def _step_cost(value: Any, base_dir: Path | None) -> StepCost:
 def _from_entry(kind: str, entry: Mapping[str, Any], load_s: float,
                 base_dir: Path | None) -> ModelCost | None:
     load_s = float(entry.get("load_s", load_s))
+    overhead_s = float(entry.get("overhead_ms", 0.0)) / 1000.0
     if kind == "generative":
         if "step_cost" in entry:
-            return ModelCost(load_s, step=_step_cost(entry["step_cost"], base_dir))
+            return ModelCost(load_s, step=_step_cost(entry["step_cost"], base_dir),
+                             overhead_s=overhead_s)
         return None
     for key in ("batch_ms", "service_ms"):
         if entry.get(key):
-            return ModelCost.oneshot(entry[key], load_s)
+            return replace(ModelCost.oneshot(entry[key], load_s), overhead_s=overhead_s)
     return None
 
 

@@ -58,12 +58,30 @@ class Fleet:
 
     # -- arrivals --------------------------------------------------------------------------
 
-    def submit(self, arrival: Arrival, now: float) -> SimRequest:
+    def arrive(self, arrival: Arrival, now: float) -> None:
+        """An arrival reaches the front end; it enters the fleet after its model's
+        ``overhead_s`` (the time outside the workers), counted from now."""
+        model = self.config.models.get(arrival.model)
+        overhead_s = model.cost.overhead_s if model is not None else 0.0
+        if overhead_s > 0:
+            self.loop.at(now + overhead_s, self._submit_late, (arrival, now))
+        else:
+            self.submit(arrival, now)
+
+    def _submit_late(self, now: float, arg: tuple[Arrival, float]) -> None:
+        arrival, arrived_s = arg
+        self.submit(arrival, now, arrived_s)
+
+    def submit(self, arrival: Arrival, now: float, arrived_s: float | None = None
+               ) -> SimRequest:
+        """Quota, front router, replica admission at ``now``; latencies and the deadline
+        count from ``arrived_s`` (default ``now``)."""
+        arrived_s = now if arrived_s is None else arrived_s
         self.submitted += 1
-        req = SimRequest(self.submitted, arrival.model, now, tenant=arrival.tenant,
+        req = SimRequest(self.submitted, arrival.model, arrived_s, tenant=arrival.tenant,
                          priority=arrival.priority,
                          deadline_s=None if arrival.deadline_s is None
-                         else now + arrival.deadline_s,
+                         else arrived_s + arrival.deadline_s,
                          n_prompt=arrival.prompt_tokens, max_tokens=arrival.output_tokens,
                          prefix_id=arrival.prefix_id, prefix_tokens=arrival.prefix_tokens)
         if self.requests is not None:
@@ -172,7 +190,7 @@ def simulate(config: SimConfig, arrivals: Iterable[Arrival], *, ttft_slo_s: floa
     last_arrival_s = [0.0]
 
     def arrive(now: float, arrival: Arrival) -> None:
-        fleet.submit(arrival, now)
+        fleet.arrive(arrival, now)
         last_arrival_s[0] = now
         if progress is not None and fleet.submitted % 10_000 == 0:
             progress(fleet.submitted, now)

@@ -186,3 +186,19 @@ def test_random_fleets_conserve() -> None:
                           f"deadline_ms={rng.randint(50, 3000)}")
         report, _ = simulate(config, generate(spec, seed=rng.randint(0, 99)))
         assert sum(report["overall"]["states"].values()) == report["requests"]
+
+
+def test_overhead_adds_latency_but_occupies_no_worker() -> None:
+    """A request's time outside the workers delays it without slowing anyone else: with
+    30 ms of overhead each request starts 30 ms later and the worker is busy as long."""
+    base = chat()
+    slow = replace(base, cost=replace(base.cost, overhead_s=0.030))
+    arrivals = [Arrival(0.0, "chat", prompt_tokens=8, output_tokens=4),
+                Arrival(0.001, "chat", prompt_tokens=8, output_tokens=4)]
+    _, plain = simulate(SimConfig(models={"chat": base}), arrivals, keep_requests=True)
+    _, late = simulate(SimConfig(models={"chat": slow}), arrivals, keep_requests=True)
+    assert plain.requests is not None and late.requests is not None
+    for p, q in zip(plain.requests, late.requests, strict=True):
+        assert q.arrival_s == p.arrival_s
+        assert q.started_s == pytest.approx((p.started_s or 0) + 0.030)
+    assert late.replicas[0].busy_s() == pytest.approx(plain.replicas[0].busy_s())
