@@ -41,6 +41,7 @@ expected-statuses = ["2xx", "3xx", "4xx", "504"]
 FUZZ_SERVER_TOML = """
 [server]
 default_model = "synth-chat"
+open_admin = true  # fuzz the admin routes too (without a key they answer only 403)
 [scheduling]
 queue_capacity = 64
 [workers]

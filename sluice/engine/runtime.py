@@ -302,6 +302,37 @@ class Runtime:
         self.observer.admitted(req)
         return None
 
+    def try_submit_unit(self, reqs: Sequence[Request]) -> Rejection | None:
+        """Admit ``reqs`` (the inputs of one API request) as one unit: one admission
+        decision, taken as for a single request, so a request with more inputs than the
+        queue holds is still served, never refused for good. All are queued (each a
+        scheduling item of cost 1, so their cost is their number) or all end ``REJECTED``.
+        The queue may hence hold up to ``queue_capacity - 1 + len(reqs)`` items."""
+        if len(reqs) == 1:
+            return self.try_submit(reqs[0])
+        now = self.clock()
+        for req in reqs:
+            req.listeners.append(self._on_event(req))
+        named = [req.model_id for req in reqs]
+        with self._cv:
+            rejection: Rejection | None = None
+            for req in reqs:  # a group's requests each get a variant, or the unit is refused
+                rejection = rejection or self._plan(req, now)
+            if rejection is None and reqs:
+                rejection = self._admission_check(reqs[0], now)
+            if rejection is None:
+                for req, name in zip(reqs, named, strict=True):
+                    self._enqueue(req, now)
+                    self.variants.admitted(req, name if name in self.variants.groups else None)
+        for req in reqs:
+            if rejection is not None:
+                self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
+                req.finish(RequestStatus.REJECTED, now, error=rejection.message,
+                           error_code=rejection.reason)
+            else:
+                self.observer.admitted(req)
+        return rejection
+
     def submit(self, req: Request, timeout_s: float | None = None) -> Rejection | None:
         """Like ``try_submit`` but waits (up to ``timeout_s``) for room in the queue."""
         deadline = None if timeout_s is None else self.clock() + timeout_s
@@ -398,6 +429,17 @@ class Runtime:
         if rejection is not None:
             raise Rejected(rejection)
         return handle
+
+    def open_unit(self, reqs: Sequence[Request]) -> list[AsyncHandle]:
+        """``open`` for the inputs of one API request, admitted as one unit
+        (``try_submit_unit``). Raises ``Rejected`` if admission refuses them (all end
+        ``REJECTED``)."""
+        loop = asyncio.get_running_loop()
+        handles = [AsyncHandle(self, req, loop) for req in reqs]
+        rejection = self.try_submit_unit(reqs)
+        if rejection is not None:
+            raise Rejected(rejection)
+        return handles
 
     async def generate(
         self, model_id: str, prompt: str, *, add_bos: bool = True, **params: Any

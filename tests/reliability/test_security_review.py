@@ -393,3 +393,65 @@ def test_unconfigured_tenants_share_a_label_and_leave_no_wfq_state(
     assert metric_sum(samples, "sluice_requests_total", tenant="acme") == 1
     # WFQ keeps counters for the backlogged tenants and a bounded few idle ones.
     assert live.runtime._scheduler.tenants_tracked() <= 2 * IDLE_SLACK + 3
+
+
+# -- embeddings: one request with many inputs is admitted as one unit -----------------------
+
+
+def test_an_embeddings_request_with_more_inputs_than_the_queue_is_served(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(config_with(models=[synth_embed(), synth_chat()], workers={"count": 1,
+                                                                            "inbox_capacity": 2},
+                             scheduling={"queue_capacity": 4, "scheduler": "wfq"},
+                             server={"default_model": "synth-a"}))
+    inputs = [f"text number {i}" for i in range(40)]
+    with live.client() as c:
+        r = c.post("/v1/embeddings", json={"model": "synth-a", "input": inputs},
+                   headers={"x-tenant-id": "bulk"})
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        assert [d["index"] for d in data] == list(range(40))
+        one = c.post("/v1/embeddings", json={"model": "synth-a", "input": inputs[7]}).json()
+        assert data[7]["embedding"] == one["data"][0]["embedding"]
+        wait_for(lambda: live.runtime.snapshot().live_requests == 0)
+        samples = scrape(c)
+    # its cost is its inputs: 40 scheduling items of cost 1, each counted as a request
+    assert live.runtime._scheduler.counter("bulk") == 40
+    assert metric_sum(samples, "sluice_requests_total", model="synth-a",
+                      state="completed") == 41
+
+
+def test_a_unit_is_refused_whole_while_the_queue_is_full_and_served_after(
+    serve: Callable[..., LiveServer],
+) -> None:
+    live = serve(config_with(
+        models=[synth_chat("slow", step_fixed_s=0.05, n_seq_max=1), synth_embed()],
+        workers={"count": 1, "inbox_capacity": 1}, scheduling={"queue_capacity": 2},
+        server={"default_model": "slow"}))
+    inputs = [f"t{i}" for i in range(10)]
+
+    def blocker() -> int:
+        with live.client() as c:
+            return c.post("/v1/infer", json={"model": "slow", "input": "go",
+                                             "max_new_tokens": 20}).status_code
+
+    with ThreadPoolExecutor(4) as pool, live.client() as c:
+        # slow requests until the queue is full (one runs, one waits at the worker)
+        blocked = []
+        while live.runtime.snapshot().queue_depth < 2:
+            blocked.append(pool.submit(blocker))
+            wait_for(lambda: live.runtime.snapshot().live_requests == len(blocked))
+        r = c.post("/v1/embeddings", json={"model": "synth-a", "input": inputs})
+        assert_error(r, 503, code="queue_full")
+        assert int(r.headers["retry-after"]) >= 1
+        assert live.runtime.snapshot().queue_depth == 2  # nothing of the unit was queued
+        assert [f.result() for f in blocked] == [200] * len(blocked)
+        r = c.post("/v1/embeddings", json={"model": "synth-a", "input": inputs})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"]) == 10
+        wait_for(lambda: live.runtime.snapshot().live_requests == 0)
+        samples = scrape(c)
+    # every input of the refused unit ended rejected, none was left behind
+    assert metric_sum(samples, "sluice_requests_total", model="synth-a",
+                      state="rejected") == 10

@@ -40,6 +40,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"description": desc}
     for code, desc in [
         (400, "invalid request"), (401, "missing or invalid API key"),
+        (403, "not permitted (admin routes without an admin key, a foreign tenant_id)"),
         (404, "unknown model"), (413, "body too large"), (429, "quota exceeded"),
         (500, "backend failure"), (503, "overloaded or draining"), (504, "deadline passed"),
     ]
@@ -253,31 +254,17 @@ async def _race_disconnect(request: Request, awaitable: Any) -> Any | None:
     return None
 
 
-def _open(ctx: AppContext, req: RtRequest) -> AsyncHandle:
-    try:
-        return ctx.runtime.open(req)
-    except Rejected as exc:
-        raise rejection_error(exc.rejection) from None
-
-
 async def admit(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
     """The tenant's quota (429), then runtime admission (503), for the runtime requests of
-    one API request. On a refusal the ones already submitted are cancelled and the rest
-    ended, so the quota reservation is given back."""
+    one API request, admitted as one unit (``Runtime.open_unit``): all or none, and never
+    refused for holding more inputs than the queue. On a refusal every request has ended
+    ``REJECTED``, so the quota reservation is given back."""
     access.note_admitted(reqs)
     await ctx.quota.admit(reqs)
-    handles: list[AsyncHandle] = []
     try:
-        for r in reqs:
-            handles.append(_open(ctx, r))
-    except APIError:
-        for h in handles:
-            h.cancel()
-        now = ctx.runtime.clock()
-        for r in reqs[len(handles) + 1:]:
-            r.finish(RequestStatus.CANCELLED, now, error="not submitted")
-        raise
-    return handles
+        return ctx.runtime.open_unit(reqs)
+    except Rejected as exc:
+        raise rejection_error(exc.rejection) from None
 
 
 def _sse(payload: dict[str, Any] | str) -> bytes:
