@@ -189,3 +189,25 @@ def test_prompt_over_the_context_is_400(server: tuple[str, Any]) -> None:
         "model": MODEL, "prompt": "word " * 600, "max_tokens": 16})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_huge_prompt_is_refused_by_its_length_before_tokenizing(
+    server: tuple[str, Any],
+) -> None:
+    """900 KB of special-token text takes llama.cpp about 10 s to tokenize; its length alone
+    proves it cannot fit (a Gemma token stands for at most 48 bytes), so it is refused at
+    once and the server goes on serving."""
+    url, _ = server
+    huge = "<start_of_turn>" * 60_000
+    for path, body in (("/v1/completions", {"model": MODEL, "prompt": huge}),
+                       ("/v1/chat/completions", {"model": MODEL, "messages": [
+                           {"role": "user", "content": huge}]})):
+        r = httpx.post(f"{url}{path}", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded"
+        # the length bound answered, not the tokenizer ("the prompt has N")
+        assert "bytes) has at least" in err["message"], err
+    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "Hello",
+                                                   "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200, r.text
