@@ -142,7 +142,8 @@ def test_the_other_workers_serve_while_one_is_replaced(
     live = serve(config_with(
         models=[faulty("dies", kill_on_calls=[2], load_s=2.0), synth_chat("healthy")],
         workers={"count": 2, "budget_bytes": 100_000_000},
-        scheduling={"router": "residency_aware"}, server={"default_model": "dies"}))
+        scheduling={"router": "residency_aware"},
+        server={"default_model": "dies", "open_admin": True}))
     with live.client() as c:
         assert c.post("/admin/models/healthy/load").status_code == 200
         r = c.post("/v1/completions", json={"model": "dies", "prompt": "x", "max_tokens": 3})
