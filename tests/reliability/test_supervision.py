@@ -194,3 +194,28 @@ def test_health_fails_when_the_dispatcher_dies_and_queued_requests_end(
         assert c.get("/ready").status_code == 503
         r = c.post("/v1/completions", json={"model": "synth-chat", "prompt": "x"})
         assert r.status_code == 503  # refused at once, never left to hang
+
+
+def test_grpc_health_follows_readiness_through_a_recovery(
+    serve: Callable[..., LiveServer],
+) -> None:
+    grpc = pytest.importorskip("grpc")
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from tests.server.grpcclient import grpc_target
+
+    live = serve(config_with(models=[faulty("dies", kill_on_calls=[2])],
+                             workers={"count": 1}, server={"grpc_port": 0}))
+    serving = health_pb2.HealthCheckResponse.SERVING
+    with grpc.insecure_channel(grpc_target(live)) as ch, live.client() as c:
+        health = health_pb2_grpc.HealthStub(ch)
+
+        def check() -> Any:
+            return health.Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+        assert check() == serving
+        r = c.post("/v1/completions", json={"model": "dies", "prompt": "x", "max_tokens": 3})
+        assert_error(r, 500, code="worker_failed")
+        assert check() == health_pb2.HealthCheckResponse.NOT_SERVING
+        wait_for(lambda: check() == serving, timeout_s=10)
+        assert c.get("/ready").status_code == 200
