@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import threading
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from sluice.policy.quota import QuotaLimits
 from sluice.server.quota import (
     FailoverQuotaStore,
+    Hold,
     MemoryQuotaStore,
     QuotaBackendError,
     RedisQuotaStore,
@@ -218,3 +220,156 @@ def test_failover_logs_once_serves_locally_and_reconnects(
     down = [r for r in caplog.records if "unreachable" in r.getMessage()]
     up = [r for r in caplog.records if "reachable again" in r.getMessage()]
     assert len(down) == 2 and len(up) == 2  # once per outage, however many calls
+
+
+BUSY_LUA = """
+local t = redis.call('TIME')
+local start = tonumber(t[1]) * 1000000 + tonumber(t[2])
+while true do
+  local n = redis.call('TIME')
+  if tonumber(n[1]) * 1000000 + tonumber(n[2]) - start > tonumber(ARGV[1]) then return 1 end
+end
+"""
+
+
+def _stall(proc: RedisProcess, seconds: float) -> threading.Thread:
+    """Keep Redis busy in one script for ``seconds`` (a slow Redis: the commands sent
+    meanwhile run after it, their senders long timed out)."""
+    client = proc.client()
+    thread = threading.Thread(target=client.eval, args=(BUSY_LUA, 0, int(seconds * 1e6)),
+                              daemon=True)
+    thread.start()
+    time.sleep(0.05)  # the script has started
+    return thread
+
+
+def test_a_reservation_whose_reply_was_lost_is_released_once(redis: RedisProcess) -> None:
+    """A slow Redis runs a reservation after its caller timed out: the slot and the charge
+    are there although the caller never heard of them. Releasing it by its member frees
+    both; releasing again refunds nothing more."""
+    limits = QuotaLimits(requests_per_s=0.01, request_burst=5.0, tokens_per_s=1.0,
+                         token_capacity=100.0, max_concurrent=3)
+
+    async def run() -> None:
+        store = RedisQuotaStore(redis.url, key_prefix="slow", timeout_s=0.1)
+        try:
+            first = await store.reserve("t", limits, 10.0, "m-first", 60.0)
+            assert first.ok
+            bucket, inflight = store.keys("t")
+            client = redis.client()
+            before = client.hmget(bucket, "rt", "tt")
+            busy = _stall(redis, 0.6)
+            with pytest.raises(QuotaBackendError):
+                await store.reserve("t", limits, 20.0, "m-lost", 60.0)
+            busy.join(5)
+            assert client.zcard(inflight) == 2  # it ran after all: slot and charge taken
+            assert client.exists(store.hold_key("t", "m-lost"))
+            lost = Hold("t", limits, "m-lost", 20.0, shared=True)
+            for _ in range(2):  # a cancel replayed twice refunds once
+                await store.release(lost, refund_request=True, refund_tokens=20.0)
+                assert client.zcard(inflight) == 1
+                rt, tt = (float(v) for v in client.hmget(bucket, "rt", "tt"))
+                assert rt == pytest.approx(float(before[0]), abs=0.05)
+                assert tt == pytest.approx(float(before[1]), abs=1.5)
+            # a release never refunds more than its reservation charged
+            assert first.hold is not None
+            await store.release(first.hold, refund_request=False, refund_tokens=1e6)
+            assert float(client.hget(bucket, "tt")) <= 100.0
+            assert client.zcard(inflight) == 0 and not client.keys("slow:*:hold:*")
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+
+
+def test_failover_cancels_a_reservation_a_slow_redis_ran_late(redis: RedisProcess) -> None:
+    """The reservation times out, the request is served from the local bucket, and once
+    Redis answers the late reservation is cancelled there: not charged twice, no slot held
+    for the lease."""
+    limits = QuotaLimits(requests_per_s=0.01, request_burst=5.0, max_concurrent=2)
+
+    async def run() -> None:
+        store = FailoverQuotaStore(
+            RedisQuotaStore(redis.url, key_prefix="late", timeout_s=0.1),
+            MemoryQuotaStore(clamp_to_capacity=True), share=1.0, reconnect_interval_s=0.1)
+        try:
+            warm = await store.reserve("t", limits, 1.0, "m-warm", 60.0)
+            assert warm.ok and warm.shared and warm.hold is not None
+            await store.release(warm.hold, refund_request=True, refund_tokens=0.0)
+            bucket, inflight = store.shared.keys("t")
+            client = redis.client()
+            level = float(client.hget(bucket, "rt"))
+            busy = _stall(redis, 0.6)
+            served = await store.reserve("t", limits, 1.0, "m-late", 60.0)
+            assert served.ok and not served.shared and store.in_fallback
+            busy.join(5)
+            for _ in range(100):
+                if not store.in_fallback:
+                    break
+                await asyncio.sleep(0.05)
+            assert not store.in_fallback
+            assert client.zcard(inflight) == 0  # no slot held for the 60 s lease
+            assert float(client.hget(bucket, "rt")) == pytest.approx(level, abs=0.05)
+            assert store.cancelled_reservations == 1
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("refusal", ["readonly", "oom"])
+def test_a_redis_that_answers_ping_but_refuses_scripts_is_down_without_flapping(
+    redis: RedisProcess, refusal: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """READONLY (a replica) or OOM (maxmemory): PING still answers, every reservation
+    script is refused. The store falls back once, logs once, keeps probing with a script
+    (backing off) instead of flapping back on PING, and returns when Redis accepts writes."""
+    limits = QuotaLimits(requests_per_s=100.0, request_burst=100.0)
+    client = redis.client()
+
+    def refuse() -> None:
+        if refusal == "readonly":
+            client.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+        else:
+            client.config_set("maxmemory-policy", "noeviction")
+            client.config_set("maxmemory", "1")
+
+    def accept() -> None:
+        if refusal == "readonly":
+            client.execute_command("REPLICAOF", "NO", "ONE")
+        else:
+            client.config_set("maxmemory", "0")
+
+    async def run() -> None:
+        store = FailoverQuotaStore(
+            RedisQuotaStore(redis.url, key_prefix="ro", timeout_s=0.2),
+            MemoryQuotaStore(clamp_to_capacity=True), share=0.5, reconnect_interval_s=0.02)
+        try:
+            assert (await store.reserve("t", limits, 1.0, "m0", 60.0)).shared
+            refuse()
+            try:
+                assert client.ping()
+                for i in range(30):
+                    check = await store.reserve("t", limits, 1.0, f"m{i + 1}", 60.0)
+                    assert check.ok and not check.shared
+                    await asyncio.sleep(0.02)
+                assert store.in_fallback and store.outages == 1  # no flapping on PING
+                probes = store.backend_errors
+                await asyncio.sleep(0.5)
+                # backing off: 0.02, 0.04, ... s, so a handful of probes in 0.5 s, not 25
+                assert store.backend_errors - probes <= 6
+            finally:
+                accept()
+            for _ in range(200):
+                if not store.in_fallback:
+                    break
+                await asyncio.sleep(0.05)
+            assert not store.in_fallback
+            assert (await store.reserve("t", limits, 1.0, "m-back", 60.0)).shared
+        finally:
+            await store.aclose()
+
+    with caplog.at_level(logging.WARNING, logger="sluice.quota"):
+        asyncio.run(run())
+    down = [r for r in caplog.records if "unreachable" in r.getMessage()]
+    assert len(down) == 1

@@ -35,6 +35,11 @@ class QuotaCollector(Collector):
             yield CounterMetricFamily("sluice_quota_fallbacks",
                                       "Times the shared quota store became unreachable",
                                       value=store.outages)
+            yield CounterMetricFamily(
+                "sluice_quota_cancelled_reservations",
+                "Reservations whose call to the shared store failed, cancelled there once it "
+                "answered (a slow store may have run them)",
+                value=store.cancelled_reservations)
         remaining = GaugeMetricFamily(
             "sluice_quota_remaining",
             "Quota left in a tenant's bucket as of its last check (requests or tokens)",

@@ -14,6 +14,9 @@ from sluice.server.quota.stores import Hold, MemoryQuotaStore, QuotaBackendError
 
 log = logging.getLogger("sluice.quota")
 
+MAX_BACKOFF_S = 30.0
+"""The longest wait between two probes of a store that keeps failing (the interval doubles
+from ``reconnect_interval_s`` up to this, or to ``reconnect_interval_s`` if longer)."""
 PENDING_RELEASES_MAX = 100_000
 """Releases owed to Redis while it is unreachable, replayed when it returns (oldest dropped
 past this many; their slots then wait for their lease)."""
@@ -23,9 +26,15 @@ class FailoverQuotaStore:
     """A shared store in front of this replica's local buckets.
 
     Invariants: while ``in_fallback`` no request waits on the shared store (a background task
-    probes it every ``reconnect_interval_s``); an outage is logged once when it starts and
-    once when it ends; a release of a shared reservation made while the store is down is
-    kept and replayed on reconnection; local reservations are released locally.
+    probes it, first after ``reconnect_interval_s``, then backing off to ``MAX_BACKOFF_S``);
+    the probe runs a script that writes, so a Redis that answers PING but refuses scripts
+    (READONLY replica, OOM) stays down instead of flapping; an outage is logged once when it
+    starts and once when it ends; a release of a shared reservation made while the store is
+    down is kept and replayed on reconnection; a reservation whose call failed is cancelled
+    there on reconnection too (the call may have run on a slow Redis although its reply was
+    lost), so it is neither charged twice nor holds a slot for its lease; local reservations
+    are released locally. Releases refund at most once (``release.lua``), so replaying is
+    safe.
     """
 
     def __init__(self, shared: RedisQuotaStore, local: MemoryQuotaStore, *, share: float,
@@ -37,6 +46,8 @@ class FailoverQuotaStore:
         self.in_fallback = False
         self.outages = 0
         self.backend_errors = 0
+        self.cancelled_reservations = 0
+        """Reservations whose call failed, cancelled in the shared store on reconnection."""
         self._pending: deque[tuple[Hold, bool, float]] = deque(maxlen=PENDING_RELEASES_MAX)
         self._probe: asyncio.Task[None] | None = None
 
@@ -47,6 +58,11 @@ class FailoverQuotaStore:
                 return await self.shared.reserve(tenant_id, limits, tokens, member, lease_s)
             except QuotaBackendError as exc:
                 self._fail(exc)
+                # The script may still run (a slow Redis): cancel it there once it answers.
+                lost = Hold(tenant_id, limits, member, tokens if limits.tokens_per_s else 0.0,
+                            shared=True)
+                self._pending.append((lost, True, tokens))
+                self.cancelled_reservations += 1
         return await self.local.reserve(tenant_id, limits.scaled(self.share), tokens, member,
                                         lease_s)
 
@@ -79,10 +95,11 @@ class FailoverQuotaStore:
             self._probe = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _reconnect(self) -> None:
+        wait_s = self.reconnect_interval_s
         while self.in_fallback:
-            await asyncio.sleep(self.reconnect_interval_s)
+            await asyncio.sleep(wait_s)
             try:
-                await self.shared.ping()
+                await self.shared.probe()
                 while self._pending:
                     hold, refund_request, refund_tokens = self._pending[0]
                     await self.shared.release(hold, refund_request=refund_request,
@@ -90,6 +107,7 @@ class FailoverQuotaStore:
                     self._pending.popleft()
             except QuotaBackendError:
                 self.backend_errors += 1
+                wait_s = min(2 * wait_s, max(MAX_BACKOFF_S, self.reconnect_interval_s))
                 continue
             self.in_fallback = False
             log.warning("quota store %s reachable again: shared quotas resumed",

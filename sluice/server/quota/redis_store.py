@@ -2,7 +2,10 @@
 
 One atomic Lua script per reservation and one per release (``reserve.lua``, ``release.lua``,
 each after ``_prelude.lua``; package resources beside this module) apply the same rule as
-``TenantQuota``, on Redis's clock.
+``TenantQuota``, on Redis's clock. A granted reservation leaves a hold key recording what it
+charged; a release refunds from it once, so releases are safe to replay and a reservation
+whose reply was lost (a timeout) can be cancelled without ever refunding what was not
+charged.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ def _lua(name: str) -> str:
 
 RESERVE_LUA = _lua("_prelude.lua") + _lua("reserve.lua")
 RELEASE_LUA = _lua("_prelude.lua") + _lua("release.lua")
+PROBE_LUA = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)"
+"""A write from a script: what reservations need, so a Redis that answers PING but refuses
+scripts or writes (a read-only replica, out of memory) fails the probe too."""
 
 
 def redact_url(url: str) -> str:
@@ -64,11 +70,17 @@ class RedisQuotaStore:
         )
         self._reserve = self._client.register_script(RESERVE_LUA)
         self._release = self._client.register_script(RELEASE_LUA)
+        self._probe = self._client.register_script(PROBE_LUA)
 
     def keys(self, tenant_id: str) -> tuple[str, str]:
         """The tenant's bucket hash and in-flight sorted set."""
         base = f"{self._prefix}:quota:{{{tenant_id}}}"
         return f"{base}:bucket", f"{base}:inflight"
+
+    def hold_key(self, tenant_id: str, member: str) -> str:
+        """A granted reservation's hold (the tokens it charged), until released or leased
+        out; in the tenant's hash slot."""
+        return f"{self._prefix}:quota:{{{tenant_id}}}:hold:{member}"
 
     def _now_arg(self) -> str:
         return "" if self._clock is None else repr(self._clock())
@@ -89,7 +101,8 @@ class RedisQuotaStore:
             _num(limits.tokens_per_s), _num(limits.token_capacity), _num(tokens),
             str(limits.max_concurrent or 0), member, _num(lease_s), _num(CONCURRENCY_RETRY_S),
         ]
-        reply = await self._call(self._reserve(keys=self.keys(tenant_id), args=args))
+        keys = [*self.keys(tenant_id), self.hold_key(tenant_id, member)]
+        reply = await self._call(self._reserve(keys=keys, args=args))
         ok, limit, retry, rt, tt, in_flight = reply
         ok = bool(int(ok))
         hold = Hold(tenant_id, limits, member, tokens if limits.tokens_per_s else 0.0,
@@ -110,10 +123,16 @@ class RedisQuotaStore:
             _num(limits.tokens_per_s), _num(limits.token_capacity),
             "1" if refund_request else "0", _num(max(0.0, refund_tokens)), hold.member,
         ]
-        await self._call(self._release(keys=self.keys(hold.tenant_id), args=args))
+        keys = [*self.keys(hold.tenant_id), self.hold_key(hold.tenant_id, hold.member)]
+        await self._call(self._release(keys=keys, args=args))
 
     async def ping(self) -> None:
         await self._call(self._client.ping())
+
+    async def probe(self) -> None:
+        """Run a script that writes, as reservations do (``QuotaBackendError`` if Redis is
+        unreachable or refuses it: READONLY, OOM, NOSCRIPT loops, ...)."""
+        await self._call(self._probe(keys=[f"{self._prefix}:quota:probe"], args=["1"]))
 
     async def aclose(self) -> None:
         with contextlib.suppress(Exception):

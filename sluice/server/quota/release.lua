@@ -1,9 +1,15 @@
 -- Release one reservation: free its slot (ARGV[8]) and give back a request (ARGV[6] = 1)
--- and ARGV[7] tokens, never above capacity. Runs after _prelude.lua. KEYS and ARGV 1-5
--- as in reserve.lua. A bucket that has expired (full again) is left absent.
+-- and ARGV[7] tokens (at most what its hold, KEYS[3], records), never above capacity; once:
+-- without a hold (released already, never granted, or past its lease) nothing is given
+-- back. Runs after _prelude.lua. KEYS and ARGV 1-5 as in reserve.lua. A bucket that has
+-- expired (full again) is left absent. Returns 1 if the hold was there, else 0.
 local tok_rate, tok_cap = tonumber(ARGV[4]), tonumber(ARGV[5])
 local refund_req, refund_tok = tonumber(ARGV[6]), tonumber(ARGV[7])
 redis.call('ZREM', KEYS[2], ARGV[8])
+local held = redis.call('GET', KEYS[3])
+if not held then return 0 end
+redis.call('DEL', KEYS[3])
+refund_tok = math.min(refund_tok, tonumber(held))
 local s = redis.call('HMGET', KEYS[1], 'rt', 'ru', 'tt', 'tu')
 if req_rate > 0 and refund_req > 0 and s[1] then
   local rt, ru = refill(s[1], s[2], req_rate, req_cap)

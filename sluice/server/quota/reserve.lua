@@ -1,5 +1,8 @@
 -- Reserve one request, ARGV[6] tokens and a concurrency slot, or nothing. Runs after
--- _prelude.lua. KEYS: the tenant's bucket hash and in-flight sorted set. ARGV: now,
+-- _prelude.lua. KEYS: the tenant's bucket hash, in-flight sorted set, and the
+-- reservation's hold key (set on a grant to the tokens charged, for the lease: release.lua
+-- refunds only what a hold records, once, so a release replayed after a timeout, or one
+-- cancelling a reservation whose reply was lost, can never refund twice). ARGV: now,
 -- request rate, request burst, token rate, token capacity, tokens needed, concurrency cap,
 -- member (reservation id), lease (s), Retry-After for a full concurrency cap (s).
 -- Returns {ok (1/0), limit ('' or the refusing limit), retry_after_s, request tokens left
@@ -37,6 +40,7 @@ if limit == '' then
     redis.call('PEXPIRE', KEYS[2], math.ceil(lease * 1000) + 1000)
     in_flight = in_flight + 1
   end
+  redis.call('SET', KEYS[3], fmt(tok_rate > 0 and need or 0), 'PX', math.ceil(lease * 1000) + 1000)
 end
 if req_rate > 0 then keep('rt', 'ru', rt, ru, req_cap, req_rate) end
 if tok_rate > 0 then keep('tt', 'tu', tt, tu, tok_cap, tok_rate) end
