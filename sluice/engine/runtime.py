@@ -286,21 +286,7 @@ class Runtime:
 
     def try_submit(self, req: Request) -> Rejection | None:
         """Admit ``req`` into the queue, or reject it at once (it then ends ``REJECTED``)."""
-        now = self.clock()
-        req.listeners.append(self._on_event(req))
-        named = req.model_id
-        with self._cv:
-            rejection = self._plan(req, now) or self._admission_check(req, now)
-            if rejection is None:
-                self._enqueue(req, now)
-                self.variants.admitted(req, named if named in self.variants.groups else None)
-        if rejection is not None:
-            self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
-            req.finish(RequestStatus.REJECTED, now, error=rejection.message,
-                       error_code=rejection.reason)
-            return rejection
-        self.observer.admitted(req)
-        return None
+        return self.try_submit_unit([req])
 
     def try_submit_unit(self, reqs: Sequence[Request]) -> Rejection | None:
         """Admit ``reqs`` (the inputs of one API request) as one unit: one admission
@@ -308,8 +294,6 @@ class Runtime:
         queue holds is still served, never refused for good. All are queued (each a
         scheduling item of cost 1, so their cost is their number) or all end ``REJECTED``.
         The queue may hence hold up to ``queue_capacity - 1 + len(reqs)`` items."""
-        if len(reqs) == 1:
-            return self.try_submit(reqs[0])
         now = self.clock()
         for req in reqs:
             req.listeners.append(self._on_event(req))
