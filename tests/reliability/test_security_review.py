@@ -322,7 +322,15 @@ def test_prompts_are_measured_before_and_tokenized_off_the_event_loop(
             r = c.post(path, json={"model": CHAT, **body})
             err = assert_error(r, 400, code="context_length_exceeded", param=param)
             assert "bytes) has at least" in err["message"], err
+        # /tokenize counts past one sequence, but not past the model's whole context
+        for field, value in (("content", huge), ("prompt", huge),
+                             ("messages", [{"role": "user", "content": huge}])):
+            r = c.post("/tokenize", json={"model": CHAT, field: value})
+            err = assert_error(r, 400, code="context_length_exceeded", param=field)
+            assert "4096 tokens in all" in err["message"], err
         assert not [n for _, n in _SpyTokenizer.calls if n >= 600_000], "tokenized a huge one"
+        counted = c.post("/tokenize", json={"model": CHAT, "prompt": "y" * 3000})
+        assert counted.status_code == 200 and counted.json()["count"] == 3001
         for path, body in (("/v1/completions", {"prompt": "hi there"}),
                            ("/v1/infer", {"input": "hi there"}),
                            ("/v1/chat/completions",

@@ -169,20 +169,24 @@ def decision_headers(req: RtRequest) -> dict[str, str]:
     return headers
 
 
-def check_prompt_length(tok: Tokenizer, text: str, param: str) -> None:
+def check_prompt_length(tok: Tokenizer, text: str, param: str, *,
+                        whole_context: bool = False) -> None:
     """Refuse (400 ``context_length_exceeded``) a prompt whose length alone proves it cannot
-    fit, before any tokenizing: a token stands for at most ``max_token_bytes()`` bytes, so
-    the text has at least ``bytes / max_token_bytes()`` tokens. Linear in the text, cheap
-    next to tokenizing it (seconds for a megabyte of special-token text on llama.cpp)."""
+    fit one sequence (``whole_context``: the model's whole context, for ``/tokenize``),
+    before any tokenizing: a token stands for at most ``max_token_bytes()`` bytes, so the
+    text has at least ``bytes / max_token_bytes()`` tokens. Linear in the text, cheap next to
+    tokenizing it (seconds for a megabyte of special-token text on llama.cpp)."""
     most = tok.max_token_bytes()
     if most is None:
         return
     n_bytes = len(text.encode("utf-8"))
     least_tokens = -(-n_bytes // most)
-    if least_tokens >= tok.n_ctx_per_seq:
+    room, where = ((tok.n_ctx_per_seq * tok.n_seq_max, "in all") if whole_context
+                   else (tok.n_ctx_per_seq, "per sequence"))
+    if least_tokens >= room:
         raise APIError(
             400,
-            f"This model's context holds {tok.n_ctx_per_seq} tokens per sequence; the prompt "
+            f"This model's context holds {room} tokens {where}; the prompt "
             f"({n_bytes} bytes) has at least {least_tokens}.",
             param=param, code="context_length_exceeded",
         )

@@ -24,6 +24,7 @@ from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
     body_headers,
+    check_prompt_length,
     ctx_of,
     spec_of_kind,
     tokenizer_of,
@@ -49,15 +50,20 @@ def _piece(raw: bytes) -> str | list[int]:
 
 
 def _tokenize(tok: Tokenizer, body: TokenizeRequest) -> list[int]:
+    """In a worker thread; a text that cannot fit even the model's whole context is refused
+    by its length before it is tokenized."""
     if body.messages is not None:
         tools = [t.as_dict() for t in body.tools or []]
         prompt = tok.apply_chat([m.as_dict() for m in body.messages], tools or None)
+        check_prompt_length(tok, prompt.text, "messages", whole_context=True)
         ids = chat_tokens(tok, prompt)  # BOS first, as a chat request runs it
         return ids if body.add_special_tokens else ids[len(tok.tokenize("", add_bos=True)):]
     if body.content is not None:
+        check_prompt_length(tok, body.content, "content", whole_context=True)
         return tok.tokenize(body.content, add_bos=bool(body.add_special),
                             special=body.parse_special)
     assert body.prompt is not None
+    check_prompt_length(tok, body.prompt, "prompt", whole_context=True)
     add = True if body.add_special_tokens is None else body.add_special_tokens
     return tok.tokenize(body.prompt, add_bos=add, special=body.parse_special)
 
