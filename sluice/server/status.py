@@ -13,9 +13,11 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
     """Queue, workers, resident models and batches, as plain JSON."""
     snap = runtime.snapshot()
     workers = []
-    for state, depth in zip(snap.workers, snap.inbox_depths, strict=True):
+    statuses = snap.worker_status or ("up",) * len(snap.workers)
+    for state, depth, status in zip(snap.workers, snap.inbox_depths, statuses, strict=True):
         workers.append({
             "worker_id": state.worker_id,
+            "status": status,
             "inbox_depth": depth,
             "active": state.active_count,
             "budget_bytes": state.budget_bytes,
@@ -33,6 +35,7 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
         "scheduler": runtime.config.scheduler,
         "router": runtime.config.router,
         "workers": workers,
+        "recoveries": [asdict(r) for r in runtime.recoveries()],
     }
 
 

@@ -81,9 +81,14 @@ def _check_death_and_recovery(live: LiveServer, model: str, cause: str,
         len(responses) - len(failed) + 3)
     assert metric_sum(s, "sluice_worker_recovery_seconds_count") == 1
     assert metric_sum(s, "sluice_worker_recovery_seconds_sum") >= LOAD_S
-    recoveries = live.runtime.recoveries()
-    assert [(r.worker_id, r.failed_requests, r.models) for r in recoveries] == [
-        (0, len(failed), (model,))]
+    with live.client() as c:
+        status = c.get("/status.json").json()
+    [recovery] = status["recoveries"]
+    assert (recovery["worker_id"], recovery["failed_requests"], recovery["models"]) == (
+        0, len(failed), [model])
+    assert recovery["recovery_s"] >= LOAD_S and recovery["cause"].startswith(
+        "died" if cause == "died" else "stopped making progress")
+    assert status["workers"][0]["status"] == "up"
     assert_idle_and_free(live)
 
 

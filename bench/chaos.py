@@ -1,0 +1,419 @@
+"""Chaos: a bounded run at 80 % of measured capacity on the real packaged model, with a
+small share of extreme-parameter requests mixed in and worker deaths injected at random
+(the model's ``[models.faults]``: each forward pass kills the worker's thread, or hangs it
+past the watchdog, with a small probability). Issue 11's claim, measured:
+
+- every request gets exactly one terminal answer (no transport failure, no hang);
+- the client's counts equal the server's ``sluice_requests_total`` by state, and the
+  requests failed by deaths equal ``sluice_worker_failed_requests_total``;
+- the server serves throughout, except the recovery windows (``/ready`` polled every
+  0.25 s; every 5 s bin outside them completes requests);
+- each death's recovery time (the death to the replacement having loaded the model), from
+  ``/status.json``, and the not-ready windows the client saw.
+
+Capacity is measured first on a fault-free server (closed loop, 8 clients, 20 s), then the
+chaos server starts with the same model and the faults on.
+
+    flock /tmp/sluice-heavy.lock python bench/chaos.py                  # 7 minutes
+    python bench/chaos.py --synthetic --duration 30                     # a smoke run
+
+Writes bench/results/chaos.json and chaos.png (``--out`` renames them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import random
+import statistics
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.llm_bench import PROMPTS
+from bench.outcomes import Outcome, _kind_of, closed, delta, one_request, server_counts, tally
+from bench.overload import SYNTH_PROMPTS, wait_idle
+from bench.servers import free_port, running, sluice_cmd
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MAX_TOKENS = 32
+EXTREME_MAX_TOKENS = 16
+BIN_S = 5
+"""Width of the bins in which "serving" is checked."""
+READY_POLL_S = 0.25
+MARGIN_S = 2.0
+"""A bin this close to a not-ready window counts as part of the recovery."""
+
+EXTREMES: list[dict[str, Any]] = [
+    {"seed": -1},
+    {"seed": -(2**70), "temperature": 0.7},
+    {"seed": 2**64 + 5, "top_k": 40},
+    {"temperature": 1e-320, "top_k": 5},
+    {"temperature": 5e-324, "top_p": 0.9},
+    {"temperature": 2.0, "top_p": 5e-324, "min_p": 1.0},
+    {"top_k": 100_000, "min_p": 5e-324, "temperature": 1e-6},
+    {"repetition_penalty": 5e-324, "frequency_penalty": 2.0, "presence_penalty": -2.0},
+    {"repetition_penalty": 10.0, "penalty_last_n": -1, "logit_bias": {"1": -100, "2": 100}},
+    {"n": 4, "temperature": 1e-320, "seed": -7, "logprobs": True, "top_logprobs": 20},
+    {"stop": ["\x00", "a" * 256, "\n", "."], "temperature": 0.0},
+]
+"""Extreme but well-typed sampling values (issue 11): each must be served."""
+
+
+def model_toml(synthetic: bool) -> tuple[str, str]:
+    """(model id, its ``[[models]]`` table without faults)."""
+    if synthetic:
+        return "synth-chat", """
+[[models]]
+id = "synth-chat"
+kind = "generative"
+backend = "synthetic"
+task = "generation"
+memory_bytes = 100_000_000
+[models.options]
+load_s = 1.0
+n_seq_max = 8
+n_ctx_per_seq = 512
+step_fixed_s = 0.02
+decode_per_seq_s = 0.0005
+prefill_per_token_s = 0.0001
+"""
+    return "gemma-3-270m", """
+[[models]]
+id = "gemma-3-270m"
+kind = "generative"
+backend = "llamacpp"
+task = "generation"
+memory_bytes = 600_000_000
+[models.options]
+path = "packaged:gemma-3-270m"
+n_ctx = 8192
+n_seq_max = 8
+n_threads = 2
+"""
+
+
+def server_toml(models: str, watchdog_s: float, faults: dict[str, float] | None) -> str:
+    fault_table = ""
+    if faults:
+        fault_table = "[models.faults]\n" + "".join(f"{k} = {v}\n" for k, v in faults.items())
+    return f"""
+[scheduling]
+queue_capacity = 64
+[workers]
+count = 1
+inbox_capacity = 32
+watchdog_s = {watchdog_s}
+{models}{fault_table}"""
+
+
+async def one_extreme(client: httpx.AsyncClient, base: str, model: str, fields: dict[str, Any],
+                      t_base: float) -> Outcome:
+    """A non-streamed chat completion with extreme sampling values."""
+    body = {"model": model, "max_tokens": EXTREME_MAX_TOKENS,
+            "messages": [{"role": "user", "content": "Say hello."}], **fields}
+    t0 = time.perf_counter()
+    try:
+        r = await client.post(f"{base}/v1/chat/completions", json=body)
+    except httpx.TransportError as exc:
+        return Outcome("transport", 0, type(exc).__name__, t0 - t_base,
+                       time.perf_counter() - t0, None)
+    code = None
+    if r.status_code != 200:
+        try:
+            code = r.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            code = None
+    kind = "ok" if r.status_code == 200 else _kind_of(r.status_code)
+    return Outcome(kind, r.status_code, code, t0 - t_base, time.perf_counter() - t0, None,
+                   r.headers.get("retry-after"))
+
+
+async def chaos_load(base: str, model: str, prompts: list[str], *, rate_per_s: float,
+                     duration_s: float, extreme_share: float,
+                     seed: int) -> list[tuple[str, Outcome]]:
+    """Poisson arrivals; each request is plain (streamed) or extreme; all awaited."""
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300.0, connect=30.0)
+                                 ) as client:
+        tasks: list[asyncio.Task[Outcome]] = []
+        kinds: list[str] = []
+        t_base = time.perf_counter()
+        next_s, i = 0.0, 0
+        while True:
+            next_s += rng.expovariate(rate_per_s)
+            if next_s >= duration_s:
+                break
+            delay = t_base + next_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if rng.random() < extreme_share:
+                kinds.append("extreme")
+                tasks.append(asyncio.create_task(one_extreme(
+                    client, base, model, EXTREMES[i % len(EXTREMES)], t_base)))
+            else:
+                kinds.append("plain")
+                tasks.append(asyncio.create_task(one_request(
+                    client, base, model, prompts[i % len(prompts)], MAX_TOKENS,
+                    deadline_ms=None, t_base=t_base)))
+            i += 1
+        outcomes = await asyncio.gather(*tasks)
+        return list(zip(kinds, outcomes, strict=True))
+
+
+def probe_ready(base: str, stop: threading.Event, t_base: float,
+                out: list[tuple[float, int]]) -> None:
+    with httpx.Client(timeout=5) as c:
+        while not stop.is_set():
+            try:
+                status = c.get(f"{base}/ready").status_code
+            except httpx.HTTPError:
+                status = 0
+            out.append((round(time.perf_counter() - t_base, 3), status))
+            stop.wait(READY_POLL_S)
+
+
+def not_ready_windows(samples: list[tuple[float, int]]) -> list[tuple[float, float]]:
+    """Runs of non-200 ``/ready`` answers: (first not-ready sample, first ready after)."""
+    windows: list[tuple[float, float]] = []
+    start: float | None = None
+    for t, status in samples:
+        if status != 200 and start is None:
+            start = t
+        elif status == 200 and start is not None:
+            windows.append((start, t))
+            start = None
+    if start is not None:
+        windows.append((start, samples[-1][0]))
+    return windows
+
+
+def supervision_metrics(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    out: Counter[str] = Counter()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "sluice_worker_deaths_total":
+                out[f"deaths_{s.labels['cause']}"] += s.value
+            elif s.name == "sluice_worker_failed_requests_total":
+                out["worker_failed_requests"] += s.value
+            elif s.name == "sluice_worker_recovery_seconds_count":
+                out["recoveries"] += s.value
+    return dict(out)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=420.0, help="seconds of chaos")
+    parser.add_argument("--load", type=float, default=0.8, help="fraction of capacity")
+    parser.add_argument("--capacity-s", type=float, default=20.0)
+    parser.add_argument("--extreme-share", type=float, default=0.05)
+    parser.add_argument("--kill-probability", type=float, default=8e-4,
+                        help="per forward pass")
+    parser.add_argument("--hang-probability", type=float, default=4e-4,
+                        help="per forward pass")
+    parser.add_argument("--hang-s", type=float, default=8.0)
+    parser.add_argument("--watchdog-s", type=float, default=4.0)
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--synthetic", action="store_true",
+                        help="the synthetic backend instead of the packaged model (smoke)")
+    parser.add_argument("--out", default="chaos")
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    model, models = model_toml(args.synthetic)
+    prompts = SYNTH_PROMPTS if args.synthetic else PROMPTS
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd, _ = sluice_cmd(server_toml(models, args.watchdog_s, None), port)
+    print(f"measuring capacity for {args.capacity_s:g} s (no faults)", flush=True)
+    with running(cmd, f"{base}/ready", log_path=RESULTS / f"{args.out}_capacity.log"):
+        cap = asyncio.run(closed(base, model, prompts, concurrency=8,
+                                 duration_s=args.capacity_s, max_tokens=MAX_TOKENS))
+    ok = [o for o in cap if o.kind == "ok"]
+    capacity = len(ok) / max(o.start_s + o.latency_s for o in cap)
+    rate = args.load * capacity
+
+    faults = {"kill_probability": args.kill_probability,
+              "hang_probability": args.hang_probability, "hang_s": args.hang_s,
+              "seed": args.seed}
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd, _ = sluice_cmd(server_toml(models, args.watchdog_s, faults), port)
+    probes: list[tuple[float, int]] = []
+    with running(cmd, f"{base}/ready", log_path=RESULTS / f"{args.out}.log"):
+        before = server_counts(base, model)
+        print(f"capacity {capacity:.2f} req/s; chaos at {rate:.2f} req/s for "
+              f"{args.duration:g} s, {args.extreme_share:.0%} extreme, faults {faults}",
+              flush=True)
+        stop = threading.Event()
+        t0 = time.time()
+        t_base = time.perf_counter()
+        prober = threading.Thread(target=probe_ready, args=(base, stop, t_base, probes),
+                                  daemon=True)
+        prober.start()
+        results = asyncio.run(chaos_load(base, model, prompts, rate_per_s=rate,
+                                         duration_s=args.duration,
+                                         extreme_share=args.extreme_share, seed=args.seed))
+        wait_idle(base)
+        end = time.monotonic() + 120  # a death near the end: its replacement may still load
+        while httpx.get(f"{base}/ready", timeout=5).status_code != 200:
+            if time.monotonic() > end:
+                break
+            time.sleep(READY_POLL_S)
+        stop.set()
+        prober.join()
+        server = delta(server_counts(base, model), before)
+        supervision = supervision_metrics(base)
+        status = httpx.get(f"{base}/status.json", timeout=10).json()
+        health = httpx.get(f"{base}/health", timeout=5).status_code
+        ready = httpx.get(f"{base}/ready", timeout=5).status_code
+
+    outcomes = [o for _, o in results]
+    counts = tally(outcomes)
+    codes = Counter(f"{o.status} {o.code}" for o in outcomes if o.kind != "ok")
+    extremes = [o for k, o in results if k == "extreme"]
+    recoveries = status["recoveries"]
+    recovery_s = [r["recovery_s"] for r in recoveries if r["recovery_s"] is not None]
+    windows = not_ready_windows(probes)
+    window_s = [b - a for a, b in windows]
+    deaths = supervision.get("deaths_died", 0) + supervision.get("deaths_stalled", 0)
+
+    # serving throughout: every bin outside the recovery windows completes requests
+    n_bins = int(args.duration // BIN_S)
+    done_per_bin = [0] * (n_bins + 1)
+    for o in outcomes:
+        if o.kind == "ok":
+            done_per_bin[min(n_bins, int((o.start_s + o.latency_s) // BIN_S))] += 1
+    quiet_bins = []
+    for b in range(1, n_bins):  # the first bin warms up; the last is partial
+        lo, hi = b * BIN_S, (b + 1) * BIN_S
+        in_recovery = any(a - MARGIN_S < hi and lo < e + MARGIN_S for a, e in windows)
+        if not in_recovery and done_per_bin[b] == 0:
+            quiet_bins.append(lo)
+    worker_failed = sum(1 for o in outcomes if o.code == "worker_failed")
+    checks = {
+        "zero_transport_failures": counts["transport"] == 0,
+        "no_unexpected_status": counts["other"] == 0,
+        "every_request_one_answer": len(outcomes) == sum(
+            counts[k] for k in ("ok", "rejected", "expired", "failed", "cancelled")),
+        "client_counts_equal_server_metrics": all(
+            counts[c] == server[s] for c, s in (("ok", "completed"), ("failed", "failed"),
+                                                ("rejected", "rejected"),
+                                                ("expired", "expired"),
+                                                ("cancelled", "cancelled"))),
+        "failures_are_worker_deaths": counts["failed"] == worker_failed,
+        "worker_failed_equal_server_metric":
+            worker_failed == supervision.get("worker_failed_requests", 0),
+        "extremes_served_unless_a_death_took_them": all(
+            o.kind == "ok" or o.code in ("worker_failed", "queue_full") for o in extremes),
+        "some_deaths_happened": deaths > 0,
+        "every_death_recovered": len(recovery_s) == deaths,
+        "serving_outside_recovery_windows": not quiet_bins,
+        "healthy_and_ready_after": health == 200 and ready == 200,
+    }
+    result = {
+        "benchmark": "chaos",
+        "command": "python bench/chaos.py" + (" --synthetic" if args.synthetic else "")
+                   + f" --duration {args.duration:g}",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+        "machine": {"platform": platform.platform()},
+        "model": model,
+        "duration_s": args.duration,
+        "capacity_requests_per_s": round(capacity, 3),
+        "offered_requests_per_s": round(rate, 3),
+        "load_fraction": args.load,
+        "max_tokens": MAX_TOKENS,
+        "extreme_share": args.extreme_share,
+        "faults": faults,
+        "watchdog_s": args.watchdog_s,
+        "sent": len(outcomes),
+        "extreme_sent": len(extremes),
+        "extreme_ok": sum(o.kind == "ok" for o in extremes),
+        "client": counts,
+        "client_error_codes": dict(codes),
+        "server": server,
+        "supervision": supervision,
+        "deaths": deaths,
+        "recoveries": recoveries,
+        "recovery_s": {"p50": percentile(recovery_s, 0.5), "max": max(recovery_s, default=None),
+                       "mean": statistics.fmean(recovery_s) if recovery_s else None},
+        "detect_s": {"max": max((r["detect_s"] for r in recoveries), default=None)},
+        "not_ready_windows_s": [[round(a, 2), round(b, 2)] for a, b in windows],
+        "not_ready_s": {"p50": percentile(window_s, 0.5), "max": max(window_s, default=None),
+                        "total": round(sum(window_s), 2)},
+        "ok_latency_p50_s": percentile([o.latency_s for o in outcomes if o.kind == "ok"], 0.5),
+        "quiet_bins_outside_recovery": quiet_bins,
+        "ok_per_bin": done_per_bin,
+        "bin_s": BIN_S,
+        "health_after": health,
+        "ready_after": ready,
+        "checks": checks,
+        "passed": all(checks.values()),
+    }
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=1))
+    plot(result, outcomes, RESULTS / f"{args.out}.png")
+    print(json.dumps({k: v for k, v in result.items()
+                      if k not in ("ok_per_bin", "recoveries", "not_ready_windows_s")},
+                     indent=1))
+    return 0 if result["passed"] else 1
+
+
+def plot(result: dict[str, Any], outcomes: list[Outcome], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(2, 1, figsize=(11, 7), gridspec_kw={"height_ratios": [3, 2]})
+    bins = int(result["duration_s"]) + 1
+    colors = {"ok": "#16a34a", "failed": "#7c3aed", "rejected": "#f59e0b",
+              "expired": "#dc2626"}
+    for kind, color in colors.items():
+        per_s = [0] * bins
+        for o in outcomes:
+            if o.kind == kind:
+                per_s[min(bins - 1, int(o.start_s + o.latency_s))] += 1
+        window = 5
+        series = [sum(per_s[i:i + window]) / window for i in range(0, bins, window)]
+        if any(series):
+            a.plot([i * window for i in range(len(series))], series, color=color, label=kind)
+    for lo, hi in result["not_ready_windows_s"]:
+        a.axvspan(lo, hi, color="#ef4444", alpha=0.2)
+    a.set(title=f"chaos on {result['model']}: {result['sent']} requests at "
+                f"{result['load_fraction']:.0%} load, {result['deaths']} injected worker "
+                "deaths (red: /ready 503)",
+          xlabel="s (by answer time, 5 s means)", ylabel="answers/s")
+    a.legend(fontsize=8)
+    a.grid(alpha=0.3)
+    recs = result["recoveries"]
+    b.bar(range(len(recs)), [r["recovery_s"] or 0 for r in recs],
+          color=["#7c3aed" if r["cause"].startswith("died") else "#0ea5e9" for r in recs])
+    b.set(title="recovery time per death (death -> replacement loaded; purple: thread died, "
+                "blue: stalled past the watchdog)", xlabel="death #", ylabel="s")
+    b.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
