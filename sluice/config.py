@@ -433,6 +433,8 @@ class Config(_Strict):
             static_max_wait_s=self.engine.static_max_wait_ms / 1000.0,
             prefix_reuse=self.engine.prefix_reuse,
             min_prefix_tokens=self.engine.min_prefix_tokens,
+            line_order="priority_deadline" if self.scheduling.scheduler == "priority_edf"
+            else "arrival",
         )
         workers = tuple(
             WorkerConfig(

@@ -204,7 +204,7 @@ class ContinuousEngine:
         elif self.kv.blocks_needed(need) * n > self.kv.total_blocks:
             self._refuse(req, f"{n} choices of prompt + max_tokens ({need} tokens) exceed "
                               "the model's KV cache", "context_length_exceeded")
-        elif (late := self._late_start(req)) is not None:
+        elif (late := self._late_start(req, self._line_position(req))) is not None:
             now = self._clock()
             ttft, retry_s = late
             left_s = (req.ttft_deadline_s or now) - now
@@ -216,23 +216,38 @@ class ContinuousEngine:
                        retry_after_s=retry_s)
             self._on_retire(req)
         else:
-            self.waiting.append(req)
+            self.waiting.insert(self._line_position(req), req)
+
+    def _line_position(self, req: Request) -> int:
+        """Where ``req`` joins the waiting line: at the end, or (``priority_deadline``)
+        after every request of a more urgent class or the same class and an earlier or
+        equal deadline to start by (arrival order among equals)."""
+        if self.config.line_order == "arrival":
+            return len(self.waiting)
+        key = _urgency(req)
+        for i, other in enumerate(self.waiting):
+            if key < _urgency(other):
+                return i
+        return len(self.waiting)
 
     def _refuse(self, req: Request, error: str, code: str) -> None:
         req.finish(RequestStatus.FAILED, self._clock(), error=error, error_code=code)
         self._on_retire(req)
 
-    def predict_ttft(self, prompt_tokens: int, n: int = 1) -> TtftPrediction:
-        """When a request with this prompt, arriving now, would get its first token: the
-        waiting line and the running sequences against the learned step-time model."""
+    def predict_ttft(self, prompt_tokens: int, n: int = 1,
+                     position: int | None = None) -> TtftPrediction:
+        """When a request with this prompt, joining the waiting line at ``position`` (its
+        end by default) now, would get its first token: the running sequences and the
+        line ahead of it against the learned step-time model."""
         cost = self.step_cost.current()
         running = [LineEntry(max(0, s.n_prompt - s.n_fed),
                              max(0, s.req.params.max_tokens - s.generated))
                    for s in self.running.values()]
         running += [LineEntry(0, g.req.params.max_tokens, len(g.fork_slots))
                     for g in self._groups.values() if g.fork_slots]
+        ahead = list(self.waiting)[:position]
         waiting = [LineEntry(len(r.prompt_tokens), r.params.max_tokens, max(1, r.params.n))
-                   for r in self.waiting]
+                   for r in ahead]
         held = [s.n_fed for s in self.running.values()] or [prompt_tokens]
         context = sum(held) / len(held)
         limit = None
@@ -246,13 +261,13 @@ class ContinuousEngine:
                             running=running, waiting=waiting, new_prompt_tokens=prompt_tokens,
                             new_n=n)
 
-    def _late_start(self, req: Request) -> tuple[TtftPrediction, float] | None:
+    def _late_start(self, req: Request, position: int) -> tuple[TtftPrediction, float] | None:
         """For a request with a first-token deadline predicted to be missed: the prediction
         and a Retry-After (when the line ahead will have drained enough); else None."""
         if req.ttft_deadline_s is None:
             return None
         now = self._clock()
-        ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n))
+        ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n), position)
         if now + ttft.ttft_s <= req.ttft_deadline_s:
             return None
         allowed_s = req.ttft_deadline_s - req.arrival_s
@@ -620,6 +635,12 @@ class ContinuousEngine:
         for req in self.requests():
             req.finish(RequestStatus.CANCELLED, now, error=error, error_code="shutdown")
         self._retire_stopped(now)
+
+
+def _urgency(req: Request) -> tuple[int, float]:
+    """Priority class (0 most urgent), then the time to start by (none: last)."""
+    start_by = req.start_by_s
+    return req.priority, float("inf") if start_by is None else start_by
 
 
 def _step_cost_prior(path: str | None) -> StepCost:

@@ -56,6 +56,7 @@ from typing import Literal, Protocol
 from sluice.policy.kv_blocks import KVBlockAllocator, KVSnapshot
 
 BatchingMode = Literal["continuous", "static", "serial"]
+LineOrder = Literal["arrival", "priority_deadline"]
 HoldReason = Literal["mode", "slots", "tokens", "kv", "step_budget"]
 """Why the head of the waiting line was not admitted: the batching mode (a baseline with a
 running batch, or static still waiting for a full one), no free slot, no token budget left
@@ -84,6 +85,11 @@ class EngineConfig:
     prompt_logprobs_chunk_tokens: int = 32
     """Longest prefill piece of a prompt whose log-probabilities are wanted (its pass
     returns a logits row per token)."""
+    line_order: LineOrder = "arrival"
+    """How the engine orders its waiting line: ``arrival`` (the order the scheduler
+    dispatched in), or ``priority_deadline`` (priority class, then the earliest deadline
+    to start by, then arrival: the ``priority_edf`` scheduler's order, kept inside the
+    engine too)."""
 
     def __post_init__(self) -> None:
         for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens",
@@ -92,6 +98,9 @@ class EngineConfig:
                 raise ValueError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
         if self.mode not in ("continuous", "static", "serial"):
             raise ValueError(f"engine.mode must be continuous|static|serial, got {self.mode!r}")
+        if self.line_order not in ("arrival", "priority_deadline"):
+            raise ValueError(f"engine.line_order must be arrival|priority_deadline, got "
+                             f"{self.line_order!r}")
 
 
 # -- what the planner sees ------------------------------------------------------------------

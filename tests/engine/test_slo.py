@@ -239,3 +239,46 @@ def test_a_full_kv_pool_makes_requests_wait_and_never_preempts_a_running_one() -
         # once started, a token every step until done: never preempted, never paused
         assert steps == list(range(steps[0], steps[0] + 44))
     assert eng.kv.free_blocks == eng.kv.total_blocks
+
+
+# -- the waiting line in the scheduler's order ---------------------------------------------
+
+
+def test_priority_deadline_line_order_starts_the_most_urgent_first() -> None:
+    clock = Clock()
+    one_slot = ModelSpec("chat", "generative", "synthetic", 1, options={
+        "speed_scale": 0.0, "n_seq_max": 1, "n_ctx_per_seq": 64})
+    m = TimedModel(one_slot, clock, base_s=0.002, per_decode_s=0.010, per_prefill_s=0.0001)
+    # one sequence at a time: the line order is the start order
+    eng = ContinuousEngine(m, EngineConfig(kv_block_tokens=8, line_order="priority_deadline"),
+                           clock, lambda r: None)
+    started: list[str] = []
+
+    def make(name: str, priority: int, start_by: float | None) -> Request:
+        req = request(max_tokens=3)
+        req.priority = priority
+        req.ttft_deadline_s = start_by
+        req.listeners.append(lambda e: isinstance(e, TokenEvent) and e.index == 0
+                             and started.append(name))
+        return req
+
+    for name, prio, start_by in (("first", 5, None), ("late-5", 5, 50.0), ("none-5", 5, None),
+                                 ("soon-5", 5, 10.0), ("urgent-0", 0, None)):
+        eng.add(make(name, prio, start_by))
+    assert [r.priority for r in eng.waiting][:1] == [0]
+    run(eng)
+    assert started == ["urgent-0", "soon-5", "late-5", "first", "none-5"]
+
+
+def test_arrival_line_order_keeps_the_dispatch_order() -> None:
+    eng, _, _ = build(spec())
+    reqs = [request() for _ in range(3)]
+    reqs[2].priority = 0
+    for r in reqs:
+        eng.add(r)
+    assert list(eng.waiting) == reqs
+
+
+def test_a_bad_line_order_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="line_order"):
+        EngineConfig(line_order="random")  # type: ignore[arg-type]
