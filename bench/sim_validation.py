@@ -124,10 +124,12 @@ SYSTEMS: dict[str, dict[str, Any]] = {
 }
 
 
+def pct(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
 def p95(values: list[float]) -> float | None:
-    if not values:
-        return None
-    return float(np.percentile(values, 95))
+    return pct(values, 95)
 
 
 async def token_counts(base: str, model: str, prompts: list[str]) -> list[int]:
@@ -201,17 +203,21 @@ def real_summary(samples: list[Sample], max_tokens: int) -> dict[str, Any]:
               "expired": sum(s.status == 200 and s.error is not None and "deadline" in s.error
                              for s in samples)}
     states["other"] = len(samples) - sum(states.values())
+    ttft = [s.ttft_s for s in done if s.ttft_s is not None]
     return {"offered": len(samples), "states": states,
             "goodput": len(done) / len(samples) if samples else None,
-            "ttft_p95_s": p95([s.ttft_s for s in done if s.ttft_s is not None]),
-            "e2e_p95_s": p95([s.latency_s for s in done])}
+            "ttft_p95_s": p95(ttft), "e2e_p95_s": p95([s.latency_s for s in done]),
+            "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
+            "tpot_p50_s": pct([s.tpot_s for s in done if s.tpot_s is not None], 50)}
 
 
 def sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str, Any]:
     report, _ = simulate(config, arrivals)
     o = report["overall"]
     return {"offered": o["offered"], "states": o["states"], "goodput": o["goodput"],
-            "ttft_p95_s": o["ttft_s"]["p95"], "e2e_p95_s": o["e2e_s"]["p95"]}
+            "ttft_p95_s": o["ttft_s"]["p95"], "e2e_p95_s": o["e2e_s"]["p95"],
+            "ttft_p50_s": o["ttft_s"]["p50"], "ttft_p99_s": o["ttft_s"]["p99"],
+            "tpot_p50_s": o["tpot_s"]["p50"]}
 
 
 def rel_err(sim: float | None, real: float | None) -> float | None:
