@@ -293,6 +293,10 @@ class ServerConfig(_Strict):
     drain_timeout_s: float = Field(default=10.0, ge=0)
     log_content: bool = False
     """Log prompt and completion text (debug only; off by default)."""
+    trace_file: str | None = None
+    """Record every request's arrival (model, tenant, token counts, deadline, priority;
+    no text) to this JSONL file, which ``sluice simulate --trace`` replays. Off by
+    default."""
     strict_fields: bool = False
     """Refuse request bodies with unknown fields (400 naming the field) instead of ignoring
     them (named in the ``x-sluice-ignored-fields`` header)."""
@@ -459,6 +463,7 @@ class Config(_Strict):
             queue_capacity=self.scheduling.queue_capacity,
             tenant_weights={t.id: t.weight for t in self.tenants},
             faults={m.id: m.faults.plan() for m in self.models if m.faults is not None},
+            trace_path=self.server.trace_file,
             groups=tuple(
                 GroupSpec(
                     group_id=g.id,

@@ -42,6 +42,7 @@ from sluice.engine.request import (
     expired_what,
 )
 from sluice.engine.supervisor import Recovery, Supervisor, WorkerStatus
+from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import GroupSpec, PlannerObserver, VariantPlanner
 from sluice.engine.worker import Worker, WorkerConfig, WorkerState
 from sluice.policy.admission import (
@@ -83,6 +84,9 @@ class RuntimeConfig:
     """Model groups whose requests the variant planner routes to a variant."""
     faults: Mapping[str, FaultPlan] = field(default_factory=dict)
     """Injected faults by model id (tests and the chaos bench only)."""
+    trace_path: str | None = None
+    """Record every submitted request's arrival here as JSONL (``sluice.engine.trace``,
+    the simulator's trace format); ``None`` (default): no recording."""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -165,6 +169,8 @@ class Runtime:
         )
         self._router = make_router(config.router)
         self._dispatcher = Dispatcher(self._scheduler, self._router)
+        self._trace = (TraceWriter(config.trace_path, clock()) if config.trace_path is not None
+                       else None)
         self._deadlines: list[tuple[float, int]] = []
         self._live: dict[int, Request] = {}
         self._moving: set[int] = set()
@@ -223,6 +229,8 @@ class Runtime:
         for w in self.workers:
             w.join(30.0)
         self._thread.join(5.0)
+        if self._trace is not None:
+            self._trace.close()
         return len(left)
 
     def begin_drain(self) -> None:
@@ -298,6 +306,9 @@ class Runtime:
         for req in reqs:
             req.listeners.append(self._on_event(req))
         named = [req.model_id for req in reqs]
+        if self._trace is not None:
+            for req, name in zip(reqs, named, strict=True):
+                self._trace.record(req, name)
         with self._cv:
             rejection: Rejection | None = None
             for req in reqs:  # a group's requests each get a variant, or the unit is refused

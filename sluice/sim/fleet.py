@@ -178,12 +178,17 @@ class Fleet:
 
 def simulate(config: SimConfig, arrivals: Iterable[Arrival], *, ttft_slo_s: float | None = None,
              progress: Callable[[int, float], None] | None = None,
-             keep_requests: bool = False) -> tuple[dict[str, Any], Fleet]:
+             keep_requests: bool = False, record_decisions: bool = False
+             ) -> tuple[dict[str, Any], Fleet]:
     """Run ``arrivals`` through a fleet of ``config`` until every request has ended.
 
     ``progress(submitted, now)`` is called every 10,000 arrivals. Returns the report (a
-    JSON-ready dict) and the fleet (for tests: its requests when ``keep_requests``)."""
+    JSON-ready dict) and the fleet (for tests: its requests when ``keep_requests``, each
+    replica's ``dispatcher.decisions`` when ``record_decisions``)."""
     fleet = Fleet(config, ttft_slo_s=ttft_slo_s, keep_requests=keep_requests)
+    if record_decisions:
+        for replica in fleet.replicas:
+            replica.dispatcher.decisions = []
     loop = fleet.loop
     source: Iterator[Arrival] = iter(arrivals)
     first_s: list[float] = []

@@ -69,6 +69,8 @@ class SimReplica:
         self.workers = [SimWorker(i, config, loop, self) for i in range(config.workers)]
         self.ongoing = 0
         """Requests admitted here and not ended (the front end's load signal)."""
+        self.loads: list[tuple[int, str]] = []
+        """(worker id, model id) of every model load, in order."""
         self._dispatching = False
         self._model_bytes = {m.model_id: m.memory_bytes for m in config.models.values()}
 
@@ -176,6 +178,9 @@ class SimReplica:
 
     def capacity(self, now: float) -> None:
         self.dispatch(now)
+
+    def loaded(self, worker_id: int, model_id: str) -> None:
+        self.loads.append((worker_id, model_id))
 
     def batch_started(self, worker_id: int, model_id: str, batch: list[SimRequest],
                       now: float) -> None:

@@ -36,6 +36,8 @@ class Owner(Protocol):
 
     def capacity(self, now: float) -> None: ...
 
+    def loaded(self, worker_id: int, model_id: str) -> None: ...
+
     def batch_started(self, worker_id: int, model_id: str, batch: list[SimRequest],
                       now: float) -> None: ...
 
@@ -187,6 +189,7 @@ class SimWorker:
             self.engines[model.model_id] = SimEngine(self.config.engine, step,
                                                      model.n_ctx_total, model.n_seq_max)
         self.loads += 1
+        self.owner.loaded(self.worker_id, model.model_id)
         self._resident = frozenset(m.model_id for m in self.residency.models())
         self._busy_until(now + model.cost.load_s, self._after_load, None)
         return True
