@@ -40,7 +40,7 @@ MB = 1_000_000
 
 
 def oneshot_fleet() -> tuple[SimConfig, float]:
-    enc = SimModel("enc", "oneshot", 300 * MB, 0.5, ModelCost(0.5, (1, 8), (0.005, 0.012)))
+    enc = SimModel("enc", "oneshot", 300 * MB, 0.5, ModelCost(0.0, (1, 8), (0.005, 0.012)))
     quota = QuotaLimits(requests_per_s=1000.0, request_burst=1000.0, tokens_per_s=None,
                         token_capacity=1.0, max_concurrent=None)
     config = SimConfig(models={"enc": enc}, replicas=32, workers=8, budget_bytes=1000 * MB,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -209,6 +209,35 @@ def _fallback_order(
     return out
 
 
+class LazyReasons(Mapping[str, str]):
+    """A ranking's reasons, formatted on first read: a front end reads a few, a simulator
+    routing millions of requests reads none, and formatting one per replica costs more than
+    the ranking itself. Reads as the plain mapping ``build()`` returns."""
+
+    __slots__ = ("_build", "_data")
+
+    def __init__(self, build: Callable[[], dict[str, str]]) -> None:
+        self._build = build
+        self._data: dict[str, str] | None = None
+
+    def _get(self) -> dict[str, str]:
+        if self._data is None:
+            self._data = self._build()
+        return self._data
+
+    def __getitem__(self, key: str) -> str:
+        return self._get()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __repr__(self) -> str:
+        return repr(self._get())
+
+
 def _check_unique(replicas: Sequence[ReplicaView]) -> None:
     ids = [r.replica_id for r in replicas]
     if len(set(ids)) != len(ids):
@@ -233,10 +262,14 @@ class RoundRobinReplicaRouter:
         rotation = open_ids[start:] + open_ids[:start]
         if rotation:
             self._last_id = rotation[0]
-        by_id = {r.replica_id: r for r in replicas}
-        ranked = [(rid, f"round robin, {_load_words(by_id[rid])}") for rid in rotation]
-        ranked += _fallback_order(request, replicas, set(rotation))
-        return ReplicaRanking(tuple(rid for rid, _ in ranked), dict(ranked))
+        rest = _fallback_order(request, replicas, set(rotation))
+
+        def reasons() -> dict[str, str]:
+            by_id = {r.replica_id: r for r in replicas}
+            return {**{rid: f"round robin, {_load_words(by_id[rid])}" for rid in rotation},
+                    **dict(rest)}
+
+        return ReplicaRanking((*rotation, *(rid for rid, _ in rest)), LazyReasons(reasons))
 
 
 class LeastLoadedReplicaRouter:
@@ -246,13 +279,15 @@ class LeastLoadedReplicaRouter:
 
     def rank(self, request: ReplicaRequest, replicas: Sequence[ReplicaView]) -> ReplicaRanking:
         _check_unique(replicas)
-        ordered = sorted(replicas, key=lambda r: (_route_class(r, request.exclude), r.ongoing,
+        exclude = request.exclude
+        ordered = sorted(replicas, key=lambda r: (_route_class(r, exclude), r.ongoing,
                                                    r.replica_id))
-        reasons = {}
-        for r in ordered:
-            words = _CLASS_WORDS.get(_route_class(r, request.exclude), "least loaded")
-            reasons[r.replica_id] = f"{words}, {_load_words(r)}"
-        return ReplicaRanking(tuple(r.replica_id for r in ordered), reasons)
+
+        def reasons() -> dict[str, str]:
+            return {r.replica_id: f"{_CLASS_WORDS.get(_route_class(r, exclude), 'least loaded')}"
+                                  f", {_load_words(r)}" for r in ordered}
+
+        return ReplicaRanking(tuple(r.replica_id for r in ordered), LazyReasons(reasons))
 
 
 class AffinityReplicaRouter:

@@ -49,6 +49,8 @@ class Fleet:
                       else None)
         self._ids = [str(r.replica_id) for r in self.replicas]
         self._capacity = config.capacity_per_replica
+        self._views: list[ReplicaView | None] = [None] * config.replicas
+        self._seen = [-1] * config.replicas
         self.quotas = {t: TenantQuota(limits) for t, limits in config.tenant_limits.items()}
         self.quota_state: dict[str, QuotaState] = {}
         self.submitted = 0
@@ -108,17 +110,22 @@ class Fleet:
         return ReplicaRequest(req.model, self._model_bytes.get(req.model, 0), key)
 
     def _replica_views(self) -> list[ReplicaView]:
-        views = []
+        """The front end's view of every replica (rebuilt only for replicas whose load or
+        residency changed since the last request)."""
+        views = self._views
         for r in self.replicas:
-            resident: frozenset[str] = frozenset()
-            free = 0
-            for w in r.workers:
-                v = w.view()
-                resident |= v.resident
-                free = max(free, v.free_bytes)
-            views.append(ReplicaView(self._ids[r.replica_id], r.ongoing, self._capacity,
-                                     resident, free))
-        return views
+            i = r.replica_id
+            v = views[i]
+            if v is None or v.ongoing != r.ongoing or r.residency_version != self._seen[i]:
+                resident: frozenset[str] = frozenset()
+                free = 0
+                for w in r.workers:
+                    wv = w.view()
+                    resident |= wv.resident
+                    free = max(free, wv.free_bytes)
+                views[i] = ReplicaView(self._ids[i], r.ongoing, self._capacity, resident, free)
+                self._seen[i] = r.residency_version
+        return views  # type: ignore[return-value]
 
     # -- quotas ----------------------------------------------------------------------------
 

@@ -70,6 +70,9 @@ class SimReplica:
         self.ongoing = 0
         """Requests admitted here and not ended (the front end's load signal)."""
         self.loads: list[tuple[int, str]] = []
+        self.residency_version = 0
+        """Counts loads (and the evictions they make): the front end's residency view of
+        this replica is stale when it changed."""
         """(worker id, model id) of every model load, in order."""
         self._dispatching = False
         self._model_bytes = {m.model_id: m.memory_bytes for m in config.models.values()}
@@ -181,6 +184,7 @@ class SimReplica:
 
     def loaded(self, worker_id: int, model_id: str) -> None:
         self.loads.append((worker_id, model_id))
+        self.residency_version += 1
 
     def batch_started(self, worker_id: int, model_id: str, batch: list[SimRequest],
                       now: float) -> None:
