@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import platform
 import random
 import statistics
@@ -173,14 +174,21 @@ async def chaos_load(base: str, model: str, prompts: list[str], *, rate_per_s: f
 
 
 def probe_ready(base: str, stop: threading.Event, t_base: float,
-                out: list[tuple[float, int]]) -> None:
+                out: list[tuple[float, int]], load: list[tuple[float, float]]) -> None:
+    """``/ready`` every ``READY_POLL_S``; the host's 1-minute load average every 5 s (the
+    host is shared: other work shows there)."""
+    next_load = 0.0
     with httpx.Client(timeout=5) as c:
         while not stop.is_set():
             try:
                 status = c.get(f"{base}/ready").status_code
             except httpx.HTTPError:
                 status = 0
-            out.append((round(time.perf_counter() - t_base, 3), status))
+            now = time.perf_counter() - t_base
+            out.append((round(now, 3), status))
+            if now >= next_load:
+                load.append((round(now, 1), os.getloadavg()[0]))
+                next_load = now + 5.0
             stop.wait(READY_POLL_S)
 
 
@@ -197,6 +205,17 @@ def not_ready_windows(samples: list[tuple[float, int]]) -> list[tuple[float, flo
     if start is not None:
         windows.append((start, samples[-1][0]))
     return windows
+
+
+def outage_windows(not_ready: list[tuple[float, float]], recoveries: list[dict[str, Any]],
+                   watchdog_s: float) -> list[tuple[float, float]]:
+    """When the server could not serve: each not-ready window, started earlier by its
+    death's detection delay (a stall is declared only after the watchdog). The windows
+    and the recoveries pair in order when their counts agree; else every window is
+    widened by the watchdog (a bound)."""
+    if len(not_ready) == len(recoveries):
+        return [(a - r["detect_s"], b) for (a, b), r in zip(not_ready, recoveries, strict=True)]
+    return [(a - watchdog_s - READY_POLL_S, b) for a, b in not_ready]
 
 
 def supervision_metrics(base: str) -> dict[str, float]:
@@ -260,6 +279,7 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     cmd, _ = sluice_cmd(server_toml(models, args.watchdog_s, faults), port)
     probes: list[tuple[float, int]] = []
+    load_avg: list[tuple[float, float]] = []
     with running(cmd, f"{base}/ready", log_path=RESULTS / f"{args.out}.log"):
         before = server_counts(base, model)
         print(f"capacity {capacity:.2f} req/s; chaos at {rate:.2f} req/s for "
@@ -268,8 +288,8 @@ def main() -> int:
         stop = threading.Event()
         t0 = time.time()
         t_base = time.perf_counter()
-        prober = threading.Thread(target=probe_ready, args=(base, stop, t_base, probes),
-                                  daemon=True)
+        prober = threading.Thread(target=probe_ready,
+                                  args=(base, stop, t_base, probes, load_avg), daemon=True)
         prober.start()
         results = asyncio.run(chaos_load(base, model, prompts, rate_per_s=rate,
                                          duration_s=args.duration,
@@ -296,6 +316,7 @@ def main() -> int:
     recovery_s = [r["recovery_s"] for r in recoveries if r["recovery_s"] is not None]
     windows = not_ready_windows(probes)
     window_s = [b - a for a, b in windows]
+    outages = outage_windows(windows, recoveries, args.watchdog_s)
     deaths = supervision.get("deaths_died", 0) + supervision.get("deaths_stalled", 0)
 
     # serving throughout: every bin outside the recovery windows completes requests
@@ -307,7 +328,7 @@ def main() -> int:
     quiet_bins = []
     for b in range(1, n_bins):  # the first bin warms up; the last is partial
         lo, hi = b * BIN_S, (b + 1) * BIN_S
-        in_recovery = any(a - MARGIN_S < hi and lo < e + MARGIN_S for a, e in windows)
+        in_recovery = any(a - MARGIN_S < hi and lo < e + MARGIN_S for a, e in outages)
         if not in_recovery and done_per_bin[b] == 0:
             quiet_bins.append(lo)
     worker_failed = sum(1 for o in outcomes if o.code == "worker_failed")
@@ -359,6 +380,9 @@ def main() -> int:
                        "mean": statistics.fmean(recovery_s) if recovery_s else None},
         "detect_s": {"max": max((r["detect_s"] for r in recoveries), default=None)},
         "not_ready_windows_s": [[round(a, 2), round(b, 2)] for a, b in windows],
+        "outage_windows_s": [[round(a, 2), round(b, 2)] for a, b in outages],
+        "outage_s_total": round(sum(b - a for a, b in outages), 2),
+        "load_average_1m": load_avg,
         "not_ready_s": {"p50": percentile(window_s, 0.5), "max": max(window_s, default=None),
                         "total": round(sum(window_s), 2)},
         "ok_latency_p50_s": percentile([o.latency_s for o in outcomes if o.kind == "ok"], 0.5),
@@ -369,11 +393,14 @@ def main() -> int:
         "ready_after": ready,
         "checks": checks,
         "passed": all(checks.values()),
+        "requests": [[k, o.kind, o.code, round(o.start_s, 3), round(o.latency_s, 3)]
+                     for k, o in results],
     }
     (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=1))
     plot(result, outcomes, RESULTS / f"{args.out}.png")
     print(json.dumps({k: v for k, v in result.items()
-                      if k not in ("ok_per_bin", "recoveries", "not_ready_windows_s")},
+                      if k not in ("ok_per_bin", "recoveries", "not_ready_windows_s",
+                                   "requests", "load_average_1m", "outage_windows_s")},
                      indent=1))
     return 0 if result["passed"] else 1
 
@@ -397,11 +424,11 @@ def plot(result: dict[str, Any], outcomes: list[Outcome], path: Path) -> None:
         series = [sum(per_s[i:i + window]) / window for i in range(0, bins, window)]
         if any(series):
             a.plot([i * window for i in range(len(series))], series, color=color, label=kind)
-    for lo, hi in result["not_ready_windows_s"]:
+    for lo, hi in result["outage_windows_s"]:
         a.axvspan(lo, hi, color="#ef4444", alpha=0.2)
     a.set(title=f"chaos on {result['model']}: {result['sent']} requests at "
                 f"{result['load_fraction']:.0%} load, {result['deaths']} injected worker "
-                "deaths (red: /ready 503)",
+                "deaths (red: death to replacement serving)",
           xlabel="s (by answer time, 5 s means)", ylabel="answers/s")
     a.legend(fontsize=8)
     a.grid(alpha=0.3)
