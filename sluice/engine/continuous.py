@@ -193,7 +193,13 @@ class ContinuousEngine:
         """Queue a request; one that can never be held (slots or KV) fails at once."""
         need = len(req.prompt_tokens) + req.params.max_tokens
         n = req.params.n
-        if not 1 <= n <= self.model.n_seq_max:
+        prompt = req.prompt_tokens
+        vocab = self.model.vocab_size
+        if not prompt or min(prompt) < 0 or max(prompt) >= vocab:
+            # would fail the whole forward pass it joins: its prompt fails it alone
+            self._refuse(req, f"the prompt must be 1 or more token ids in [0, {vocab})",
+                         "invalid_request_error")
+        elif not 1 <= n <= self.model.n_seq_max:
             self._refuse(req, f"n must be between 1 and {self.model.n_seq_max} (the "
                               f"sequences this model runs at once), got {n}",
                          "invalid_request_error")
