@@ -178,6 +178,8 @@ class ContinuousEngine:
         self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
         """A stack: ``pop()`` gives slot 0 first; a freed slot is reused first."""
         self.steps = 0
+        self._last_step_end_s: float | None = None
+        """When the previous step ended, while the engine has had work since (else None)."""
         self.last_batch_size = 0
         self.reused_prefix_tokens = 0
         """Prompt tokens not recomputed thanks to prefix reuse (a counter)."""
@@ -191,6 +193,8 @@ class ContinuousEngine:
 
     def add(self, req: Request) -> None:
         """Queue a request; one that can never be held (slots or KV) fails at once."""
+        if not self.has_work:
+            self._last_step_end_s = None  # the time until this step was idle, not work
         need = len(req.prompt_tokens) + req.params.max_tokens
         n = req.params.n
         prompt = req.prompt_tokens
@@ -306,11 +310,15 @@ class ContinuousEngine:
         plan = plan_step(self.config, self.view(now), self.budget())  # decide
         batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes
         if not batch.chunks:
+            self._last_step_end_s = None
             return False
         logits = self._forward(batch)  # execute
         if logits is not None:
             self._update(batch, logits)  # fork, choose, stream, retire
-            self._learn(batch, self._clock() - now)
+            end = self._clock()
+            cycle_s = end - (now if self._last_step_end_s is None else self._last_step_end_s)
+            self._last_step_end_s = end
+            self._learn(batch, cycle_s)
         return True
 
     def budget(self) -> StepBudget:
@@ -321,8 +329,9 @@ class ContinuousEngine:
         return TpotBudget(self.step_cost.current(), self.tpot_target_s)
 
     def _learn(self, batch: _Batch, seconds: float) -> None:
-        """Feed one step's measured time (plan to last token streamed: what a running
-        sequence waits between tokens) to the step-time model."""
+        """Feed one step's measured time to the step-time model: from the end of the
+        previous step (the worker's work between steps included) to the last token of
+        this one streamed, which is what a running sequence waits between tokens."""
         self.step_cost.observe(StepSample(batch.decode_tokens, batch.prefill_tokens, seconds,
                                           batch.context_tokens))
 

@@ -282,3 +282,19 @@ def test_arrival_line_order_keeps_the_dispatch_order() -> None:
 def test_a_bad_line_order_is_refused_by_name() -> None:
     with pytest.raises(ValueError, match="line_order"):
         EngineConfig(line_order="random")  # type: ignore[arg-type]
+
+
+def test_the_step_model_counts_the_time_between_steps() -> None:
+    # The worker spends 5 ms between steps (its inbox, its state): a running sequence
+    # waits that too, so the learned decode step includes it; an idle gap does not count.
+    eng, m, _ = build(spec())
+    for wave in range(3):
+        for i in range(8):
+            eng.add(request(max_tokens=10 + 5 * i))  # 8 decoding, then fewer and fewer
+        while eng.has_work:
+            eng.step()
+            m.clock.now += 0.005
+        m.clock.now += 100.0 * (wave + 1)  # idle
+    learned = eng.step_cost.current()
+    for n in (2, 4, 8):
+        assert learned.predict_s(n) == pytest.approx(0.002 + n * 0.010 + 0.005, rel=0.03)
