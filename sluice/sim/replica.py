@@ -94,6 +94,7 @@ class SimReplica:
             self.ended(req, "rejected", now, reason)
             return False
         self.live[req.request_id] = req
+        req.waiting_ahead = len(self.scheduler) + sum(w.view().queue_depth for w in self.workers)
         req.status = "queued"
         if self.tracker is not None:
             self.tracker.admitted(req.request_id, req.model, req.deadline_s, req.group)

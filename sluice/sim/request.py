@@ -39,6 +39,7 @@ class SimRequest:
         "started_s",
         "status",
         "tenant",
+        "waiting_ahead",
         "worker",
     )
 
@@ -70,6 +71,9 @@ class SimRequest:
         self.replica = -1
         self.worker = -1
         self.quota_tokens = 0.0
+        self.waiting_ahead = 0
+        """Requests its replica held admitted and not yet running when it arrived (the
+        autoscaler's ``sluice_requests_waiting``)."""
         self._prompt: tuple[int, ...] | None = None
 
     @property
