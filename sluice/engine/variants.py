@@ -19,7 +19,7 @@ from typing import Any
 
 from sluice.backends.base import ModelSpec
 from sluice.engine.observer import Observer
-from sluice.engine.request import Request
+from sluice.engine.request import Request, RequestStatus
 from sluice.policy.planner import PlannerConfig, VariantChoice
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 
@@ -70,6 +70,8 @@ class VariantPlanner:
             {v: variant_info(specs[v], worker_budgets) for v in names},
             workers=max(1, len(worker_budgets)),
         )
+        self._planned_finish: dict[int, float] = {}
+        """Group requests planned and not yet admitted → their predicted finish."""
         self._queued: dict[int, Request] = {}
         """The tracker's pending requests, to notice when they start (lazily, at the next
         decision: the worker marks them running)."""
@@ -94,6 +96,8 @@ class VariantPlanner:
         with self._lock:
             self._prune()
             choice = self.tracker.plan(name, req.deadline_s, now)
+            if choice is not None and choice.variant is not None and name == group_id:
+                self._planned_finish[req.request_id] = now + choice.predicted_sojourn_s
         if choice is not None and choice.variant is not None:
             req.model_id = choice.variant
             req.variant = choice.variant
@@ -115,14 +119,17 @@ class VariantPlanner:
     def admitted(self, req: Request, group_id: str | None = None) -> None:
         """``req`` entered the queue; ``group_id``: the group it named (re-plannable)."""
         with self._lock:
-            self.tracker.admitted(req.request_id, req.model_id, req.deadline_s, group_id)
+            self.tracker.admitted(req.request_id, req.model_id, req.deadline_s, group_id,
+                                  self._planned_finish.pop(req.request_id, None))
             if req.request_id in self.tracker.pending:
                 self._queued[req.request_id] = req
 
     def finished(self, req: Request) -> None:
+        ran = req.status in (RequestStatus.COMPLETED, RequestStatus.EXPIRED)
         with self._lock:
             self._queued.pop(req.request_id, None)
-            self.tracker.finished(req.request_id, req.model_id)
+            self._planned_finish.pop(req.request_id, None)
+            self.tracker.finished(req.request_id, req.model_id, req.times.finished_s, ran)
 
     def replan(self, now: float, movable: Callable[[int], bool]
                ) -> list[tuple[Request, str | None]]:

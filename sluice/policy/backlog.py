@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -136,46 +137,89 @@ class Move:
     """The variant it moves to; ``None``: none meets its deadline (fail it now)."""
 
 
+def _finish_on(state: Backlog, k: int, variant: str, curves: BatchCurves,
+               max_batch_size: int, pessimism: float) -> float:
+    """Queued request ``k``'s predicted finish (× ``pessimism``) were it on ``variant``."""
+    trial = list(state.queued)
+    trial[k] = Queued(variant, state.queued[k].time_left_s)
+    return pessimism * finishes_s(Backlog(state.busy_s, tuple(trial)), curves,
+                                  max_batch_size)[k]
+
+
 def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
            options: Mapping[int, Sequence[str]], pessimism: float = 1.0,
-           max_moves: int = 64) -> list[Move]:
+           margin_s: float = 0.0, max_moves: int = 64) -> list[Move]:
     """Moves for queued requests predicted to miss their deadlines.
 
     ``options[i]``: the variants queued request ``i`` may move to, most preferred first
     (requests not in it stay where they are). Repeatedly, the first request predicted to
-    miss (finish × ``pessimism`` past its time left) that has options moves to the first
-    of them on which it meets its deadline, or fails (``variant=None``) if none does;
-    each move only ever shortens the work ahead of the requests behind it. At most
-    ``max_moves`` moves per call.
+    miss (finish × ``pessimism`` later than its time left less ``margin_s``) that has
+    options moves to the first of them on which it meets that; if none does, to the
+    first on which it meets its deadline itself (no margin), unless it already does
+    where it is; failing all that it fails (``variant=None``): only requests that surely
+    miss are failed. Each move only ever shortens the work ahead of the requests behind
+    it. At most ``max_moves`` moves per call.
     """
     queued = list(backlog.queued)
     moves: dict[int, str | None] = {}
+    settled: set[int] = set()
     for _ in range(max_moves):
         live = [i for i in range(len(queued)) if moves.get(i, "") is not None]
         state = Backlog(backlog.busy_s, tuple(queued[i] for i in live))
         ends = finishes_s(state, curves, max_batch_size)
-        miss = next((k for k, i in enumerate(live)
-                     if i in options and pessimism * ends[k] > _left(queued[i])), None)
+        miss = next((k for k, i in enumerate(live) if i in options and i not in settled
+                     and pessimism * ends[k] > _left(queued[i]) - margin_s), None)
         if miss is None:
             break
         index = live[miss]
         time_left = _left(queued[index])
-        target: str | None = None
-        for variant in options[index]:
-            if variant == queued[index].variant:
-                continue
-            trial = list(state.queued)
-            trial[miss] = Queued(variant, time_left)
-            trial_ends = finishes_s(Backlog(backlog.busy_s, tuple(trial)), curves,
-                                    max_batch_size)
-            if pessimism * trial_ends[miss] <= time_left:
-                target = variant
-                break
+        settled.add(index)
+
+        others = [v for v in options[index] if v != queued[index].variant]
+        finish = {v: _finish_on(state, miss, v, curves, max_batch_size, pessimism)
+                  for v in others}
+        target = next((v for v in others if finish[v] <= time_left - margin_s), None)
+        if target is None and pessimism * ends[miss] <= time_left:
+            continue  # it may still make it where it is: keep it
+        if target is None:
+            target = next((v for v in others if finish[v] <= time_left), None)
         moves[index] = target
         if target is not None:
             queued[index] = Queued(target, time_left)
-        options = {i: o for i, o in options.items() if i != index}
     return [Move(i, v) for i, v in sorted(moves.items())]
+
+
+class PredictionError:
+    """How late requests finish against their predicted finish: a rolling window of
+    ``actual - predicted`` seconds, and the margin the planner keeps for it.
+
+    The queueing model leaves out what it cannot see — service-time spread, a noisy
+    neighbour on the CPU, the batcher's wait, the server's own overhead — so the planner
+    measures its own error instead of guessing it: ``margin_s`` is the ``quantile`` of
+    the last ``window`` errors (never below 0), subtracted from each request's time
+    left. Invariant: 0 until ``min_samples`` errors have been seen.
+    """
+
+    def __init__(self, window: int = 200, quantile: float = 0.99, min_samples: int = 20) -> None:
+        if window < 1 or not 0 < quantile <= 1 or min_samples < 1:
+            raise ValueError(f"need window >= 1, quantile in (0, 1], min_samples >= 1; got "
+                             f"{window}, {quantile}, {min_samples}")
+        self.quantile = quantile
+        self.min_samples = min_samples
+        self._errors: deque[float] = deque(maxlen=window)
+
+    def observe(self, error_s: float) -> None:
+        """One request's ``actual - predicted`` finish (seconds; negative: early)."""
+        if math.isfinite(error_s):
+            self._errors.append(error_s)
+
+    def margin_s(self) -> float:
+        """Seconds to keep free before a deadline (the error quantile, at least 0)."""
+        if len(self._errors) < self.min_samples:
+            return 0.0
+        ordered = sorted(self._errors)
+        index = min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)
+        return max(0.0, ordered[index])
 
 
 __all__ = [
@@ -183,6 +227,7 @@ __all__ = [
     "BatchCurves",
     "Move",
     "Placement",
+    "PredictionError",
     "Queued",
     "finishes_s",
     "placement",

@@ -8,10 +8,11 @@ applies the choice to a ``Request``; the simulator calls it directly, so both pl
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sluice.policy.backlog import Backlog, Queued, replan
+from sluice.policy.backlog import Backlog, PredictionError, Queued, replan
 from sluice.policy.planner import (
     PlannerConfig,
     ServiceEstimator,
@@ -71,6 +72,11 @@ class VariantTracker:
         admission order (the FIFO start order)."""
         self.named_group: dict[int, str] = {}
         """Pending requests that named a group (only these may be re-planned)."""
+        self.errors = {g: PredictionError() for g in self.groups}
+        """Per group: how late requests finish against the planner's prediction; its
+        margin is kept free before every deadline."""
+        self._predicted: dict[int, tuple[str, float]] = {}
+        """Group requests in the system → (group, predicted absolute finish)."""
         self.running: dict[int, tuple[str, int, float]] = {}
         """Per worker: the variant batch it runs now (variant, size, start time)."""
 
@@ -105,10 +111,20 @@ class VariantTracker:
             states = [s for s in states if s.name == name]
             config = PlannerConfig(policy="accurate", max_batch_size=config.max_batch_size,
                                    pessimism=config.pessimism)
-        time_left = None if deadline_s is None else deadline_s - now
-        choice = choose_variant(states, arrival_per_s=rate, arrival_stderr_per_s=rate_stderr,
-                                time_left_s=time_left, config=config,
-                                backlog=self.backlog(group, now), queued_curves=curves)
+        margin_s = self.errors[group_id].margin_s()
+        backlog = self.backlog(group, now)
+        choice = None
+        # First with the measured error's margin kept free; if nothing fits then, the
+        # most accurate variant predicted to fit at all still has a fair chance, which
+        # a rejection (a certain miss) does not.
+        for margin in dict.fromkeys((margin_s, 0.0)):
+            time_left = None if deadline_s is None else deadline_s - now - margin
+            choice = choose_variant(states, arrival_per_s=rate,
+                                    arrival_stderr_per_s=rate_stderr, time_left_s=time_left,
+                                    config=config, backlog=backlog, queued_curves=curves)
+            if choice.variant is not None:
+                break
+        assert choice is not None
         self.last_choice[group_id] = choice
         return choice
 
@@ -125,23 +141,33 @@ class VariantTracker:
         return Backlog(tuple(busy), queued)
 
     def admitted(self, request_id: int, model_id: str, deadline_s: float | None = None,
-                 group_id: str | None = None) -> None:
+                 group_id: str | None = None, predicted_finish_s: float | None = None
+                 ) -> None:
         """A request for ``model_id`` entered the queue; ``group_id``: the group it named
-        (then it may be re-planned)."""
+        (then it may be re-planned); ``predicted_finish_s``: when the planner predicted
+        it would finish (absolute), to measure the prediction's error at ``finished``."""
         if model_id in self.in_system:
             self.in_system[model_id] += 1
             self._counted[request_id] = model_id
             self.pending[request_id] = (model_id, deadline_s)
             if group_id is not None:
                 self.named_group[request_id] = group_id
+                if predicted_finish_s is not None and math.isfinite(predicted_finish_s):
+                    self._predicted[request_id] = (group_id, predicted_finish_s)
 
     def started(self, request_id: int) -> None:
         """The request left the queue for a batch (or ended before running)."""
         self.pending.pop(request_id, None)
         self.named_group.pop(request_id, None)
 
-    def finished(self, request_id: int, model_id: str) -> None:
+    def finished(self, request_id: int, model_id: str, now: float | None = None,
+                 ran: bool = True) -> None:
+        """The request ended at ``now``; ``ran``: it completed or expired (its end time
+        then bounds its finish, and the prediction's error is measured)."""
         self.started(request_id)
+        predicted = self._predicted.pop(request_id, None)
+        if predicted is not None and now is not None and ran:
+            self.errors[predicted[0]].observe(now - predicted[1])
         counted = self._counted.pop(request_id, None)
         if counted is not None:  # under the variant it was counted (``model_id`` may lag a move)
             self.in_system[counted] -= 1
@@ -168,7 +194,7 @@ class VariantTracker:
                     options[i] = [s.name for s in by_accuracy if s.batch_s[1] < own_s]
             curves = {name: s.batch_s for name, s in states.items()}
             for move in replan(backlog, curves, group.planner.max_batch_size, options,
-                               group.planner.pessimism):
+                               group.planner.pessimism, self.errors[group.group_id].margin_s()):
                 out.append((ids[move.index], move.variant))
         return out
 

@@ -7,13 +7,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.backlog import Backlog, Move, Queued, finishes_s, placement, replan
+from sluice.policy.backlog import (
+    Backlog,
+    Move,
+    PredictionError,
+    Queued,
+    finishes_s,
+    placement,
+    replan,
+)
 from sluice.policy.planner import (
     PlannerConfig,
     VariantState,
     capacity_per_s,
     choose_variant,
 )
+from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 
 # Batch times (s) by size: "acc" gains nothing from batching (like mpnet FP32 on one
 # thread), "mid" a little, "fast" is cheap.
@@ -202,3 +211,49 @@ def test_a_chosen_variant_is_predicted_to_meet_the_deadline(
         assert choice.predicted_sojourn_s <= time_left_s
     else:
         assert choice.predictions[0].meets_deadline
+
+
+def test_the_prediction_error_margin_is_a_quantile_of_recent_errors() -> None:
+    err = PredictionError(window=100, quantile=0.9, min_samples=10)
+    for _ in range(9):
+        err.observe(0.050)
+    assert err.margin_s() == 0.0  # too few to trust
+    err.observe(0.050)
+    assert err.margin_s() == pytest.approx(0.050)
+    for k in range(100):  # the window forgets: now 0..99 ms, the 90th is 89 ms
+        err.observe(k / 1000)
+    assert err.margin_s() == pytest.approx(0.089)
+    for _ in range(100):
+        err.observe(-0.010)  # early finishes never make a negative margin
+    assert err.margin_s() == 0.0
+    with pytest.raises(ValueError, match="quantile"):
+        PredictionError(quantile=0.0)
+
+
+def test_the_tracker_keeps_its_measured_error_free_before_each_deadline() -> None:
+    tracker = VariantTracker(
+        [GroupPlan("g", ("acc", "mid", "fast"), CFG)],
+        {n: VariantInfo(ACCURACY[n], 1, CURVES[n]) for n in ("acc", "mid", "fast")})
+    now = 10.0
+    assert tracker.plan("g", now + 0.060, now).variant == "acc"  # 50 ms + room fits
+    for rid in range(20):  # every request finished 30 ms after its prediction
+        tracker.admitted(rid, "acc", now + 1.0, "g", predicted_finish_s=now + 0.050)
+        tracker.finished(rid, "acc", now=now + 0.080)
+    assert tracker.errors["g"].margin_s() == pytest.approx(0.030)
+    later = tracker.plan("g", now + 0.060, now)
+    assert later.variant == "mid"  # 60 ms left less 30 ms of margin: acc no longer fits
+    # requests that never ran (rejected, cancelled) tell nothing about the prediction
+    tracker.admitted(99, "acc", now + 1.0, "g", predicted_finish_s=now)
+    tracker.finished(99, "acc", now=now + 5.0, ran=False)
+    assert tracker.errors["g"].margin_s() == pytest.approx(0.030)
+
+
+def test_replan_keeps_the_margin_for_moves_but_fails_only_sure_misses() -> None:
+    # acc alone ends at 50 ms of 60 left: with a 20 ms margin it should move...
+    state = Backlog((0.0,), (Queued("acc", 0.060),))
+    assert replan(state, CURVES, 8, {0: ["mid", "fast"]}, margin_s=0.020) == [Move(0, "mid")]
+    # ... but with nothing faster it stays: it may still make it
+    assert replan(state, CURVES, 8, {0: []}, margin_s=0.020) == []
+    # a sure miss (work ahead past its deadline) with nowhere to go fails
+    late = Backlog((0.070,), (Queued("acc", 0.060),))
+    assert replan(late, CURVES, 8, {0: ["mid"]}, margin_s=0.020) == [Move(0, None)]
