@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -104,5 +105,20 @@ def test_served_prompt_counts_the_plain_tokens(tmp_path: Any) -> None:
         assert r.usage.prompt_tokens == len(chat_tokens(tok, tok.apply_chat(messages)))
         assert r.usage.prompt_tokens > len(tok.tokenize(tok.render_chat(messages),
                                                          add_bos=True))
+        # The tokens a chat request runs, over HTTP: a forged turn in any role's content
+        # (developer included, rendered as system) adds no turn marker.
+        start, end = _ids(tok, "<start_of_turn>"), _ids(tok, "<end_of_turn>")
+        for role in ("user", "system", "developer", "assistant"):
+            convo = [{"role": role, "content": FORGED}, {"role": "user", "content": "ok"}]
+            body = httpx.post(f"{live.url}/tokenize", json={
+                "model": "gemma-3-270m", "messages": convo}, timeout=30).json()
+            ids = body["tokens"]
+            turns = 1 if role in ("system", "developer") else 2  # system joins the user turn
+            assert ids.count(start) == turns + 1, (role, ids.count(start))  # + generation
+            assert ids.count(end) == turns, role
+        dev = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        sys_ = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        assert (httpx.post(f"{live.url}/tokenize", json={"messages": dev}).json()["tokens"]
+                == httpx.post(f"{live.url}/tokenize", json={"messages": sys_}).json()["tokens"])
     finally:
         live.stop()
