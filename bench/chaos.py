@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.llm_bench import PROMPTS
 from bench.outcomes import Outcome, _kind_of, closed, delta, one_request, server_counts, tally
 from bench.overload import SYNTH_PROMPTS, wait_idle
-from bench.servers import free_port, running, sluice_cmd
+from bench.servers import free_port, process_schedstat, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_TOKENS = 32
@@ -145,7 +145,11 @@ async def chaos_load(base: str, model: str, prompts: list[str], *, rate_per_s: f
                      seed: int) -> list[tuple[str, Outcome]]:
     """Poisson arrivals; each request is plain (streamed) or extreme; all awaited."""
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
+    # Idle connections expire on the client before uvicorn's 5 s keep-alive closes them:
+    # with both at 5 s, a POST can go out on a connection the server is closing
+    # (ReadError, seen once in 683 requests in a quiet stretch).
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200,
+                          keepalive_expiry=2.0)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300.0, connect=30.0)
                                  ) as client:
         tasks: list[asyncio.Task[Outcome]] = []
@@ -173,10 +177,11 @@ async def chaos_load(base: str, model: str, prompts: list[str], *, rate_per_s: f
         return list(zip(kinds, outcomes, strict=True))
 
 
-def probe_ready(base: str, stop: threading.Event, t_base: float,
-                out: list[tuple[float, int]], load: list[tuple[float, float]]) -> None:
-    """``/ready`` every ``READY_POLL_S``; the host's 1-minute load average every 5 s (the
-    host is shared: other work shows there)."""
+def probe_ready(base: str, pid: int, stop: threading.Event, t_base: float,
+                out: list[tuple[float, int]], load: list[list[float]]) -> None:
+    """``/ready`` every ``READY_POLL_S``; every 5 s the host's 1-minute load average and
+    the server process's CPU seconds and seconds spent runnable but waiting for a CPU
+    (the host is shared: contention from other work shows there)."""
     next_load = 0.0
     with httpx.Client(timeout=5) as c:
         while not stop.is_set():
@@ -187,7 +192,12 @@ def probe_ready(base: str, stop: threading.Event, t_base: float,
             now = time.perf_counter() - t_base
             out.append((round(now, 3), status))
             if now >= next_load:
-                load.append((round(now, 1), os.getloadavg()[0]))
+                try:
+                    run_s, wait_s = process_schedstat(pid)
+                except OSError:
+                    run_s = wait_s = float("nan")
+                load.append([round(now, 1), os.getloadavg()[0], round(run_s, 2),
+                             round(wait_s, 2)])
                 next_load = now + 5.0
             stop.wait(READY_POLL_S)
 
@@ -279,8 +289,8 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     cmd, _ = sluice_cmd(server_toml(models, args.watchdog_s, faults), port)
     probes: list[tuple[float, int]] = []
-    load_avg: list[tuple[float, float]] = []
-    with running(cmd, f"{base}/ready", log_path=RESULTS / f"{args.out}.log"):
+    load_avg: list[list[float]] = []
+    with running(cmd, f"{base}/ready", log_path=RESULTS / f"{args.out}.log") as proc:
         before = server_counts(base, model)
         print(f"capacity {capacity:.2f} req/s; chaos at {rate:.2f} req/s for "
               f"{args.duration:g} s, {args.extreme_share:.0%} extreme, faults {faults}",
@@ -289,7 +299,8 @@ def main() -> int:
         t0 = time.time()
         t_base = time.perf_counter()
         prober = threading.Thread(target=probe_ready,
-                                  args=(base, stop, t_base, probes, load_avg), daemon=True)
+                                  args=(base, proc.pid, stop, t_base, probes, load_avg),
+                                  daemon=True)
         prober.start()
         results = asyncio.run(chaos_load(base, model, prompts, rate_per_s=rate,
                                          duration_s=args.duration,
@@ -382,7 +393,8 @@ def main() -> int:
         "not_ready_windows_s": [[round(a, 2), round(b, 2)] for a, b in windows],
         "outage_windows_s": [[round(a, 2), round(b, 2)] for a, b in outages],
         "outage_s_total": round(sum(b - a for a, b in outages), 2),
-        "load_average_1m": load_avg,
+        "host_samples": {"columns": ["t_s", "load_average_1m", "server_cpu_s",
+                                     "server_runnable_waiting_s"], "rows": load_avg},
         "not_ready_s": {"p50": percentile(window_s, 0.5), "max": max(window_s, default=None),
                         "total": round(sum(window_s), 2)},
         "ok_latency_p50_s": percentile([o.latency_s for o in outcomes if o.kind == "ok"], 0.5),
@@ -400,7 +412,7 @@ def main() -> int:
     plot(result, outcomes, RESULTS / f"{args.out}.png")
     print(json.dumps({k: v for k, v in result.items()
                       if k not in ("ok_per_bin", "recoveries", "not_ready_windows_s",
-                                   "requests", "load_average_1m", "outage_windows_s")},
+                                   "requests", "host_samples", "outage_windows_s")},
                      indent=1))
     return 0 if result["passed"] else 1
 
