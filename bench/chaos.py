@@ -228,6 +228,15 @@ def outage_windows(not_ready: list[tuple[float, float]], recoveries: list[dict[s
     return [(a - watchdog_s - READY_POLL_S, b) for a, b in not_ready]
 
 
+def stalls_not_injected(log_path: Path) -> int:
+    """Stalls the supervisor logged whose thread was not inside an injected hang (the
+    stack it logs for a stall passes through ``before_call`` when the hang was ours)."""
+    text = log_path.read_text(errors="replace") if log_path.exists() else ""
+    entries = text.split("stopped making progress")[1:]
+    return sum("in before_call" not in e.split("replaced: serving again")[0]
+               for e in entries)
+
+
 def supervision_metrics(base: str) -> dict[str, float]:
     text = httpx.get(f"{base}/metrics", timeout=10).text
     out: Counter[str] = Counter()
@@ -386,6 +395,7 @@ def main() -> int:
         "server": server,
         "supervision": supervision,
         "deaths": deaths,
+        "stalls_not_injected": stalls_not_injected(RESULTS / f"{args.out}.log"),
         "recoveries": recoveries,
         "recovery_s": {"p50": percentile(recovery_s, 0.5), "max": max(recovery_s, default=None),
                        "mean": statistics.fmean(recovery_s) if recovery_s else None},

@@ -128,7 +128,8 @@ class WorkersConfig(_Strict):
     one batch) is declared dead: its requests fail at once and a new worker replaces it.
     Keep it a few times the slowest step (a full prefill chunk of the largest model)."""
     load_watchdog_s: float = Field(default=600.0, gt=0)
-    """The same allowance while a worker loads a model or runs an admin call."""
+    """The same allowance while a worker loads a model, runs a freshly loaded model's
+    first step (llama.cpp sets up buffers there: seconds), or runs an admin call."""
 
 
 class BatchingConfig(_Strict):

@@ -58,7 +58,8 @@ class WorkerConfig:
     """A worker holding work that shows no progress for this long (one step, one batch)
     is declared dead and replaced."""
     load_watchdog_s: float = 600.0
-    """The same allowance while it loads a model or runs an admin call."""
+    """The same allowance while it loads a model, runs a freshly loaded model's first
+    step, or runs an admin call."""
 
     def __post_init__(self) -> None:
         for name in ("watchdog_s", "load_watchdog_s"):
@@ -370,7 +371,10 @@ class Worker:
         did = self._advance_inbox(now)
         for engine in list(self._engines.values()):
             if engine.has_work:
-                self._beat("step", self.config.watchdog_s)
+                if engine.steps:
+                    self._beat("step", self.config.watchdog_s)
+                else:  # a fresh model's first pass also sets it up (measured: > 2 s)
+                    self._beat("first step", self.config.load_watchdog_s)
                 stepped = engine.step()
                 if stepped:
                     self._observer.batch(

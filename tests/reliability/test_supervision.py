@@ -224,3 +224,18 @@ def test_grpc_health_follows_readiness_through_a_recovery(
         assert check() == health_pb2.HealthCheckResponse.NOT_SERVING
         wait_for(lambda: check() == serving, timeout_s=10)
         assert c.get("/ready").status_code == 200
+
+
+def test_a_fresh_models_slow_first_step_is_not_a_stall(
+    serve: Callable[..., LiveServer],
+) -> None:
+    """llama.cpp sets up its buffers in a fresh context's first pass (seconds): that pass
+    gets the load allowance, not the step watchdog, so a replacement is not replaced."""
+    live = serve(config_with(models=[faulty("slow-start", load_s=0.0, hang_on_calls=[1],
+                                            hang_s=1.0)],
+                             workers={"count": 1, "watchdog_s": 0.2}))
+    with live.client() as c:
+        r = c.post("/v1/completions", json={"model": "slow-start", "prompt": "x",
+                                            "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert metric_sum(scrape(c), "sluice_worker_deaths_total") == 0
