@@ -258,7 +258,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
             axes[2].plot(x, [r["rejected"] for r in opened], marker="o", label=system)
         closed = [r for r in rows if r["system"] == system and r["kind"] == "closed"]
         if closed:
-            axes[3].bar([f"{system}\n{r['label']}" for r in closed],
+            axes[3].bar([f"{system.replace('llama-server-', 'ls ')}\n{r['label']}"
+                         for r in closed],
                         [r["tokens_per_s"] for r in closed])
     for b, v in result.get("ceilings", {}).items():
         axes[3].axhline(v, ls=":", color="grey")

@@ -75,6 +75,9 @@ from sluice.policy.step_planner import (
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.ttft import LineEntry, TtftPrediction, max_concurrency, predict_ttft
 
+STEP_COST_WINDOW = 192
+"""Steps the step-time model is fitted on (about 25 s of 130 ms steps): a host that slows
+down (other jobs on its cores) is followed within seconds, not minutes."""
 DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
 sequences is estimated for a TTFT prediction."""
@@ -185,7 +188,8 @@ class ContinuousEngine:
         """Prompt tokens not recomputed thanks to prefix reuse (a counter)."""
         self.forked_prompt_tokens = 0
         """Prompt tokens not recomputed because ``n`` choices shared one prefill."""
-        self.step_cost = OnlineStepCost(_step_cost_prior(model.spec.step_cost_path))
+        self.step_cost = OnlineStepCost(_step_cost_prior(model.spec.step_cost_path),
+                                        window=STEP_COST_WINDOW, refit_every=16)
         """The step-time model, learned from the steps this engine runs."""
         self.tpot_target_s = model.spec.tpot_target_s
 

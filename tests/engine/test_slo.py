@@ -298,3 +298,20 @@ def test_the_step_model_counts_the_time_between_steps() -> None:
     learned = eng.step_cost.current()
     for n in (2, 4, 8):
         assert learned.predict_s(n) == pytest.approx(0.002 + n * 0.010 + 0.005, rel=0.03)
+
+
+def test_a_host_that_slows_down_is_followed_within_the_window() -> None:
+    eng, m, _ = build(spec(tpot_target_s=0.200))
+
+    def wave() -> None:
+        for i in range(8):
+            eng.add(request(max_tokens=10 + 5 * i))
+        run(eng)
+
+    for _ in range(4):
+        wave()
+    assert eng.step_cost.current().predict_s(8) == pytest.approx(0.082, rel=0.05)
+    m.per_decode_s = 0.020  # other jobs take half the cores
+    for _ in range(6):  # 270 steps: more than the window
+        wave()
+    assert eng.step_cost.current().predict_s(8) == pytest.approx(0.162, rel=0.05)
