@@ -149,6 +149,9 @@ class EngineSection(_Strict):
     static_max_wait_ms: float = Field(default=50.0, ge=0)
     prefix_reuse: bool = True
     min_prefix_tokens: int = Field(default=16, ge=1)
+    retain_prefixes: bool = True
+    """An ended sequence's idle slot keeps its KV as a prefix donor (reclaimed on demand)."""
+    max_retained_slots: int | None = Field(default=None, ge=0)
 
 
 class SchedulingConfig(_Strict):
@@ -438,6 +441,8 @@ class Config(_Strict):
             static_max_wait_s=self.engine.static_max_wait_ms / 1000.0,
             prefix_reuse=self.engine.prefix_reuse,
             min_prefix_tokens=self.engine.min_prefix_tokens,
+            retain_prefixes=self.engine.retain_prefixes,
+            max_retained_slots=self.engine.max_retained_slots,
             line_order="priority_deadline" if self.scheduling.scheduler == "priority_edf"
             else "arrival",
         )

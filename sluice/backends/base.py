@@ -182,6 +182,10 @@ class GenerativeModel(Tokenizer, Protocol):
         """Make the first ``n_tokens`` positions of ``dst_slot`` share ``src_slot``'s KV."""
         ...
 
+    def trim_sequence(self, seq_slot: int, n_tokens: int) -> None:
+        """Keep the first ``n_tokens`` positions of a slot's KV and forget the rest."""
+        ...
+
     def close(self) -> None:
         """Release the model. Idempotent."""
         ...

@@ -232,6 +232,11 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
             raise BackendError(f"slot {src_slot} holds fewer than {n_tokens} tokens")
         self.slot_len[dst_slot] = n_tokens
 
+    def trim_sequence(self, seq_slot: int, n_tokens: int) -> None:
+        if not 0 <= n_tokens <= self.slot_len.get(seq_slot, 0):
+            raise BackendError(f"slot {seq_slot} holds fewer than {n_tokens} tokens")
+        self.slot_len[seq_slot] = n_tokens
+
     def close(self) -> None:
         self.closed = True
 

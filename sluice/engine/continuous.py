@@ -7,6 +7,13 @@ engine starts what it admitted (slots, KV blocks, prefix copy); logits = one ``f
 call; update = fork, choose, stream, retire. A retiring sequence frees its slot and blocks
 at once, so the next waiting request is admitted in the very next plan.
 
+Retained prefixes (``engine.retain_prefixes``): a choice that completes leaves its KV in
+its idle slot (``_retained``, least recently used first) with its blocks returned to the
+allocator. The planner sees those slots as donors and as slots to hand out when none is
+free; the engine then trims a slot kept in place, or clears one handed out or evicted for
+KV room. Invariant: a slot is exactly one of free, retained or holding a sequence (or a
+fork slot of a started request); a retained slot's model KV is ``_retained[slot]``.
+
 A request is a ``_Group`` of ``n`` choices, each a ``_Sequence`` in its own slot. Choice 0
 prefills; when its prefill ends the group forks (``_fork``): the prompt's KV is copied into
 the slots the admission held, and every choice draws its first token from the one logits
@@ -63,6 +70,7 @@ from sluice.policy.step_planner import (
     BatchingMode,
     EngineConfig,
     PrefixCopy,
+    RetainedSeq,
     RunningSeq,
     StepBudget,
     StepPlan,
@@ -180,12 +188,17 @@ class ContinuousEngine:
         """Started requests by request id (a group outlives none of its sequences)."""
         self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
         """A stack: ``pop()`` gives slot 0 first; a freed slot is reused first."""
+        self._retained: dict[int, list[int]] = {}
+        """Idle slots that kept their last sequence's KV: slot -> the tokens it holds, in
+        insertion order (least recently used first)."""
         self.steps = 0
         self._last_step_end_s: float | None = None
         """When the previous step ended, while the engine has had work since (else None)."""
         self.last_batch_size = 0
         self.reused_prefix_tokens = 0
         """Prompt tokens not recomputed thanks to prefix reuse (a counter)."""
+        self.retained_prefix_tokens = 0
+        """Of those, the tokens kept in place in a retained slot (a counter)."""
         self.forked_prompt_tokens = 0
         """Prompt tokens not recomputed because ``n`` choices shared one prefill."""
         self.step_cost = OnlineStepCost(_step_cost_prior(model.spec.step_cost_path),
@@ -347,7 +360,14 @@ class ContinuousEngine:
             free_slots=tuple(reversed(self._free_slots)),
             kv=self.kv.snapshot(),
             now=now,
+            retained=tuple(RetainedSeq(slot, tokens, self._lent_blocks(tokens))
+                           for slot, tokens in self._retained.items()),
         )
+
+    def _lent_blocks(self, tokens: list[int]) -> int:
+        """Pool blocks a retained prefix fills: its cells in a unified KV cache; nothing
+        when every slot has its own stream."""
+        return self.kv.blocks_needed(len(tokens)) if self.model.kv_unified else 0
 
     def _apply(self, plan: StepPlan, now: float) -> _Batch:
         """Carry out a plan in its order: start the admitted requests, then pair every
@@ -383,13 +403,20 @@ class ContinuousEngine:
         for i, adm in enumerate(admissions):
             index = self._waiting_index(adm.request_id)
             req = self.waiting[index]
-            if not req.mark_running(now):
+            donor = adm.prefix.donor_slot if adm.prefix and not adm.in_place else None
+            # a donor kept in place earlier in this plan may have failed while starting
+            if (donor is not None and donor not in self.running) or not req.mark_running(now):
                 return {s for a in admissions[i:] for s in a.slots}
             del self.waiting[index]
+            for slot in adm.evict:
+                del self._retained[slot]
+                self._free_slot(slot)
             for slot in adm.slots:
-                self._free_slots.remove(slot)
+                if self._retained.pop(slot, None) is None:
+                    self._free_slots.remove(slot)
+                if not (adm.in_place and slot == adm.slot):
+                    self.model.release_sequence(slot)
             reserve_admission(self.kv, adm)
-            self.model.release_sequence(adm.slot)
             seed = req.params.seed if req.params.seed is not None else req.request_id
             group = _Group(req, n=len(adm.slots), seed=seed, fork_slots=list(adm.fork_slots))
             if req.params.prompt_logprobs:
@@ -402,11 +429,17 @@ class ContinuousEngine:
             self.running[adm.slot] = seq
             group.live.append(seq)
             if adm.prefix is not None:
-                self._barrier(group, partial(self._copy_prefix, seq, adm.prefix))
+                self._barrier(group, partial(self._reuse_prefix, seq, adm.prefix))
         return set()
 
-    def _copy_prefix(self, seq: _Sequence, prefix: PrefixCopy) -> None:
-        self.model.copy_sequence(prefix.donor_slot, seq.slot, prefix.n_tokens)
+    def _reuse_prefix(self, seq: _Sequence, prefix: PrefixCopy) -> None:
+        """Start ``seq`` after a prefix: kept in its own retained slot (trimmed past the
+        prefix), or copied from a donor."""
+        if prefix.donor_slot == seq.slot:
+            self.model.trim_sequence(seq.slot, prefix.n_tokens)
+            self.retained_prefix_tokens += prefix.n_tokens
+        else:
+            self.model.copy_sequence(prefix.donor_slot, seq.slot, prefix.n_tokens)
         seq.n_fed = prefix.n_tokens
         self.reused_prefix_tokens += prefix.n_tokens
 
@@ -567,11 +600,28 @@ class ContinuousEngine:
         self.kv.free(slot)
         self._free_slots.append(slot)
 
-    def _drop_sequence(self, seq: _Sequence, now: float) -> None:
-        """Free a choice's slot and KV, and flush its held-back text."""
+    def _retain(self, seq: _Sequence) -> None:
+        """Keep an ended choice's KV in its idle slot as a prefix donor (most recently
+        used); its blocks go back to the allocator. Past ``max_retained_slots`` the least
+        recently used retained slot is cleared."""
+        self.kv.free(seq.slot)
+        self._retained[seq.slot] = seq.tokens[: seq.n_fed]
+        cap = self.config.max_retained_slots
+        while cap is not None and len(self._retained) > cap:
+            oldest = next(iter(self._retained))
+            del self._retained[oldest]
+            self._free_slot(oldest)
+
+    def _drop_sequence(self, seq: _Sequence, now: float, retain: bool = False) -> None:
+        """Free a choice's slot and KV (``retain``: keep the KV as a retained prefix when
+        the engine retains prefixes), and flush its held-back text."""
         if self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
-            self._free_slot(seq.slot)
+            if (retain and self.config.retain_prefixes and self.config.prefix_reuse
+                    and seq.n_fed >= self.config.min_prefix_tokens):
+                self._retain(seq)
+            else:
+                self._free_slot(seq.slot)
         if seq in seq.group.live:
             seq.group.live.remove(seq)
         tail = seq.text.flush()
@@ -580,8 +630,9 @@ class ContinuousEngine:
                                           time_s=now, choice=seq.choice))
 
     def _finish_choice(self, seq: _Sequence, reason: str, now: float) -> None:
-        """A choice ended normally; the request completes with its last choice."""
-        self._drop_sequence(seq, now)
+        """A choice ended normally (its KV may be retained); the request completes with
+        its last choice."""
+        self._drop_sequence(seq, now, retain=True)
         group = seq.group
         group.finished[seq.choice] = ChoiceFinal(seq.choice, seq.text.text, reason,
                                                  seq.generated)

@@ -18,13 +18,26 @@ views):
   and wants logits exactly when it reaches the end of the prompt (decodes always do).
 - **Admission**: requests are taken from the head of ``view.waiting`` in its order; the
   first that cannot start ends admission for this step (head-of-line: order is kept), and
-  ``held_back`` says why. Each takes a distinct slot from ``view.free_slots`` (in that
-  order) and reserves ``prompt + max_tokens`` tokens; together they fit the free KV blocks
-  (planned on a local copy of the counts, never by touching the allocator).
+  ``held_back`` says why. Each takes distinct slots: a retained donor it is admitted
+  into, else ``view.free_slots`` in that order, then retained slots least recently used
+  first (their KV cleared). It reserves ``prompt + max_tokens`` tokens per slot; together
+  they fit the free KV blocks (planned on a local copy of the counts, never by touching
+  the allocator).
+- **Retained KV is reclaimable**: the blocks retained slots fill (``RetainedSeq.kv_blocks``,
+  part of ``kv.free_blocks``) are lent, not held: an admission that needs them evicts
+  retained slots, least recently used first (``Admission.evict``). Retained slots and
+  their KV count as free for ``slots`` and ``kv``, so they never make a request wait (with
+  prefix reuse off, a plan admits exactly what it would with every retained slot
+  released). After the plan, the admissions' blocks plus the blocks of the slots still
+  retained fit ``kv.free_blocks``.
 - **Prefix reuse**: an admitted request may start after the longest prefix of its prompt
-  that a running sequence has already fed (the first such sequence on a tie), if that is
-  at least ``min_prefix_tokens`` and leaves one prompt token to feed for logits; its first
-  chunk then starts there. A request that wants prompt log-probabilities never copies (it
+  that a donor already holds, if that is at least ``min_prefix_tokens`` and leaves one
+  prompt token to feed for logits; its first chunk then starts there. Donors, in the order
+  that wins a tie: retained slots (``view.retained``: idle slots that kept the KV of the
+  sequence they last ran), slots kept in place earlier in this plan, then running
+  sequences (their fed tokens). A retained donor is not copied: the request is admitted
+  *into* it (``prefix.donor_slot == slot``) and the engine trims its KV past the prefix.
+  A request that wants prompt log-probabilities never copies (it
   needs the logits of every prompt position), and its prefill chunks want all logits and
   hold at most ``prompt_logprobs_chunk_tokens`` (a logits row per token is 1 MiB on a
   262k vocabulary).
@@ -49,7 +62,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from typing import Literal, Protocol
 
@@ -78,10 +91,16 @@ class EngineConfig:
     static_max_wait_s: float = 0.05
     """Static mode: how long to wait for a full batch."""
     prefix_reuse: bool = True
-    """Copy the KV of a shared prompt prefix from a running sequence instead of
-    recomputing it."""
+    """Reuse the KV of a shared prompt prefix (from a running sequence or a retained slot)
+    instead of recomputing it."""
     min_prefix_tokens: int = 16
-    """Shortest shared prefix worth copying."""
+    """Shortest shared prefix worth reusing."""
+    retain_prefixes: bool = True
+    """A sequence that ends keeps its KV in its idle slot (a retained prefix) as a donor
+    for later prompts, until the slot or its KV blocks are wanted (the engine's choice;
+    the planner only sees ``StepView.retained``)."""
+    max_retained_slots: int | None = None
+    """Most slots holding a retained prefix at once (None: every idle slot may)."""
     prompt_logprobs_chunk_tokens: int = 32
     """Longest prefill piece of a prompt whose log-probabilities are wanted (its pass
     returns a logits row per token)."""
@@ -92,6 +111,9 @@ class EngineConfig:
     engine too)."""
 
     def __post_init__(self) -> None:
+        if self.max_retained_slots is not None and self.max_retained_slots < 0:
+            raise ValueError(f"engine.max_retained_slots must be >= 0, got "
+                             f"{self.max_retained_slots}")
         for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens",
                      "prompt_logprobs_chunk_tokens"):
             if getattr(self, name) < 1:
@@ -151,8 +173,23 @@ class WaitingSeq:
 
 
 @dataclass(frozen=True, slots=True)
+class RetainedSeq:
+    """An idle slot that kept the KV of the sequence it last ran (a retained prefix)."""
+
+    slot: int
+    tokens: Sequence[int]
+    """The tokens whose KV the slot holds, at positions ``0 .. len - 1``."""
+    kv_blocks: int = 0
+    """Blocks of the shared pool that KV fills (a unified KV cache); 0 when each slot has
+    its own stream, so the retained KV takes nothing from other slots."""
+
+
+@dataclass(frozen=True, slots=True)
 class StepView:
-    """Everything one plan depends on."""
+    """Everything one plan depends on.
+
+    Invariant: ``sum(r.kv_blocks for r in retained) <= kv.free_blocks`` (retained KV is
+    counted free in the allocator, and only lent)."""
 
     running: tuple[RunningSeq, ...]
     """In the engine's order (admission order); decodes and prefills follow it."""
@@ -162,6 +199,9 @@ class StepView:
     """In the order to hand out."""
     kv: KVSnapshot
     now: float
+    retained: tuple[RetainedSeq, ...] = ()
+    """Idle slots holding a retained prefix, least recently used first; none of them is
+    in ``free_slots``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +267,9 @@ class PlannedChunk:
 
 @dataclass(frozen=True, slots=True)
 class PrefixCopy:
-    """Start a sequence with the first ``n_tokens`` of ``donor_slot``'s KV."""
+    """Start a sequence with the first ``n_tokens`` of ``donor_slot``'s KV: copied, or,
+    when ``donor_slot`` is the admission's own (retained) slot, kept in place and the rest
+    of that slot's KV trimmed."""
 
     donor_slot: int
     n_tokens: int
@@ -246,6 +288,16 @@ class Admission:
     fork_slots: tuple[int, ...] = ()
     """Slots of choices 1..n-1: held from now, filled by a copy of ``slot``'s prompt KV
     when its prefill ends (the fork)."""
+    evict: tuple[int, ...] = ()
+    """Retained slots to clear before reserving, to give their KV blocks back (they
+    become free slots, handed out after ``view.free_slots``). Retained slots among
+    ``slots`` are cleared too, except a slot kept in place (``prefix.donor_slot ==
+    slot``)."""
+
+    @property
+    def in_place(self) -> bool:
+        """Admitted into a retained slot whose KV prefix it keeps (no copy)."""
+        return self.prefix is not None and self.prefix.donor_slot == self.slot
 
     @property
     def slots(self) -> tuple[int, ...]:
@@ -335,6 +387,11 @@ class _Draft:
         self.kv = view.kv
         self.chunks: list[PlannedChunk] = []
         self.admissions: list[Admission] = []
+        self.free_left = list(view.free_slots)
+        self.retained_left = list(view.retained)
+        """Retained slots not yet handed out or evicted, least recently used first."""
+        self.kept: list[tuple[int, Sequence[int], int]] = []
+        """Donors made by this plan: (slot, prompt, tokens kept in place)."""
 
     def plan(self) -> StepPlan:
         for seq in self.view.running:
@@ -374,42 +431,54 @@ class _Draft:
 
     def _admit(self) -> HoldReason | None:
         """Admit from the head of the line; the reason the next one waits, if one does."""
-        waiting = self.view.waiting
         limit, at_limit = self._admit_limit()
-        free = self.view.free_slots
-        taken = 0  # slots handed out so far, from the front of ``free``
-        for i, head in enumerate(waiting):
+        for i, head in enumerate(self.view.waiting):
             if i == limit:
                 return at_limit
-            if head.n > len(free) - taken:
+            if head.n > len(self.free_left) + len(self.retained_left):
                 return "slots"
             if self.tokens_left <= 0:
                 return "tokens"
-            kv_after = self._kv_after(head)
-            if kv_after is None:
-                return "kv"  # head-of-line waits for blocks; order is kept
-            if not self.budget.may_admit(self._load(), head):
-                return "step_budget"
-            slots = free[taken : taken + head.n]
-            taken += head.n
-            self.held_tokens += head.n * len(head.prompt_tokens)
-            self.kv = kv_after
             reuse = self.config.prefix_reuse and not head.prompt_logprobs
             prefix = self._prefix_for(head.prompt_tokens) if reuse else None
+            free, retained = list(self.free_left), list(self.retained_left)
+            slots: list[int] = []
+            if prefix is not None and (home := _find(retained, prefix.donor_slot)) is not None:
+                retained.remove(home)  # admitted into the retained donor: kept in place
+                slots.append(home.slot)
+            while len(slots) < head.n:
+                slots.append(free.pop(0) if free else retained.pop(0).slot)
+            evict: list[int] = []
+            while (kv_after := self._kv_after(head, retained)) is None:
+                lent = [r for r in retained if r.kv_blocks]
+                if not lent:
+                    return "kv"  # head-of-line waits for blocks; order is kept
+                retained.remove(lent[0])
+                evict.append(lent[0].slot)
+                free.append(lent[0].slot)  # cleared: a free slot from now on
+            if not self.budget.may_admit(self._load(), head):
+                return "step_budget"
+            self.free_left, self.retained_left = free, retained
+            self.held_tokens += head.n * len(head.prompt_tokens)
+            self.kv = kv_after
+            if prefix is not None and prefix.donor_slot == slots[0]:
+                self.kept.append((slots[0], head.prompt_tokens, prefix.n_tokens))
             n_fed = prefix.n_tokens if prefix else 0
-            self.admissions.append(
-                Admission(head.request_id, slots[0], head.reserve_tokens, prefix, slots[1:])
-            )
+            self.admissions.append(Admission(head.request_id, slots[0], head.reserve_tokens,
+                                             prefix, tuple(slots[1:]), tuple(evict)))
             self._prefill(slots[0], len(head.prompt_tokens), n_fed, head.prompt_logprobs)
         return None
 
-    def _kv_after(self, head: WaitingSeq) -> KVSnapshot | None:
+    def _kv_after(self, head: WaitingSeq, retained: Sequence[RetainedSeq]) -> KVSnapshot | None:
         """The plan's KV counts once ``head`` reserves its budget in each of its ``n``
-        slots, or None if that does not fit."""
+        slots, or None if that does not fit beside the blocks ``retained`` fill."""
         kv = self.kv
+        lent = sum(r.kv_blocks for r in retained)
+        check = replace(kv, free_blocks=max(0, kv.free_blocks - lent))
         for _ in range(head.n):
-            if not kv.can_allocate(head.reserve_tokens):
+            if not check.can_allocate(head.reserve_tokens):
                 return None
+            check = check.after_reserving(head.reserve_tokens)
             kv = kv.after_reserving(head.reserve_tokens)
         return kv
 
@@ -417,34 +486,44 @@ class _Draft:
         """How many requests this plan may admit by slots and batching mode, and the reason
         given to a request past that limit."""
         view, mode = self.view, self.config.mode
-        if not view.free_slots:
+        idle = len(view.free_slots) + len(view.retained)
+        if not idle:
             return 0, "slots"
         if mode == "continuous":
-            return len(view.free_slots), "slots"
+            return idle, "slots"
         if view.running:
             return 0, "mode"  # static and serial admit only into an empty engine
         if mode == "serial":
             return 1, "mode"
         wake = static_wakeup_s(self.config, 0, view.waiting[0] if view.waiting else None)
-        full = sum(w.n for w in view.waiting) >= len(view.free_slots)  # every slot is free
+        full = sum(w.n for w in view.waiting) >= idle  # every slot is idle
         ready = full or wake is None or view.now >= wake
-        return (len(view.free_slots), "slots") if ready else (0, "mode")
+        return (idle, "slots") if ready else (0, "mode")
 
     def _prefix_for(self, prompt: Sequence[int]) -> PrefixCopy | None:
-        """The longest already-fed prefix of ``prompt`` among the running sequences (the
-        first wins a tie), leaving one prompt token to feed for logits.
+        """The longest prefix of ``prompt`` a donor holds, leaving one prompt token to
+        feed for logits: retained slots not yet handed out (most recently used first),
+        then slots kept in place earlier in this plan, then the running sequences' fed
+        tokens; the first wins a tie.
 
-        A request admitted earlier in this plan is no better donor: what it has fed it
-        copied from a running sequence, which offers at least as long a prefix and comes
-        first."""
+        A request admitted earlier in this plan by a copy is no better donor: what it has
+        it copied from a donor that offers at least as long a prefix and comes first."""
         limit = len(prompt) - 1
         if limit < self.config.min_prefix_tokens:
             return None
+        donors: list[tuple[int, Sequence[int], int]] = [
+            (r.slot, r.tokens, len(r.tokens)) for r in reversed(self.retained_left)]
+        donors += self.kept
+        donors += [(r.slot, r.tokens, r.n_fed) for r in self.view.running]
         best_len, best_slot = 0, -1
-        for donor in self.view.running:
-            n = common_prefix_tokens(prompt, donor.tokens, min(limit, donor.n_fed))
+        for slot, tokens, n_held in donors:
+            n = common_prefix_tokens(prompt, tokens, min(limit, n_held))
             if n > best_len:
-                best_len, best_slot = n, donor.slot
+                best_len, best_slot = n, slot
         if best_len == 0 or best_len < self.config.min_prefix_tokens:
             return None
         return PrefixCopy(best_slot, best_len)
+
+
+def _find(retained: Sequence[RetainedSeq], slot: int) -> RetainedSeq | None:
+    return next((r for r in retained if r.slot == slot), None)

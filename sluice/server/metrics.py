@@ -267,8 +267,9 @@ class SnapshotCollector(Collector):
             yield up
         hits = CounterMetricFamily(
             "sluice_prefix_cache_hits",
-            "Prompt tokens whose KV was copied from a running sequence instead of computed "
-            "(per load of the model: restarts at 0 when it is loaded again)",
+            "Prompt tokens whose KV was reused instead of computed: copied from a running "
+            "sequence or kept in a slot's retained prefix (per load of the model: restarts "
+            "at 0 when it is loaded again)",
             labels=["worker", "model"])
         for state in snap.workers:
             for m in state.models:

@@ -68,7 +68,9 @@ def make_request(model: LlamaCppGenerative, text: str, **params: Any) -> Request
 
 
 def run_all(model: LlamaCppGenerative, reqs: Sequence[Request], **config: Any) -> None:
-    eng = ContinuousEngine(model, EngineConfig(**config), time.monotonic, lambda r: None)
+    # retain_prefixes off: every slot is released at the end, for the model's next use
+    eng = ContinuousEngine(model, EngineConfig(**{"retain_prefixes": False, **config}),
+                           time.monotonic, lambda r: None)
     for req in reqs:
         eng.add(req)
     steps = 0

@@ -242,3 +242,83 @@ def test_prefix_reuse_copies_a_running_sequences_prompt_kv() -> None:
     run_to_idle(eng2)
     assert second.final and alone.final and second.final.text == alone.final.text
     assert eng2.reused_prefix_tokens == 0
+
+
+def _prompted(prompt: tuple[int, ...], max_tokens: int) -> Request:
+    req = request(max_tokens=max_tokens)
+    req.prompt_tokens = prompt
+    return req
+
+
+def test_a_retained_prefix_serves_the_next_request_in_place() -> None:
+    """One request after another with the same 40-token system prompt: the second feeds
+    only its suffix, in the slot the first left (trimmed), with the text of a full prefill."""
+    m = model(n_ctx_per_seq=256)
+    eng, _ = engine(m, min_prefix_tokens=8)
+    shared = tuple(range(100, 140))
+    first = _prompted((*shared, 1, 2), max_tokens=5)
+    eng.add(first)
+    run_to_idle(eng)
+    assert eng.kv.free_blocks == eng.kv.total_blocks  # retained KV holds no reservation
+    assert m.slot_len[0] == 42 + 5 - 1  # prompt + generated, but the last token: fed
+    second = _prompted((*shared, 7, 8, 9), max_tokens=3)
+    eng.add(second)
+    [held] = eng.view(0.0).retained
+    assert held.slot == 0 and len(held.tokens) == 46
+    assert tuple(held.tokens[:42]) == first.prompt_tokens
+    eng.step()
+    assert eng.running[0].req is second and eng.running[0].n_fed == 43  # 40 kept + 3 fed
+    assert (eng.reused_prefix_tokens, eng.retained_prefix_tokens) == (40, 40)
+    run_to_idle(eng)
+    eng2, _ = engine(model(n_ctx_per_seq=256), retain_prefixes=False)
+    alone = _prompted(second.prompt_tokens, max_tokens=3)
+    eng2.add(_prompted(first.prompt_tokens, max_tokens=5))
+    run_to_idle(eng2)
+    eng2.add(alone)
+    run_to_idle(eng2)
+    assert eng2.reused_prefix_tokens == 0 and not eng2.view(0.0).retained
+    assert second.final and alone.final and second.final.text == alone.final.text
+    eng.kv.check_integrity()
+
+
+def test_retained_slots_are_reused_least_recently_used_first_and_capped() -> None:
+    m = model(n_seq_max=2, n_ctx_per_seq=128)
+    eng, _ = engine(m, min_prefix_tokens=8)
+    a, b = tuple(range(100, 120)), tuple(range(200, 220))
+    for prompt in (a, b):  # a ends first (slot 0), then b (slot 1)
+        eng.add(_prompted((*prompt, 1), max_tokens=2))
+        run_to_idle(eng)
+    assert [r.slot for r in eng.view(0.0).retained] == [0, 1]
+    eng.add(_prompted(tuple(range(300, 320)), max_tokens=2))  # no prefix: takes the LRU slot
+    eng.step()
+    assert set(eng.running) == {0} and m.slot_len[0] == 20  # cleared, then prefilled
+    run_to_idle(eng)
+    assert [r.slot for r in eng.view(0.0).retained] == [1, 0]
+    eng.add(_prompted((*b, 5), max_tokens=2))  # b's prefix is still retained
+    run_to_idle(eng)
+    assert eng.retained_prefix_tokens == 20
+    capped, _ = engine(model(n_seq_max=2, n_ctx_per_seq=128), min_prefix_tokens=8,
+                       max_retained_slots=1)
+    for prompt in (a, b):
+        capped.add(_prompted((*prompt, 1), max_tokens=2))
+        run_to_idle(capped)
+    assert [tuple(r.tokens[:20]) for r in capped.view(0.0).retained] == [b]
+
+
+def test_unified_kv_evicts_retained_prefixes_rather_than_make_a_request_wait() -> None:
+    # 4 slots x 32 tokens, unified: one 128-token pool (16 blocks of 8).
+    m = model(n_seq_max=4, n_ctx_per_seq=32, kv_unified=True)
+    eng, _ = engine(m, min_prefix_tokens=8)
+    for base in (100, 200):  # two retained prefixes of 40 + 19 tokens: 8 blocks each
+        eng.add(_prompted(tuple(range(base, base + 40)), max_tokens=20))
+        run_to_idle(eng)
+    assert [r.kv_blocks for r in eng.view(0.0).retained] == [8, 8]
+    big = _prompted(tuple(range(300, 350)), max_tokens=10)  # 60 tokens: 8 blocks
+    eng.add(big)
+    eng.step()  # admitted at once: the older retained prefix is cleared for room
+    assert big.status == RequestStatus.RUNNING
+    [kept] = eng.view(0.0).retained
+    assert kept.slot == 1 and kept.tokens[0] == 200 and 0 not in m.slot_len
+    run_to_idle(eng)
+    assert big.status == RequestStatus.COMPLETED
+    eng.kv.check_integrity()

@@ -15,6 +15,7 @@ from sluice.policy.step_planner import (
     EngineConfig,
     PlannedChunk,
     PrefixCopy,
+    RetainedSeq,
     RunningSeq,
     StepLoad,
     StepPlan,
@@ -186,6 +187,47 @@ def test_prefix_reuse_ignores_short_prefixes_and_can_be_off() -> None:
     assert off.chunks[-1].start_pos == 0 and off.chunks[-1].n_tokens == 20
 
 
+def test_a_retained_donor_is_admitted_into_in_place_and_beats_a_running_one() -> None:
+    shared = tuple(range(500, 530))
+    kept = RetainedSeq(3, (*shared[:20], 9, 9, 9))  # an ended sequence's KV in idle slot 3
+    running = prefilling(0, n_prompt=30, n_fed=30, tokens=(*shared[:20], *range(10)))
+    other = RetainedSeq(2, tuple(range(40)))
+    plan = plan_step(config(), StepView((running,), (waiting(7, prompt=shared),
+                                                     waiting(8, prompt=(*shared[:12], 1, 2))),
+                                        (1,), kv(), 0.0, retained=(kept, other)))
+    first, second = plan.admissions
+    assert first.slot == 3 and first.in_place and first.prefix == PrefixCopy(3, 20)
+    assert plan.chunks[1] == PlannedChunk(3, 20, 10, want_logits=True, decode=False)
+    # The next one sharing 12 tokens copies them from the slot kept in place just before,
+    # (the retained slot wins the tie with the running donor) into the free slot.
+    assert second.slot == 1 and second.prefix == PrefixCopy(3, 12) and not second.in_place
+
+
+def test_retained_slots_are_handed_out_least_recently_used_first_when_none_is_free() -> None:
+    old, new = RetainedSeq(1, tuple(range(50, 70))), RetainedSeq(3, tuple(range(80, 100)))
+    plan = plan_step(config(), StepView((), (waiting(7), waiting(8), waiting(9)), (), kv(), 0.0,
+                                        retained=(old, new)))
+    assert [(a.slot, a.prefix, a.evict) for a in plan.admissions] == [(1, None, ()),
+                                                                      (3, None, ())]
+    assert plan.held_back == "slots"
+
+
+def test_retained_kv_is_evicted_least_recently_used_first_when_blocks_are_wanted() -> None:
+    # 5 free blocks of 8 tokens, 3 of them lent to retained prefixes (unified KV).
+    lent = (RetainedSeq(1, tuple(range(50, 66)), kv_blocks=2),
+            RetainedSeq(2, tuple(range(80, 88)), kv_blocks=1))
+    need_three = waiting(7, n_prompt=20, max_tokens=4)  # 24 tokens: 3 blocks
+    plan = plan_step(config(), StepView((), (need_three, waiting(8), waiting(9)),
+                                        (0,), kv(free=5), 0.0, retained=lent))
+    first, second, third = plan.admissions
+    assert (first.slot, first.evict) == (0, (1,))  # 5 - 1 lent >= 3
+    assert (second.slot, second.evict) == (1, ())  # the evicted slot is free now
+    assert (third.slot, third.evict) == (2, ())  # cleared for it: its block comes back
+    too_big = waiting(9, n_prompt=40, max_tokens=8)  # 6 blocks: never waits on lent ones,
+    plan = plan_step(config(), StepView((), (too_big,), (0,), kv(free=5), 0.0, retained=lent))
+    assert plan.held_back == "kv" and not plan.admissions  # but waits for real ones
+
+
 def test_static_mode_waits_for_a_full_batch_or_the_head_s_wait() -> None:
     cfg = config(mode="static", static_max_wait_s=0.5)
     two = (waiting(7, since_s=1.0), waiting(8, since_s=1.2))
@@ -343,8 +385,22 @@ def random_case(draw: st.DrawFn) -> tuple[EngineConfig, StepView]:
                                 draw(st.floats(0.0, 2.0)), n=draw(st.sampled_from([1, 1, 2, 3])),
                                 prompt_logprobs=draw(st.booleans())))
     snapshot = KVSnapshot(total, draw(st.integers(0, total)), block, draw(st.integers(1, 128)))
-    return cfg, StepView(tuple(running), tuple(waits), tuple(slots[n_running:]), snapshot,
-                         draw(st.floats(0.0, 3.0)))
+    idle = list(slots[n_running:])
+    n_retained = draw(st.integers(0, len(idle)))
+    retained, lent_left = [], snapshot.free_blocks
+    for slot in draw(st.permutations(idle[:n_retained])):  # least recently used first
+        tokens = draw(st.lists(alphabet, min_size=1, max_size=24))
+        lent = draw(st.integers(0, lent_left))  # lent blocks are part of the free ones
+        lent_left -= lent
+        retained.append(RetainedSeq(slot, tuple(tokens), lent))
+    for i, w in enumerate(waits):  # often a retained prefix + a tail
+        if retained and draw(st.booleans()):
+            donor = draw(st.sampled_from(retained)).tokens
+            prompt = (*donor[: draw(st.integers(0, len(donor)))], *w.prompt_tokens)
+            waits[i] = replace(w, prompt_tokens=prompt)
+    cfg = replace(cfg, retain_prefixes=True)
+    return cfg, StepView(tuple(running), tuple(waits), tuple(idle[n_retained:]), snapshot,
+                         draw(st.floats(0.0, 3.0)), retained=tuple(retained))
 
 
 @settings(max_examples=300, deadline=None)
@@ -358,9 +414,29 @@ def test_plans_never_over_commit(case: tuple[EngineConfig, StepView]) -> None:
     assert sum(c.n_tokens for c in plan.chunks) <= cfg.max_batch_tokens
     assert len({c.slot for c in plan.chunks}) == len(plan.chunks)
     handed_out = [slot for a in plan.admissions for slot in a.slots]
-    assert handed_out == list(v.free_slots[: len(handed_out)])
+    assert len(set(handed_out)) == len(handed_out)
+    retained = {r.slot: r for r in v.retained}
+    in_place = {a.slot for a in plan.admissions if a.in_place}
+    evicted = [slot for a in plan.admissions for slot in a.evict]
+    assert in_place <= set(retained) and len(set(evicted)) == len(evicted)
+    assert all(retained[slot].kv_blocks for slot in evicted)
+    assert set(handed_out) <= {*v.free_slots, *retained}
+    for i, a in enumerate(plan.admissions):  # an evicted slot is free for later admissions
+        assert not set(a.slots) & {s for b in plan.admissions[i:] for s in b.evict}
+    # Free slots first (in order); a retained slot is cleared for a request only when no
+    # free one is left, least recently used first.
+    others = [slot for slot in handed_out if slot not in in_place]
+    free_taken = [slot for slot in others if slot in v.free_slots]
+    assert free_taken == list(v.free_slots[: len(free_taken)])
+    cleared = [slot for slot in others if slot in retained and slot not in evicted]
+    if cleared:
+        assert len(free_taken) == len(v.free_slots)
+        assert cleared == [s for s in retained if s not in in_place and s not in evicted][
+            : len(cleared)]
     blocks = sum(v.kv.blocks_needed(a.reserve_tokens) * len(a.slots) for a in plan.admissions)
-    assert blocks <= v.kv.free_blocks
+    still_lent = sum(r.kv_blocks for r in v.retained
+                     if r.slot not in handed_out and r.slot not in evicted)
+    assert blocks + still_lent <= v.kv.free_blocks
     wants = {w.request_id: w for w in v.waiting}
     for a in plan.admissions:  # one slot per choice; the fork slots are fed nothing yet
         assert len(a.slots) == wants[a.request_id].n
@@ -397,15 +473,24 @@ def test_plans_never_over_commit(case: tuple[EngineConfig, StepView]) -> None:
     # Nothing runnable is skipped while tokens are left.
     if sum(c.n_tokens for c in plan.chunks) < cfg.max_batch_tokens:
         assert {c.slot for c in plan.chunks} >= set(by_slot)
-    # Prefixes: copied from a running sequence's fed tokens, one prompt token left.
+    # Prefixes: kept in place from a retained slot, or copied from a running sequence's
+    # fed tokens or a slot kept in place earlier in the plan; one prompt token left.
+    kept: dict[int, tuple[int, ...]] = {}
     for a, w in zip(plan.admissions, v.waiting, strict=False):
         if a.prefix is None:
             continue
         assert not w.prompt_logprobs  # it needs every prompt position computed
-        donor = by_slot[a.prefix.donor_slot]
         n = a.prefix.n_tokens
-        assert max(1, cfg.min_prefix_tokens) <= n <= min(donor.n_fed, len(w.prompt_tokens) - 1)
-        assert tuple(w.prompt_tokens[:n]) == tuple(donor.tokens[:n])
+        if a.in_place:
+            held: tuple[int, ...] = tuple(retained[a.slot].tokens)
+            kept[a.slot] = tuple(w.prompt_tokens[:n])
+        elif a.prefix.donor_slot in kept:
+            held = kept[a.prefix.donor_slot]
+        else:
+            donor = by_slot[a.prefix.donor_slot]
+            held = tuple(donor.tokens[: donor.n_fed])
+        assert max(1, cfg.min_prefix_tokens) <= n <= min(len(held), len(w.prompt_tokens) - 1)
+        assert tuple(w.prompt_tokens[:n]) == held[:n]
     # The plan applies to an allocator in that state.
     alloc = KVBlockAllocator(v.kv.total_blocks, v.kv.block_size_tokens, v.kv.max_seq_tokens)
     for i in range(v.kv.total_blocks - v.kv.free_blocks):
@@ -414,3 +499,21 @@ def test_plans_never_over_commit(case: tuple[EngineConfig, StepView]) -> None:
     for a in plan.admissions:
         reserve_admission(alloc, a)
     alloc.check_integrity()
+
+
+@settings(max_examples=200, deadline=None)
+@given(case=random_case())
+def test_retained_kv_never_makes_a_request_wait(case: tuple[EngineConfig, StepView]) -> None:
+    """With prefix reuse off, a view with retained slots plans the same admissions as the
+    view with those slots released: free, their lent blocks free."""
+    cfg, v = case
+    cfg = replace(cfg, prefix_reuse=False)
+    released = replace(v, free_slots=(*v.free_slots, *(r.slot for r in v.retained)),
+                       retained=())
+    plan, plain = plan_step(cfg, v), plan_step(cfg, released)
+    assert [a.request_id for a in plan.admissions] == [a.request_id for a in plain.admissions]
+    assert plan.held_back == plain.held_back
+    def feeds(p: StepPlan) -> list[tuple[int, int, bool]]:  # the slots may differ
+        return [(c.start_pos, c.n_tokens, c.decode) for c in p.chunks]
+
+    assert feeds(plan) == feeds(plain)

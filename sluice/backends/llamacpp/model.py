@@ -196,6 +196,20 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
         self._check_slot(seq_slot)
         self._release(seq_slot)
 
+    def trim_sequence(self, seq_slot: int, n_tokens: int) -> None:
+        self._check_open()
+        self._check_slot(seq_slot)
+        if not 0 <= n_tokens <= self.slot_len[seq_slot]:
+            raise BackendError(
+                f"slot {seq_slot} holds {self.slot_len[seq_slot]} tokens, cannot keep {n_tokens}"
+            )
+        if n_tokens < self.slot_len[seq_slot] and not self._lib.llama_memory_seq_rm(
+            self._mem, seq_slot, n_tokens, -1
+        ):
+            self._release(seq_slot)
+            raise BackendError(f"could not trim slot {seq_slot} to {n_tokens} tokens")
+        self.slot_len[seq_slot] = n_tokens
+
     def copy_sequence(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
         self._check_open()
         self._check_slot(src_slot)
