@@ -88,7 +88,7 @@ STEP_COST_WINDOW = 192
 down (other jobs on its cores) is followed within seconds, not minutes."""
 DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
-sequences is estimated for a TTFT prediction."""
+sequences is estimated for a TTFT prediction that names no budget."""
 
 __all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig"]
 
@@ -261,11 +261,11 @@ class ContinuousEngine:
         req.finish(RequestStatus.FAILED, self._clock(), error=error, error_code=code)
         self._on_retire(req)
 
-    def predict_ttft(self, prompt_tokens: int, n: int = 1,
-                     position: int | None = None) -> TtftPrediction:
-        """When a request with this prompt, joining the waiting line at ``position`` (its
-        end by default) now, would get its first token: the running sequences and the
-        line ahead of it against the learned step-time model."""
+    def predict_ttft(self, prompt_tokens: int, n: int = 1, position: int | None = None,
+                     max_tokens: int = DEFAULT_NEW_TOKENS_GUESS) -> TtftPrediction:
+        """When a request with this prompt (and token budget), joining the waiting line at
+        ``position`` (its end by default) now, would get its first token: the running
+        sequences and the line ahead of it against the learned step-time model."""
         cost = self.step_cost.current()
         running = [LineEntry(max(0, s.n_prompt - s.n_fed),
                              max(0, s.req.params.max_tokens - s.generated))
@@ -282,7 +282,7 @@ class ContinuousEngine:
             limit = TpotBudget(cost, self.tpot_target_s).step_limit_s
         slots = min(self.model.n_seq_max,
                     max(1, self.kv.total_blocks // max(1, self.kv.blocks_needed(
-                        prompt_tokens + DEFAULT_NEW_TOKENS_GUESS))))
+                        prompt_tokens + max_tokens))))
         concurrency = max_concurrency(cost, limit, slots, context)
         return predict_ttft(cost, concurrency=concurrency, context_tokens_per_seq=context,
                             running=running, waiting=waiting, new_prompt_tokens=prompt_tokens,
@@ -294,7 +294,8 @@ class ContinuousEngine:
         if req.ttft_deadline_s is None:
             return None
         now = self._clock()
-        ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n), position)
+        ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n), position,
+                                 req.params.max_tokens)
         if now + ttft.ttft_s <= req.ttft_deadline_s:
             return None
         allowed_s = req.ttft_deadline_s - req.arrival_s
