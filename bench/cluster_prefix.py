@@ -7,12 +7,14 @@ Poisson arrivals at ``--rate`` requests/s, the same arrival times and prompts fo
 router. Two replicas on a local Ray (one llama.cpp thread each: the two cores of this
 machine), the packaged Gemma 3 270M.
 
-sluice's engine reuses the KV of a prompt prefix that a sequence *running on the same
-replica* has already fed (``engine.prefix_reuse``). Round robin spreads each application's
-requests over both replicas; the ``affinity`` router sends a system prompt to its home
-replica (consistent hashing on the prompt's first characters, with a load bound), so a
-request more often finds a running sequence with its prefix there and skips most of its
-prefill. Routers run interleaved (``--repeats`` rounds of each), in one process, side by
+sluice's engine reuses the KV of a prompt prefix that a sequence running on the same
+replica has fed, or that an idle slot there retained from an ended sequence
+(``engine.prefix_reuse``, ``engine.retain_prefixes``; ``--no-retain`` turns retention off).
+Round robin spreads each application's requests over both replicas; the ``affinity`` router
+sends a system prompt to its home replica (consistent hashing on the prompt's first
+characters, with a load bound), so with more system prompts than a replica has slots to
+retain them in, a request finds its prefix at home and skips most of its prefill.
+Routers run interleaved (``--repeats`` rounds of each), in one process, side by
 side. Reports TTFT p50/p95, end-to-end p50, tokens/s and the ratios; JSON + PNG.
 
 Run under ``flock /tmp/sluice-heavy.lock`` (it takes both cores for a few minutes).
@@ -72,7 +74,7 @@ def config_data(router: str, args: argparse.Namespace, port: int) -> dict[str, A
         "scheduling": {"queue_capacity": 256},
         "workers": {"count": 1, "budget_bytes": 4_000_000_000, "inbox_capacity": 64},
         "engine": {"max_batch_tokens": 512, "prefill_chunk_tokens": 256,
-                   "prefix_reuse": True},
+                   "prefix_reuse": True, "retain_prefixes": args.retain},
         "models": [{"id": MODEL, "kind": "generative", "backend": "llamacpp",
                     "task": "generation", "memory_bytes": 600_000_000,
                     "options": {"path": "packaged:gemma-3-270m", "n_ctx": n_ctx,
@@ -164,6 +166,8 @@ def main() -> int:
     ap.add_argument("--prefix-chars", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--routers", default="affinity,round_robin")
+    ap.add_argument("--no-retain", dest="retain", action="store_false",
+                    help="engine.retain_prefixes = false (only running sequences donate)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cluster_prefix.json"))
     args = ap.parse_args()
 
