@@ -47,7 +47,7 @@ from bench.servers import free_port, running, sluice_cmd
 from sluice.config import Config
 from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
 from sluice.sim import Arrival, SimConfig, generate, parse_spec, simulate
-from sluice.sim.costs import ModelCost
+from sluice.sim.costs import read_costs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FACTORS = (0.5, 0.8, 0.95, 1.3)
@@ -259,10 +259,9 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
                    full_latency_s=round(full_latency, 4))
         print(f"[{name}] fitted {fitted}, overhead {overhead_s * 1000:.1f} ms; capacity "
               f"{capacity:.2f}/s; deadline {deadline_ms:.0f} ms", flush=True)
-        base_sim = SimConfig.from_config(config)
-        model = base_sim.models[system["model"]]
-        fitted_sim = replace(base_sim, models={model.model_id: replace(
-            model, cost=ModelCost(model.cost.load_s, step=fitted, overhead_s=overhead_s))})
+        fitted_sim = SimConfig.from_config(
+            config, read_costs(RESULTS / f"sim_cost_{name}.json"), RESULTS)
+        declared_sim = SimConfig.from_config(config) if name == "synthetic" else None
         for factor in args.factors:
             rate = factor * capacity
             spec = parse_spec(f"poisson:rate={rate},duration={args.duration},"
@@ -278,8 +277,8 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(2.0)  # let the server drain before the next point
             point = {"factor": factor, "rate_per_s": round(rate, 3), "requests": len(arrivals),
                      "real": real, "sim": sim_summary(fitted_sim, arrivals)}
-            if name == "synthetic":
-                point["sim_declared_cost"] = sim_summary(base_sim, arrivals)
+            if declared_sim is not None:
+                point["sim_declared_cost"] = sim_summary(declared_sim, arrivals)
             sim = point["sim"]
             point["ttft_p95_rel_err"] = rel_err(sim["ttft_p95_s"], real["ttft_p95_s"])
             point["goodput_rel_err"] = rel_err(sim["goodput"], real["goodput"])
