@@ -149,19 +149,23 @@ def plan(config: SimConfig, arrivals: Sequence[Arrival], slo: Slo, *,
 
 
 def waiting_target(config: SimConfig, spec: WorkloadSpec, replicas: int, ttft_p95_s: float,
-                   *, overload: float = 1.5, seed: int = 0) -> dict[str, Any]:
+                   *, loads: Sequence[float] = (0.9, 1.0, 1.1, 1.25), requests: int = 1500,
+                   seed: int = 0) -> dict[str, Any]:
     """The autoscaling target for one replica of ``config``'s shape (see the module
-    docstring): the per-replica share of ``spec`` × ``overload``, queue unbounded."""
+    docstring): the per-replica share of ``spec`` scaled by each of ``loads`` (around
+    and past the replica's capacity, so that every backlog occurs), queue unbounded,
+    ``requests`` arrivals each, the requests pooled by the backlog they found."""
     one = dataclasses.replace(config, replicas=1, queue_capacity=1_000_000,
                               replica_capacity=None)
-    share = spec.scaled(overload / replicas)
     by_waiting: dict[int, list[float]] = {}
-    _, fleet = simulate(one, generate(dataclasses.replace(share, deadline_s=None), seed),
-                        keep_requests=True)
-    for r in fleet.requests or ():
-        if r.status == "completed" and r.end_s is not None:
-            first = r.first_token_s if r.first_token_s is not None else r.end_s
-            by_waiting.setdefault(r.waiting_ahead, []).append(first - r.arrival_s)
+    for i, load in enumerate(loads):
+        share = dataclasses.replace(spec.scaled(load / replicas), deadline_s=None,
+                                    requests=requests, duration_s=math.inf)
+        _, fleet = simulate(one, generate(share, seed + i), keep_requests=True)
+        for r in fleet.requests or ():
+            if r.status == "completed" and r.end_s is not None:
+                first = r.first_token_s if r.first_token_s is not None else r.end_s
+                by_waiting.setdefault(r.waiting_ahead, []).append(first - r.arrival_s)
     rows = []
     target = 0
     meeting = True
@@ -178,4 +182,5 @@ def waiting_target(config: SimConfig, spec: WorkloadSpec, replicas: int, ttft_p9
     zero_ok = bool(rows) and rows[0]["waiting"] == 0 and rows[0]["ttft_p95_s"] <= ttft_p95_s
     return {"target_waiting_per_replica": target, "meets_with_none_waiting": zero_ok,
             "ttft_p95_s_by_waiting": rows,
-            "per_replica_rate_per_s": round(share.mean_rate_per_s, 4)}
+            "per_replica_rate_per_s": round(spec.mean_rate_per_s / replicas, 4),
+            "loads": list(loads)}

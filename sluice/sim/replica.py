@@ -76,6 +76,8 @@ class SimReplica:
         """(worker id, model id) of every model load, in order."""
         self._dispatching = False
         self._model_bytes = {m.model_id: m.memory_bytes for m in config.models.values()}
+        for model_id in config.preload:
+            self.workers[0].preload(config.models[model_id])
 
     # -- admission -------------------------------------------------------------------------
 

@@ -73,12 +73,18 @@ class SimConfig:
     """Across replicas: ``round_robin``, ``least_loaded`` or ``affinity``."""
     replica_capacity: int | None = None
     """Requests one replica holds at once; ``None``: queue capacity + inboxes."""
+    preload: tuple[str, ...] = ()
+    """Models resident on every replica's first worker before the first arrival (the
+    server loads its default model at start-up, before it is ready)."""
 
     def __post_init__(self) -> None:
         for name in ("replicas", "workers", "inbox_capacity", "max_batch_size",
                      "queue_capacity"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for m in self.preload:
+            if m not in self.models:
+                raise ValueError(f"preload: unknown model {m!r}")
         for g in self.groups:
             missing = [v for v in g.variants if v not in self.models]
             if missing:
@@ -132,4 +138,5 @@ class SimConfig:
             replica_router="affinity" if config.cluster.router == "affinity"
             else config.cluster.router,
             replica_capacity=config.cluster.max_ongoing_requests,
+            preload=(config.default_model,),
         )

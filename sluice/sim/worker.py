@@ -165,6 +165,29 @@ class SimWorker:
             return True
         return False
 
+    def preload(self, model: SimModel) -> None:
+        """Make ``model`` resident before the run (no time charged: the server loads its
+        default model before it reports ready)."""
+        if self.residency.is_resident(model.model_id):
+            return
+        plan = self.residency.plan_load(model.model_id, model.memory_bytes)
+        if plan is None or plan.victims:
+            return
+        self._commit(model, 0.0)
+
+    def _commit(self, model: SimModel, now: float) -> None:
+        self.residency.commit_load(model.model_id, model.memory_bytes, model.load_cost_s, now)
+        if model.kind == "generative":
+            step = model.cost.step
+            if step is None:
+                raise ValueError(f"generative model {model.model_id} has no step cost")
+            self.engines[model.model_id] = SimEngine(self.config.engine, step,
+                                                     model.n_ctx_total, model.n_seq_max)
+        self.loads += 1
+        self._resident = frozenset(m.model_id for m in self.residency.models())
+        self._view = None
+        self.owner.loaded(self.worker_id, model.model_id)
+
     def _load(self, model: SimModel, now: float) -> bool | None:
         """Start loading ``model``: True (busy for its load time), None (must wait for
         in-use victims), False (it can never fit: its inbox requests failed)."""

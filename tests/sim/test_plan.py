@@ -49,8 +49,8 @@ def test_plan_ranks_by_replicas_and_reports_the_unmeetable() -> None:
 
 
 def test_waiting_target_grows_with_the_objective() -> None:
-    tight = waiting_target(CONFIG, SPEC, replicas=4, ttft_p95_s=0.5)
-    loose = waiting_target(CONFIG, SPEC, replicas=4, ttft_p95_s=2.0)
+    tight = waiting_target(CONFIG, SPEC, replicas=4, ttft_p95_s=0.5, requests=600)
+    loose = waiting_target(CONFIG, SPEC, replicas=4, ttft_p95_s=2.0, requests=600)
     assert 0 <= tight["target_waiting_per_replica"] < loose["target_waiting_per_replica"]
     rows = loose["ttft_p95_s_by_waiting"]
     assert rows and rows[-1]["ttft_p95_s"] > rows[0]["ttft_p95_s"]

@@ -4,6 +4,7 @@ loaded, and how every request ended."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,8 @@ def test_replayed_trace_makes_the_same_decisions(tmp_path: Path, router: str,
     arrivals = list(read_trace(tmp_path / "trace.jsonl"))
     assert [a.model for a in arrivals] == MODELS
     assert all(a.time_s >= 0 for a in arrivals)
-    sim_config = SimConfig.from_config(cfg)
+    # A bare runtime loads nothing at start (the HTTP server preloads its default model).
+    sim_config = dataclasses.replace(SimConfig.from_config(cfg), preload=())
     report, fleet = simulate(sim_config, arrivals, keep_requests=True, record_decisions=True)
     replica = fleet.replicas[0]
     assert replica.dispatcher.decisions == decisions
