@@ -174,3 +174,25 @@ def test_running_waiting_and_prefix_cache_hits(serve: Callable[..., LiveServer])
     assert hits >= 40
     assert metric_sum(s, "sluice_prefix_cache_queries_total", model="two-slots") >= hits + 2
     assert metric_sum(s, "sluice_prefix_cache_hits_total", model="one-slot") == 0
+
+
+def test_a_retained_prefix_counts_as_a_prefix_cache_hit(
+        serve: Callable[..., LiveServer]) -> None:
+    """One slot, one request after another with a shared 40-word prefix: the second finds
+    it retained in the slot the first left (no sequence running), and the hits say so;
+    with ``engine.retain_prefixes = false`` nothing is kept."""
+    shared = " ".join(f"w{i}" for i in range(3, 43))
+
+    def hits_after_two(retain: bool) -> float:
+        live = serve(config_with(models=[synth_chat("one-slot", n_seq_max=1)],
+                                 engine={"retain_prefixes": retain}))
+        with live.client() as c:
+            for tail in ("first", "second"):
+                r = c.post("/v1/chat/completions", json={
+                    "model": "one-slot", "max_tokens": 2,
+                    "messages": [{"role": "user", "content": f"{shared} {tail}"}]})
+                assert r.status_code == 200
+            return metric_sum(scrape(c), "sluice_prefix_cache_hits_total", model="one-slot")
+
+    assert hits_after_two(retain=True) >= 40
+    assert hits_after_two(retain=False) == 0
