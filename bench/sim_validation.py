@@ -147,8 +147,9 @@ async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
                   ) -> tuple[StepCost, float, list[dict[str, Any]]]:
     """The step-time model and the per-request overhead, through the serving path.
 
-    TPOT at concurrency ``c`` is one step of ``c`` decodes: those samples fit the base
-    and per-decode seconds (``fit_step_cost``). TTFT of a lone request is the overhead
+    TPOT at concurrency ``c`` is one step of ``c`` decodes: those samples, and the same
+    decodes over long prompts, fit the base, per-decode and per-context-token seconds
+    (``fit_step_cost``). TTFT of a lone request is the overhead
     outside the worker (HTTP, tokenization, streaming) plus one prefill step; lone short
     and long prompts give the per-prefill-token seconds (their difference) and then the
     overhead (what the short prompt's TTFT leaves after its step)."""
@@ -161,14 +162,21 @@ async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
         tpot = statistics.median(s.tpot_s for s in got if s.ok and s.tpot_s is not None)
         decodes.append(StepSample(c, 0, tpot, c * (n_short + m // 2)))
         rows.append({"concurrency": c, "tpot_s": round(tpot, 6)})
+    c = PROFILE_CONCURRENCY[-1]  # the same decodes over long prompts: the context's cost
+    got, _ = await closed_loop(base, model, long_prompts(system), concurrency=c,
+                               n_requests=c, max_tokens=m)
+    tpot = statistics.median(s.tpot_s for s in got if s.ok and s.tpot_s is not None)
+    decodes.append(StepSample(c, 0, tpot, c * (n_long + m // 2)))
+    rows.append({"concurrency": c, "long_prompts": True, "tpot_s": round(tpot, 6)})
     ttft = {}
     for label, prompts in (("short", system["prompts"]), ("long", long_prompts(system))):
         got, _ = await closed_loop(base, model, prompts, concurrency=1, n_requests=8,
                                    max_tokens=2)
         ttft[label] = statistics.median(s.ttft_s for s in got if s.ok and s.ttft_s is not None)
-    decode_fit = fit_step_cost(decodes, with_context=False)
+    decode_fit = fit_step_cost(decodes, with_context=True)
     per_prefill_s = max(0.0, (ttft["long"] - ttft["short"]) / max(1, n_long - n_short))
-    step = StepCost(decode_fit.base_s, decode_fit.per_decode_token_s, per_prefill_s)
+    step = StepCost(decode_fit.base_s, decode_fit.per_decode_token_s, per_prefill_s,
+                    decode_fit.per_context_token_s)
     overhead_s = max(0.0, ttft["short"] - step.predict_s(0, n_short))
     rows.append({"ttft_short_s": round(ttft["short"], 6), "ttft_long_s": round(ttft["long"], 6),
                  "n_short": n_short, "n_long": n_long})
