@@ -9,6 +9,11 @@ seconds; at its end every chunk that wants logits yields one token, a token past
 deadline expires its request instead (never completed late), and a request that reaches
 ``max_tokens`` completes and frees its slot and blocks at once. Sequences run to
 ``max_tokens`` (as the load generator's ``ignore_eos`` asks); ``n`` is 1.
+
+Retained prefixes (``config.retain_prefixes``) as the engine keeps them: a completed
+sequence's slot keeps its prompt as a donor (``StepView.retained``, least recently used
+first; the generated tokens, which no simulated prompt shares, are left out), handed out
+or evicted as the plan says.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import (
     EngineConfig,
+    RetainedSeq,
     RunningSeq,
     StepPlan,
     StepView,
@@ -50,6 +56,8 @@ class SimEngine:
         self.waiting: deque[SimRequest] = deque()
         self.running: dict[int, _Seq] = {}
         self._free_slots = list(range(n_seq_max - 1, -1, -1))
+        self._retained: dict[int, tuple[int, ...]] = {}
+        """Idle slots keeping a completed sequence's prompt KV, least recently used first."""
         self.steps = 0
         self.busy_s = 0.0
 
@@ -92,6 +100,7 @@ class SimEngine:
             free_slots=tuple(reversed(self._free_slots)),
             kv=self.kv.snapshot(),
             now=now,
+            retained=tuple(RetainedSeq(slot, tokens) for slot, tokens in self._retained.items()),
         )
 
     def start_step(self, now: float) -> tuple[StepPlan, float]:
@@ -104,7 +113,12 @@ class SimEngine:
                 raise RuntimeError(f"plan admits {adm.request_id}, head is {req.request_id}")
             req.status = "running"
             req.started_s = now
-            self._free_slots.remove(adm.slot)
+            for slot in adm.evict:
+                del self._retained[slot]
+                self._free_slots.append(slot)
+            for slot in adm.slots:
+                if self._retained.pop(slot, None) is None:
+                    self._free_slots.remove(slot)
             reserve_admission(self.kv, adm)
             seq = _Seq(req, adm.slot)
             if adm.prefix is not None:
@@ -139,7 +153,7 @@ class SimEngine:
             if req.first_token_s is None:
                 req.first_token_s = now
             if req.generated >= req.max_tokens:
-                self._retire(chunk.slot)
+                self._retire(chunk.slot, completed=True)
                 ended.append((req, "completed"))
         return ended
 
@@ -152,7 +166,17 @@ class SimEngine:
                                WaitingSeq(head.request_id, (), head.max_tokens,
                                           head.arrival_s))
 
-    def _retire(self, slot: int) -> None:
-        del self.running[slot]
+    def _retire(self, slot: int, completed: bool = False) -> None:
+        seq = self.running.pop(slot)
         self.kv.free(slot)
-        self._free_slots.append(slot)
+        cfg = self.config
+        if (completed and cfg.retain_prefixes and cfg.prefix_reuse
+                and seq.n_fed >= cfg.min_prefix_tokens):
+            self._retained[slot] = seq.req.prompt[: min(seq.n_fed, seq.req.n_prompt)]
+            cap = cfg.max_retained_slots
+            while cap is not None and len(self._retained) > cap:
+                oldest = next(iter(self._retained))
+                del self._retained[oldest]
+                self._free_slots.append(oldest)
+        else:
+            self._free_slots.append(slot)

@@ -146,6 +146,19 @@ def test_prefix_reuse_shortens_prefill() -> None:
     assert run(1) < 0.8 * run(0)
 
 
+def test_a_retained_prefix_serves_requests_that_arrive_one_at_a_time() -> None:
+    """At a low rate nothing is running when the next request arrives: only a prefix the
+    engine retained from an ended sequence can spare its prefill."""
+    def run(retain: bool) -> float:
+        spec = parse_spec("poisson:rate=2,requests=60,model=chat,prompt=240,output=8,"
+                          "prefixes=1,prefix_tokens=200")
+        config = SimConfig(models={"chat": chat()}, workers=1,
+                           engine=EngineConfig(retain_prefixes=retain))
+        report, _ = simulate(config, generate(spec, seed=3))
+        return float(report["overall"]["ttft_s"]["mean"])
+    assert run(True) < 0.6 * run(False)
+
+
 def test_variant_group_moves_to_the_fast_variant_under_load() -> None:
     models = {"big": oneshot("big", 0.020, 0.004, mb=100, accuracy=0.9),
               "small": oneshot("small", 0.002, 0.0005, mb=100, accuracy=0.8)}
