@@ -204,16 +204,7 @@ class SimWorker:
         for victim in plan.victims:
             self.residency.evict(victim)
             self.engines.pop(victim, None)
-        self.residency.commit_load(model.model_id, model.memory_bytes, model.load_cost_s, now)
-        if model.kind == "generative":
-            step = model.cost.step
-            if step is None:
-                raise ValueError(f"generative model {model.model_id} has no step cost")
-            self.engines[model.model_id] = SimEngine(self.config.engine, step,
-                                                     model.n_ctx_total, model.n_seq_max)
-        self.loads += 1
-        self.owner.loaded(self.worker_id, model.model_id)
-        self._resident = frozenset(m.model_id for m in self.residency.models())
+        self._commit(model, now)
         self._busy_until(now + model.cost.load_s, self._after_load, None)
         return True
 
