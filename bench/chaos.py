@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.llm_bench import PROMPTS
 from bench.outcomes import Outcome, _kind_of, closed, delta, one_request, server_counts, tally
 from bench.overload import SYNTH_PROMPTS, wait_idle
-from bench.servers import free_port, process_schedstat, running, sluice_cmd
+from bench.servers import free_port, process_cpu_s, process_schedstat, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_TOKENS = 32
@@ -180,8 +180,8 @@ async def chaos_load(base: str, model: str, prompts: list[str], *, rate_per_s: f
 def probe_ready(base: str, pid: int, stop: threading.Event, t_base: float,
                 out: list[tuple[float, int]], load: list[list[float]]) -> None:
     """``/ready`` every ``READY_POLL_S``; every 5 s the host's 1-minute load average and
-    the server process's CPU seconds and seconds spent runnable but waiting for a CPU
-    (the host is shared: contention from other work shows there)."""
+    the server process's CPU seconds and seconds its live threads spent runnable but
+    waiting for a CPU (the host is shared: contention from other work shows there)."""
     next_load = 0.0
     with httpx.Client(timeout=5) as c:
         while not stop.is_set():
@@ -192,8 +192,8 @@ def probe_ready(base: str, pid: int, stop: threading.Event, t_base: float,
             now = time.perf_counter() - t_base
             out.append((round(now, 3), status))
             if now >= next_load:
-                try:
-                    run_s, wait_s = process_schedstat(pid)
+                try:  # CPU from /proc/<pid>/stat counts ended threads too (dead workers)
+                    run_s, wait_s = process_cpu_s(pid), process_schedstat(pid)[1]
                 except OSError:
                     run_s = wait_s = float("nan")
                 load.append([round(now, 1), os.getloadavg()[0], round(run_s, 2),
