@@ -5,6 +5,7 @@ per-request TTFT / TPOT, and summaries. Bounded in requests and time; loopback o
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -29,6 +30,8 @@ class Sample:
     finish_reason: str | None = None
     error: str | None = None
     retry_after: str | None = None
+    itl_cv: float | None = None
+    """Coefficient of variation of the gaps between its tokens (None under 3 tokens)."""
 
     @property
     def ok(self) -> bool:
@@ -78,8 +81,11 @@ async def stream_completion(
     end = time.perf_counter()
     ttft = times[0] - t0 if times else None
     tpot = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    itl_cv = (statistics.pstdev(gaps) / statistics.fmean(gaps)
+              if len(gaps) >= 2 and statistics.fmean(gaps) > 0 else None)
     return Sample(status=200, start_s=t0, latency_s=end - t0, ttft_s=ttft, tpot_s=tpot,
-                  tokens=len(times), finish_reason=finish)
+                  tokens=len(times), finish_reason=finish, itl_cv=itl_cv)
 
 
 async def closed_loop(

@@ -152,16 +152,20 @@ async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
     (``fit_step_cost``). TTFT of a lone request is the overhead
     outside the worker (HTTP, tokenization, streaming) plus one prefill step; lone short
     and long prompts give the per-prefill-token seconds (their difference) and then the
-    overhead (what the short prompt's TTFT leaves after its step)."""
+    overhead (what the short prompt's TTFT leaves after its step). The spread of the gaps
+    between a request's tokens with every slot busy is the spread of step times (``cv``)."""
     m, model = system["max_tokens"], system["model"]
     decodes: list[StepSample] = []
     rows: list[dict[str, Any]] = []
+    cv = 0.0
     for c in PROFILE_CONCURRENCY:
         got, _ = await closed_loop(base, model, system["prompts"], concurrency=c,
                                    n_requests=max(8, 3 * c), max_tokens=m)
         tpot = statistics.median(s.tpot_s for s in got if s.ok and s.tpot_s is not None)
         decodes.append(StepSample(c, 0, tpot, c * (n_short + m // 2)))
-        rows.append({"concurrency": c, "tpot_s": round(tpot, 6)})
+        cvs = [s.itl_cv for s in got if s.ok and s.itl_cv is not None]
+        cv = statistics.median(cvs) if cvs else 0.0  # the last: every slot busy
+        rows.append({"concurrency": c, "tpot_s": round(tpot, 6), "itl_cv": round(cv, 4)})
     c = PROFILE_CONCURRENCY[-1]  # the same decodes over long prompts: the context's cost
     got, _ = await closed_loop(base, model, long_prompts(system), concurrency=c,
                                n_requests=c, max_tokens=m)
@@ -180,7 +184,7 @@ async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
     overhead_s = max(0.0, ttft["short"] - step.predict_s(0, n_short))
     rows.append({"ttft_short_s": round(ttft["short"], 6), "ttft_long_s": round(ttft["long"], 6),
                  "n_short": n_short, "n_long": n_long})
-    return step, overhead_s, rows
+    return step, overhead_s, cv, rows
 
 
 def long_prompts(system: dict[str, Any]) -> list[str]:
@@ -249,11 +253,12 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
         counts = asyncio.run(token_counts(base, system["model"], system["prompts"]))
         long_counts = asyncio.run(token_counts(base, system["model"], long_prompts(system)))
         n_short = round(statistics.fmean(counts))
-        fitted, overhead_s, rows = asyncio.run(
+        fitted, overhead_s, cv, rows = asyncio.run(
             profile(base, system, n_short, round(statistics.fmean(long_counts))))
         (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(
             {system["model"]: {"step_cost": fitted.to_json(),
-                               "overhead_ms": round(overhead_s * 1000, 3)}}, indent=2) + "\n")
+                               "overhead_ms": round(overhead_s * 1000, 3),
+                               "cv": round(cv, 4)}}, indent=2) + "\n")
         out["profile"] = {"measured": rows, "fitted": fitted.to_json(),
                           "overhead_s": round(overhead_s, 6), "prompt_tokens": counts}
         slots = system["slots"]

@@ -12,7 +12,8 @@ Per model, one ``ModelCost``:
   to latency but occupies no worker).
 
 Where they come from, first match wins: a costs file given to the simulator (``--costs``,
-JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost", "overhead_ms"}}``),
+JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost", "overhead_ms",
+"cv"}}``),
 or a ``sluice profile`` result (``variants.*.model`` / ``batch_ms``); then the model's own options
 (``service_ms``, ``step_cost`` as an object or a path to a JSON file, ``load_s``); then the
 synthetic backend's cost options (its own model of time, which is one more such file);
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +38,14 @@ from sluice.policy.step_cost import StepCost
 class ModelCost:
     """Service, step and load times of one model (seconds)."""
 
+    def jitter(self, rng: random.Random) -> float:
+        """A factor for one step's or batch's time: 1.0 when ``cv`` is 0, else a
+        lognormal draw with mean 1 and coefficient of variation ``cv``."""
+        if self.cv <= 0:
+            return 1.0
+        sigma2 = math.log1p(self.cv * self.cv)
+        return rng.lognormvariate(-sigma2 / 2, math.sqrt(sigma2))
+
     load_s: float
     batch_sizes: tuple[int, ...] = ()
     """Profiled one-shot batch sizes, ascending (empty for generative models)."""
@@ -44,9 +55,13 @@ class ModelCost:
     overhead_s: float = 0.0
     """Latency each request spends outside the workers (HTTP parsing, tokenization,
     streaming back): added to its time in the system, not to any worker's busy time."""
+    cv: float = 0.0
+    """Coefficient of variation of a step's (or batch's) time around the model's mean:
+    each draws a lognormal factor with mean 1 and this spread (0: every step as
+    predicted). A shared machine's steps have a tail; queues near saturation grow with it."""
 
     def __post_init__(self) -> None:
-        for name in ("load_s", "overhead_s"):
+        for name in ("load_s", "overhead_s", "cv"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if len(self.batch_sizes) != len(self.batch_times_s):
@@ -90,14 +105,15 @@ def _from_entry(kind: str, entry: Mapping[str, Any], load_s: float,
                 base_dir: Path | None) -> ModelCost | None:
     load_s = float(entry.get("load_s", load_s))
     overhead_s = float(entry.get("overhead_ms", 0.0)) / 1000.0
+    cv = float(entry.get("cv", 0.0))
     if kind == "generative":
         if "step_cost" in entry:
             return ModelCost(load_s, step=_step_cost(entry["step_cost"], base_dir),
-                             overhead_s=overhead_s)
+                             overhead_s=overhead_s, cv=cv)
         return None
     for key in ("batch_ms", "service_ms"):
         if entry.get(key):
-            return replace(ModelCost.oneshot(entry[key], load_s), overhead_s=overhead_s)
+            return replace(ModelCost.oneshot(entry[key], load_s), overhead_s=overhead_s, cv=cv)
     return None
 
 

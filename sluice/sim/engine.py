@@ -19,6 +19,7 @@ or evicted as the plan says.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sluice.policy.kv_blocks import KVBlockAllocator
@@ -48,9 +49,11 @@ class SimEngine:
     """One resident generative model on one simulated worker."""
 
     def __init__(self, config: EngineConfig, cost: StepCost, n_ctx_total: int,
-                 n_seq_max: int) -> None:
+                 n_seq_max: int, jitter: Callable[[], float] = lambda: 1.0) -> None:
         self.config = config
         self.cost = cost
+        self.jitter = jitter
+        """A factor drawn per step (``ModelCost.jitter``)."""
         self.kv = KVBlockAllocator.for_context(n_ctx_total, n_seq_max, config.kv_block_tokens,
                                                unified=False)
         self.waiting: deque[SimRequest] = deque()
@@ -129,6 +132,7 @@ class SimEngine:
         running = self.running
         context = sum(running[c.slot].n_fed for c in plan.chunks if c.decode)
         step_s = self.cost.predict_s(plan.decode_tokens, plan.prefill_tokens, context)
+        step_s *= self.jitter()
         self.busy_s += step_s
         return plan, step_s
 

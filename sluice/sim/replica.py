@@ -66,7 +66,8 @@ class SimReplica:
         self.groups = {g.group_id: g for g in config.groups}
         self.live: dict[int, SimRequest] = {}
         self.charged: dict[int, int] = {}
-        self.workers = [SimWorker(i, config, loop, self) for i in range(config.workers)]
+        self.workers = [SimWorker(i, config, loop, self, seed=replica_id * 100_003 + i)
+                        for i in range(config.workers)]
         self.ongoing = 0
         """Requests admitted here and not ended (the front end's load signal)."""
         self.loads: list[tuple[int, str]] = []

@@ -15,6 +15,8 @@ running batch members and sequences as active.
 
 from __future__ import annotations
 
+import functools
+import random
 from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
@@ -48,7 +50,7 @@ class SimWorker:
     """See the module docstring. ``busy_s`` sums the seconds it was executing."""
 
     def __init__(self, worker_id: int, config: SimConfig, loop: EventLoop,
-                 owner: Owner) -> None:
+                 owner: Owner, seed: int = 0) -> None:
         self.worker_id = worker_id
         self.config = config
         self.models: Mapping[str, SimModel] = config.models
@@ -64,6 +66,8 @@ class SimWorker:
         self._wake_at: float | None = None
         self._view: WorkerView | None = None
         self._resident: frozenset[str] = frozenset()
+        self._rng = random.Random(seed)
+        """Step and batch time draws (``ModelCost.cv``); seeded, so runs repeat."""
 
     # -- the replica's side ----------------------------------------------------------------
 
@@ -181,8 +185,9 @@ class SimWorker:
             step = model.cost.step
             if step is None:
                 raise ValueError(f"generative model {model.model_id} has no step cost")
-            self.engines[model.model_id] = SimEngine(self.config.engine, step,
-                                                     model.n_ctx_total, model.n_seq_max)
+            self.engines[model.model_id] = SimEngine(
+                self.config.engine, step, model.n_ctx_total, model.n_seq_max,
+                functools.partial(model.cost.jitter, self._rng))
         self.loads += 1
         self._resident = frozenset(m.model_id for m in self.residency.models())
         self._view = None
@@ -219,7 +224,7 @@ class SimWorker:
         self.residency.acquire(model.model_id, now)
         self.oneshot_active = len(batch)
         self.owner.batch_started(self.worker_id, model.model_id, batch, now)
-        seconds = model.cost.batch_s(len(batch))
+        seconds = model.cost.batch_s(len(batch)) * model.cost.jitter(self._rng)
         self._busy_until(now + seconds, self._after_batch, (model.model_id, batch, seconds))
 
     def _after_batch(self, now: float, arg: tuple[str, list[SimRequest], float]) -> None:

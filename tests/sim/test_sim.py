@@ -215,3 +215,19 @@ def test_overhead_adds_latency_but_occupies_no_worker() -> None:
         assert q.arrival_s == p.arrival_s
         assert q.started_s == pytest.approx((p.started_s or 0) + 0.030)
     assert late.replicas[0].busy_s() == pytest.approx(plain.replicas[0].busy_s())
+
+
+def test_step_time_spread_keeps_the_mean_and_lengthens_queues() -> None:
+    """``cv`` draws each step's time around the model's mean: the same work takes about
+    as long in total, and near saturation the queue grows (Pollaczek-Khinchine)."""
+    def run(cv: float) -> tuple[float, float]:
+        model = chat()
+        model = replace(model, cost=replace(model.cost, cv=cv))
+        spec = parse_spec("poisson:rate=70,duration=60,model=chat,prompt=10,output=16")
+        report, fleet = simulate(SimConfig(models={"chat": model}, queue_capacity=10_000),
+                                 generate(spec, seed=9))
+        return fleet.replicas[0].busy_s(), report["overall"]["ttft_s"]["p95"]
+    busy0, ttft0 = run(0.0)
+    busy1, ttft1 = run(0.8)
+    assert busy1 == pytest.approx(busy0, rel=0.05)
+    assert ttft1 > 1.2 * ttft0
