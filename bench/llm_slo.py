@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.llama_server_build import build as build_llama_server
 from bench.llm_bench import MODEL, PROMPTS, raw_ceiling
 from bench.loadgen import Sample, closed_loop, open_loop, summarize
-from bench.servers import free_port, llama_server_cmd, running, sluice_cmd
+from bench.servers import free_port, llama_server_cmd, process_cpu_s, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -123,6 +123,19 @@ def _ms(v: float | None) -> str:
     return "   -  " if v is None else f"{v * 1000:5.0f}ms"
 
 
+def wait_idle(pid: int, timeout_s: float = 180.0) -> float:
+    """Wait until process ``pid`` stops using CPU (a server still generating for requests
+    its clients have finished with would otherwise run beside the next system); returns
+    the seconds waited."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        before = process_cpu_s(pid)
+        time.sleep(0.5)
+        if process_cpu_s(pid) - before < 0.05:
+            break
+    return time.monotonic() - t0
+
+
 def load() -> dict[str, Any]:
     return json.loads(OUT.read_text()) if OUT.exists() else {"rows": [], "ceilings": {}}
 
@@ -160,18 +173,26 @@ def part_closed(gguf: Path, server_bin: Path, quick: bool) -> None:
     save(result)
 
 
-def part_open(gguf: Path, server_bin: Path, levels: tuple[float, ...], quick: bool) -> None:
+def part_open(gguf: Path, server_bin: Path, levels: tuple[float, ...], quick: bool,
+              only: set[str] | None = None) -> None:
+    """Open-loop levels; ``only`` reruns those systems (their rows are replaced)."""
     result = load()
     cap = result.get("capacity_requests_per_s")
     if not cap:
         raise SystemExit("run --part closed first (it measures the capacity)")
     print(f"open loop, capacity {cap:.3f} req/s", flush=True)
     rows = [r for r in result["rows"]
-            if not (r["kind"] == "open" and r["load_factor"] in levels)]
+            if not (r["kind"] == "open" and r["load_factor"] in levels
+                    and (only is None or r["system"] in only))]
     with contextlib.ExitStack() as stack:
         servers = systems(gguf, server_bin, PEER_SLOTS)
+        if only is not None:
+            servers = {k: v for k, v in servers.items() if k in only}
+        pids: dict[str, int] = {}
         for name, (cmd, ready, base) in servers.items():
-            stack.enter_context(running(cmd, ready, log_path=RESULTS / f"llm_slo_{name}.log"))
+            proc = stack.enter_context(running(cmd, ready,
+                                               log_path=RESULTS / f"llm_slo_{name}.log"))
+            pids[name] = proc.pid
             asyncio.run(closed_loop(base, MODEL, PROMPTS, concurrency=1, n_requests=1,
                                     max_tokens=8))
         for factor in levels:
@@ -183,7 +204,9 @@ def part_open(gguf: Path, server_bin: Path, levels: tuple[float, ...], quick: bo
                 samples, wall = asyncio.run(open_loop(base, MODEL, PROMPTS, rate_per_s=rate,
                                                       n_requests=n, max_tokens=MAX_TOKENS,
                                                       seed=7, headers=DEADLINE_HEADER))
-                rows.append(summary(name, plan, samples, wall))
+                row = summary(name, plan, samples, wall)
+                row["busy_after_s"] = round(wait_idle(pids[name]), 1)
+                rows.append(row)
     result["rows"] = rows
     save(result)
 
@@ -286,6 +309,8 @@ def main() -> int:
     parser.add_argument("--part", choices=["closed", "open-a", "open-b"])
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--levels", help="open parts: these load factors (e.g. 2.0)")
+    parser.add_argument("--only", help="open parts: rerun only these systems (comma list)")
     args = parser.parse_args()
     if args.part:
         gguf = default_gguf_path()
@@ -294,7 +319,10 @@ def main() -> int:
         if args.part == "closed":
             part_closed(gguf, server_bin, args.quick)
         else:
-            part_open(gguf, server_bin, LEVELS[args.part], args.quick)
+            levels = (tuple(float(x) for x in args.levels.split(",")) if args.levels
+                      else LEVELS[args.part])
+            only = set(args.only.split(",")) if args.only else None
+            part_open(gguf, server_bin, levels, args.quick, only)
         print(f"part {args.part}: {time.time() - t0:.0f} s", flush=True)
     if args.report:
         report()
