@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from sluice.server.quota.failover import MAX_BACKOFF_S
 from tests.server.live import (
     ROOT,
     SYNTHETIC_TOML,
@@ -227,7 +228,9 @@ def test_redis_down_keeps_serving_then_shared_quotas_resume(
         assert refusals and all("this replica's share" in o.message for o in refusals)
 
     redis.start()
-    wait_for(lambda: [fallback(r) for r in replicas] == [0, 0], timeout_s=10.0)
+    # The probes back off (0.2 s doubling, at most MAX_BACKOFF_S apart): on a slow host
+    # the outage can outlast the probe before the restart, so allow one full back-off.
+    wait_for(lambda: [fallback(r) for r in replicas] == [0, 0], timeout_s=MAX_BACKOFF_S + 10)
     # One shared bucket again: what replica 0 drains, replica 1 cannot take.
     with httpx.Client(base_url=urls[0], headers=KEY) as a, \
             httpx.Client(base_url=urls[1], headers=KEY) as b:
