@@ -186,8 +186,12 @@ def test_full_replicas_spill_then_the_front_end_answers_503(fixed_app: str) -> N
         assert int(headers["retry-after"]) >= 1
     # One system prompt, so one home: its overflow went to the other replica.
     assert {h["x-sluice-replica"] for h in served} == set(replica_ids())
-    assert any("prefix spill" in h["x-sluice-replica-route"] or "prefix ring" in
-               h["x-sluice-replica-route"] for h in served)
+    # Each was placed by the affinity ranking, which says why. (When Serve retries a
+    # request that the home refused, the home is excluded and the ranking's ring holds
+    # only the other replica, which it then calls the prefix's home: the overflow shows in
+    # where requests were served, above, not always in the words.)
+    routes = [h["x-sluice-replica-route"] for h in served]
+    assert all("prefix " in r or r.startswith(("full", "fallback")) for r in routes), routes
     with httpx.Client(base_url=fixed_app, timeout=30, headers=auth()) as c:
         assert c.post("/v1/chat/completions", json=chat_body(SYSTEM, "ok?")).status_code == 200
 
