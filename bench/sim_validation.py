@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.loadgen import Sample, closed_loop, stream_completion
+from bench.overload import LLM_PROMPTS, SYNTH_PROMPTS, llm_toml, synthetic_toml
 from bench.servers import free_port, running, sluice_cmd
 from sluice.config import Config
 from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
@@ -54,72 +55,10 @@ FACTORS = (0.5, 0.8, 0.95, 1.3)
 TOLERANCE = 0.15
 PROFILE_CONCURRENCY = (1, 2, 4, 8)
 
-SYNTH_PROMPTS = [f"request number {i} with a few words of prompt" for i in range(16)]
-LLM_PROMPTS = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain how a refrigerator works to a curious ten year old child.",
-    "List some reasons why people enjoy hiking in the mountains during autumn.",
-    "Describe the city of Paris in the spring, its streets, cafes and gardens.",
-    "Tell me about the history of the bicycle and how its design changed over time.",
-    "Summarize the life cycle of a butterfly from egg to adult, step by step.",
-    "Give advice to a student who is starting to learn how to program computers.",
-    "Why is the sky blue during the day and red at sunset? Explain the physics.",
-]
-
-
-def synthetic_toml() -> str:
-    """One worker, 8 slots, 20 ms a step (as bench/overload.py's synthetic system)."""
-    return """
-[server]
-default_model = "synth-chat"
-[scheduling]
-queue_capacity = 16
-[workers]
-count = 1
-inbox_capacity = 8
-[[models]]
-id = "synth-chat"
-kind = "generative"
-backend = "synthetic"
-task = "generation"
-memory_bytes = 100_000_000
-[models.options]
-load_s = 0.0
-n_seq_max = 8
-n_ctx_per_seq = 512
-step_fixed_s = 0.02
-decode_per_seq_s = 0.0005
-prefill_per_token_s = 0.0001
-"""
-
-
-def gemma_toml() -> str:
-    from sluice.backends.packaged import default_gguf_path
-
-    gguf = default_gguf_path(progress=False)
-    return f"""
-[server]
-default_model = "gemma-3-270m"
-[scheduling]
-queue_capacity = 16
-[workers]
-count = 1
-budget_bytes = 4_000_000_000
-inbox_capacity = 8
-[[models]]
-id = "gemma-3-270m"
-kind = "generative"
-backend = "llamacpp"
-task = "generation"
-memory_bytes = 600_000_000
-options = {{ path = "{gguf}", n_ctx = 8192, n_seq_max = 8, n_threads = 2 }}
-"""
-
-
 SYSTEMS: dict[str, dict[str, Any]] = {
     "synthetic": {"toml": synthetic_toml, "model": "synth-chat", "prompts": SYNTH_PROMPTS,
                   "max_tokens": 16, "slots": 8},
-    "gemma": {"toml": gemma_toml, "model": "gemma-3-270m", "prompts": LLM_PROMPTS,
+    "gemma": {"toml": llm_toml, "model": "gemma-3-270m", "prompts": LLM_PROMPTS,
               "max_tokens": 32, "slots": 8},
 }
 
