@@ -37,28 +37,39 @@ class Outcome:
     deadline_s: float | None
     retry_after: str | None = None
     tokens: int = 0
+    first_token_s: float | None = None
+    """From sending to the first token (a stream's first chunk); None if none came."""
+    queue_wait_ms: float | None = None
+    """The server's ``x-sluice-queue-wait-ms`` (queued to running), when it answered one."""
+    worker: str | None = None
+    """The server's ``x-sluice-worker``: which worker ran it."""
 
 
 async def one_request(
     client: httpx.AsyncClient, base_url: str, model: str, prompt: str, max_tokens: int, *,
     deadline_ms: float | None, t_base: float, cancel_after_s: float | None = None,
+    token_log: list[float] | None = None,
 ) -> Outcome:
     """A streaming ``/v1/completions``; with ``cancel_after_s`` the client walks away that
-    long after its first token (so the server has surely admitted it)."""
+    long after its first token (so the server has surely admitted it). ``token_log``
+    gets each token's arrival (s from ``t_base``)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "ignore_eos": True}
     headers = {} if deadline_ms is None else {"x-sluice-deadline-ms": f"{deadline_ms:.0f}"}
     t0 = time.perf_counter()
     deadline_s = None if deadline_ms is None else deadline_ms / 1000.0
+    first_token_s: float | None = None
+    resp_headers: httpx.Headers = httpx.Headers()
 
     def done(kind: str, status: int, code: str | None = None, retry: str | None = None,
              tokens: int = 0) -> Outcome:
         return Outcome(kind, status, code, t0 - t_base, time.perf_counter() - t0, deadline_s,
-                       retry, tokens)
+                       retry, tokens, first_token_s, *decision_of(resp_headers))
 
     try:
         async with client.stream("POST", f"{base_url}/v1/completions", json=body,
                                  headers=headers) as resp:
+            resp_headers = resp.headers
             if resp.status_code != 200:
                 await resp.aread()
                 code = None
@@ -79,15 +90,25 @@ async def one_request(
                     kind = "expired" if code == "deadline" else "failed"
                     return done(kind, 200, code, tokens=tokens)
                 tokens += 1
+                now_s = time.perf_counter()
+                if first_token_s is None:
+                    first_token_s = now_s - t0
+                if token_log is not None:
+                    token_log.append(now_s - t_base)
                 if cancel_after_s is not None:
-                    now = time.perf_counter()
                     if cancel_at is None:
-                        cancel_at = now + cancel_after_s
-                    elif now >= cancel_at:
+                        cancel_at = now_s + cancel_after_s
+                    elif now_s >= cancel_at:
                         return done("cancelled", 200, "client_cancel", tokens=tokens)
             return done("ok", 200, tokens=tokens)
     except httpx.TransportError as exc:
         return done("transport", 0, f"{type(exc).__name__}: {exc}"[:200])
+
+
+def decision_of(headers: httpx.Headers) -> tuple[float | None, str | None]:
+    """(queue wait in ms, worker) from the server's ``x-sluice-*`` headers, where given."""
+    wait = headers.get("x-sluice-queue-wait-ms")
+    return (None if wait is None else float(wait)), headers.get("x-sluice-worker")
 
 
 def _kind_of(status: int) -> str:
