@@ -499,8 +499,25 @@ def load_config(path: str | Path) -> Config:
         return Config.model_validate(tomllib.load(f))
 
 
+DEFAULT_TPOT_TARGET_MS = 150.0
+"""The packaged model's time per output token target: the TPOT bound of issue 15's goodput
+(a reader's pace is about 5-10 tokens/s; 150 ms keeps a stream ahead of it)."""
+DEFAULT_SEQ_SLOTS = 32
+"""The packaged model's sequence slots: a ceiling, not the decision (the TPOT budget picks
+how many decode at once). Gemma 3 270M decodes 32 at once in 115-138 ms a step on 2 cores
+(bench/results/kv_layout.json), so 32 slots leave the target, not the slots, to decide."""
+DEFAULT_KV_CELLS_PER_SEQ = 1024
+"""KV cells each slot's own stream holds (prompt + generated tokens of one sequence)."""
+
+
 def default_config() -> Config:
-    """Serve the packaged Gemma 3 270M Q4_K_M as ``gemma-3-270m`` on one worker."""
+    """Serve the packaged Gemma 3 270M Q4_K_M as ``gemma-3-270m`` on one worker.
+
+    Concurrency follows the latency target, not a slot count: 32 slots of 1024 KV cells
+    each (one stream per sequence, the faster layout at these lengths) under a 150 ms TPOT
+    target, so a plain ``sluice serve`` runs as many sequences at once as keep every
+    stream within 150 ms a token, up to 32."""
+    n_ctx = DEFAULT_SEQ_SLOTS * DEFAULT_KV_CELLS_PER_SEQ
     return Config.model_validate(
         {
             "models": [
@@ -508,11 +525,14 @@ def default_config() -> Config:
                     "id": "gemma-3-270m",
                     "kind": "generative",
                     "backend": "llamacpp",
-                    "memory_bytes": 600_000_000,
+                    # the file x 1.25 plus 18 layers x 1 KV head x (256 + 256) x 2 bytes
+                    # per cell (backends/llamacpp/sizing.py: 920 MB at 32768 cells)
+                    "memory_bytes": 950_000_000,
                     "load_cost_s": 1.0,
                     "task": "generation",
-                    "options": {"path": "packaged:gemma-3-270m", "n_ctx": 8192, "n_seq_max": 8,
-                                "n_threads": 2},
+                    "tpot_target_ms": DEFAULT_TPOT_TARGET_MS,
+                    "options": {"path": "packaged:gemma-3-270m", "n_ctx": n_ctx,
+                                "n_seq_max": DEFAULT_SEQ_SLOTS, "n_threads": 2},
                 }
             ],
             "workers": {"count": 1, "budget_bytes": 2_000_000_000, "inbox_capacity": 32},
