@@ -329,33 +329,58 @@ class AffinityReplicaRouter:
             head = [(r.replica_id, f"{tier_words}, least loaded, {_load_words(r)}")
                     for r in pool]
         else:
-            head = self._by_prefix(request.prefix_key, pool, tier_words)
+            head = self._by_prefix(request, pool, replicas, tier_words)
         head += _fallback_order(request, replicas, {rid for rid, _ in head})
         return ReplicaRanking(tuple(rid for rid, _ in head), dict(head))
 
-    def _by_prefix(self, key: str, pool: list[ReplicaView],
-                   tier_words: str) -> list[tuple[str, str]]:
-        """The pool in ring order from ``key``, the first one within the load bound moved
-        to the front."""
+    def _by_prefix(self, request: ReplicaRequest, pool: list[ReplicaView],
+                   replicas: Sequence[ReplicaView], tier_words: str) -> list[tuple[str, str]]:
+        """The pool in ring order from the request's prefix key, the first one within the
+        load bound moved to the front.
+
+        The ring holds every replica, not only the pool, so the key's *home* is the same
+        replica whatever its state: when the home cannot take the request (it refused it a
+        moment ago, is draining, full, or in a worse residency tier) the chosen replica is
+        reported as a spill from it, with the reason. Walking the whole ring and skipping
+        replicas outside the pool gives the same order as a ring of the pool alone (each
+        replica's points depend on its id only)."""
+        assert request.prefix_key is not None
+        ids = {r.replica_id for r in replicas}
+        if self._ring.replica_ids != ids:
+            self._ring = HashRing(list(ids), self.vnodes)
+        walk = self._ring.walk(request.prefix_key)
+        home = walk[0]
         by_id = {r.replica_id: r for r in pool}
-        if self._ring.replica_ids != by_id.keys():
-            self._ring = HashRing(list(by_id), self.vnodes)
-        order = self._ring.walk(key)
+        order = [rid for rid in walk if rid in by_id]
         bound = load_bound(sum(r.ongoing for r in pool), len(pool), self.load_factor)
-        home = order[0]
         chosen = next(rid for rid in order if by_id[rid].ongoing + 1 <= bound)
         out: list[tuple[str, str]] = []
         if chosen == home:
             out.append((home, f"{tier_words}, prefix home, {_load_words(by_id[home])}, "
                               f"bound {bound}"))
         else:
-            out.append((chosen, f"{tier_words}, prefix spill from {home} (load "
-                                f"{by_id[home].ongoing} + 1 > bound {bound}), "
+            if home in by_id:
+                why = f"load {by_id[home].ongoing} + 1 > bound {bound}"
+            else:
+                why = _unavailable_words(request, next(r for r in replicas
+                                                       if r.replica_id == home))
+            out.append((chosen, f"{tier_words}, prefix spill from {home} ({why}), "
                                 f"{_load_words(by_id[chosen])}"))
         for rid in order:
             if rid != chosen:
                 out.append((rid, f"{tier_words}, prefix ring, {_load_words(by_id[rid])}"))
         return out
+
+
+def _unavailable_words(request: ReplicaRequest, view: ReplicaView) -> str:
+    """Why ``view``, open or not, was left out of the affinity pool for ``request``."""
+    if view.replica_id in request.exclude:
+        return "it refused this request"
+    if view.draining:
+        return "draining"
+    if not view.has_room:
+        return f"full, {_load_words(view)}"
+    return TIER_WORDS[residency_tier(view, request.model_id, request.model_bytes)]
 
 
 def make_replica_router(name: str, *, load_factor: float = 1.25,

@@ -83,6 +83,32 @@ def test_home_over_the_load_bound_spills_along_the_ring() -> None:
     assert ranking.ranked[1:] == (ring[0], ring[2])  # the rest in ring order
 
 
+def test_a_home_that_cannot_take_the_request_is_named_as_the_spill_source() -> None:
+    """The home is a property of the key and the replica set, not of who has room: a
+    retry that excludes the refusing home, or a full / draining home, still names it."""
+    router = AffinityReplicaRouter()
+    idle = [view(f"r{i}", resident=("m",)) for i in range(3)]
+    ring = HashRing([v.replica_id for v in idle], router.vnodes).walk(req(SYSTEM).prefix_key or "")
+    home = ring[0]
+    cases = {
+        "it refused this request": (idle, (home,)),
+        "draining": ([view(v.replica_id, resident=("m",), draining=v.replica_id == home)
+                      for v in idle], ()),
+        "full, load 8/8": ([view(v.replica_id, 8 if v.replica_id == home else 0,
+                                 resident=("m",)) for v in idle], ()),
+        "needs eviction": ([view(v.replica_id, resident=() if v.replica_id == home else ("m",))
+                            for v in idle], ()),
+    }
+    for why, (replicas, exclude) in cases.items():
+        ranking = router.rank(req(SYSTEM, exclude=exclude), replicas)
+        assert ranking.first == ring[1], why  # the next on the ring, as before
+        assert ranking.reasons[ring[1]].startswith(
+            f"resident, prefix spill from {home} ({why})"), ranking.reasons[ring[1]]
+        assert ranking.ranked[-1] == home or why == "needs eviction"
+    # With the home open again the key goes back to it.
+    assert router.rank(req(SYSTEM), idle).first == home
+
+
 def test_adding_a_replica_moves_only_keys_it_takes() -> None:
     keys = [f"key-{i}" for i in range(300)]
     before = HashRing(["a", "b", "c"], 64)
