@@ -1,26 +1,39 @@
 """Validation: the simulator against the real server, same workload, same seed.
 
-For each system (the synthetic backend, the packaged Gemma 3 270M through llama.cpp), on
-127.0.0.1, one at a time:
+For each system (the synthetic backend, the packaged Gemma 3 270M through llama.cpp, the
+ONNX ``sentiment`` variant group), on 127.0.0.1, one at a time.
 
-1. **profile through the serving path** (closed loops of streaming completions at
-   concurrency 1, 2, 4, 8, and lone short and long prompts): TPOT at concurrency ``c``
-   is a step of ``c`` decodes, a lone TTFT a prefill step plus the time outside the
-   worker; from these the ``StepCost`` the simulator charges and the latency each
-   request spends outside the worker (``bench/results/sim_cost_<system>.json``, a
-   ``--costs`` file). The synthetic system is also simulated
-   with its declared cost options, to show what the serving path adds;
+The two generative systems (``run_system``):
+
+1. **closed-loop profile through the serving path** (streaming completions at
+   concurrency 1, 2, 4, 8, lone short and long prompts): TPOT at concurrency ``c`` is a
+   step of ``c`` decodes, a lone TTFT a prefill step plus the time outside the worker.
+   Kept as a comparison (``sim_closed_loop_profile``): steps in a closed loop are not
+   the steps of open-loop arrivals, which mix prefills and admissions into decodes;
 2. **capacity**: a closed loop at concurrency = the sequence slots (requests/s);
-3. for each load factor (0.5, 0.8, 0.95, 1.3 × capacity): one Poisson arrival list
+3. **calibration**: open-loop Poisson arrivals at 0.8 × capacity with *another seed* than
+   the validation points; the cost file (``bench/results/sim_cost_<system>.json``, a
+   ``--costs`` file) is what the server did under that load: the step-time model its
+   engine learned from the steps it ran (``/status.json``: ``OnlineStepCost``), and the
+   mean time a request spent outside the runtime (the client's TTFT less the server's,
+   from the JSON access log: HTTP, tokenizing, streaming back);
+4. for each load factor (0.5, 0.8, 0.95, 1.3 × capacity): one Poisson arrival list
    (seeded), each request with ``x-sluice-deadline-ms``; the real server gets it open
    loop over HTTP, the simulator the same arrivals (prompt token counts from the server's
    ``/tokenize``). Compared: TTFT p95 of completed requests and goodput (the share of
-   requests completed by their deadline), with the tolerance (15 %) on each.
+   requests completed by their deadline), with the tolerance (15 %) on each. Each point
+   also records where the real TTFT went (front end, queue wait) and the step model the
+   engine had learned by then.
 
-Writes bench/results/sim_validation.json and .png.
+The variant group (``run_onnx``): the profile ``sluice profile`` wrote is the cost model;
+end-to-end p95 and goodput at the same four loads of the accurate variant's capacity.
 
-    flock /tmp/sluice-heavy.lock python bench/sim_validation.py               # both
-    python bench/sim_validation.py --systems synthetic --duration 20
+Writes bench/results/sim_validation.json and .png (a system not run keeps its last
+result). Under the heavy lock, one system a hold:
+
+    /work/wt/bin/heavy python bench/sim_validation.py --systems synthetic
+    /work/wt/bin/heavy python bench/sim_validation.py --systems gemma --duration 30
+    /work/wt/bin/heavy python bench/sim_validation.py --systems onnx --duration 30
 """
 
 from __future__ import annotations
@@ -30,9 +43,11 @@ import asyncio
 import json
 import os
 import platform
+import random
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +68,8 @@ from sluice.sim.costs import read_costs
 RESULTS = Path(__file__).resolve().parent / "results"
 FACTORS = (0.5, 0.8, 0.95, 1.3)
 TOLERANCE = 0.15
+CALIBRATION_FACTOR = 0.8
+"""Load of the calibration run the cost file is measured in (its own seed)."""
 PROFILE_CONCURRENCY = (1, 2, 4, 8)
 
 SYSTEMS: dict[str, dict[str, Any]] = {
@@ -83,7 +100,7 @@ async def token_counts(base: str, model: str, prompts: list[str]) -> list[int]:
 
 
 async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
-                  ) -> tuple[StepCost, float, list[dict[str, Any]]]:
+                  ) -> tuple[StepCost, float, float, list[dict[str, Any]]]:
     """The step-time model and the per-request overhead, through the serving path.
 
     TPOT at concurrency ``c`` is one step of ``c`` decodes: those samples, and the same
@@ -132,19 +149,75 @@ def long_prompts(system: dict[str, Any]) -> list[str]:
 
 
 async def open_loop_arrivals(base: str, model: str, prompts: list[str], arrivals: list[Arrival],
-                             prompt_of: list[int], deadline_ms: float) -> list[Sample]:
-    headers = {"x-sluice-deadline-ms": f"{deadline_ms:.0f}"}
+                             prompt_of: list[int], deadline_ms: float, tag: str
+                             ) -> tuple[list[Sample], list[float], dict[str, Any] | None]:
+    """Send the arrivals open loop; each request carries ``x-request-id: <tag>-<index>``
+    (its access-log line). Returns the samples, each request's send lag (seconds it left
+    after its scheduled time: the load generator's own delay), and the step-time model
+    the engine had learned when the last request was sent (still under the load)."""
     limits = httpx.Limits(max_connections=len(arrivals) + 4)
+    lags: list[float] = []
     async with httpx.AsyncClient(limits=limits) as client:
         t0 = time.perf_counter()
         tasks = []
-        for a, i in zip(arrivals, prompt_of, strict=True):
+        for k, (a, i) in enumerate(zip(arrivals, prompt_of, strict=True)):
             delay = t0 + a.time_s - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
+            lags.append(time.perf_counter() - t0 - a.time_s)
+            headers = {"x-sluice-deadline-ms": f"{deadline_ms:.0f}",
+                       "x-request-id": f"{tag}-{k}"}
             tasks.append(asyncio.create_task(stream_completion(
                 client, base, model, prompts[i], a.output_tokens, headers=headers)))
-        return list(await asyncio.gather(*tasks))
+        learned = learned_step_cost((await client.get(f"{base}/status.json")).json(), model)
+        return list(await asyncio.gather(*tasks)), lags, learned
+
+
+def learned_step_cost(status: dict[str, Any], model: str) -> dict[str, Any] | None:
+    """The step-time model the engine of ``model`` learned (``/status.json``), with the
+    number of recent steps it was fitted on."""
+    for w in status["workers"]:
+        for m in w["models"]:
+            if m["model_id"] == model and m.get("step_cost"):
+                return {"step_cost": m["step_cost"], "steps": m["step_samples"]}
+    return None
+
+
+def access_lines(log: Path, tag: str) -> dict[int, dict[str, Any]]:
+    """The server's JSON access lines of the requests tagged ``tag`` (by index)."""
+    out: dict[int, dict[str, Any]] = {}
+    prefix = f"{tag}-"
+    for line in log.read_text(errors="replace").splitlines():
+        if not line.startswith("{") or '"sluice.access"' not in line:
+            continue
+        rec = json.loads(line)
+        rid = str(rec.get("request_id", ""))
+        if rid.startswith(prefix) and rid[len(prefix):].isdigit():
+            out[int(rid[len(prefix):])] = rec
+    return out
+
+
+def front_end_summary(samples: list[Sample], lines: dict[int, dict[str, Any]],
+                      lags: list[float]) -> dict[str, Any]:
+    """Where a completed request's TTFT went, client vs server: ``front_s`` = the client's
+    TTFT less the server's (arrival in the runtime to first token): HTTP in, parsing,
+    tokenizing, and streaming the first token back; ``queue_wait_s`` = the runtime's
+    queued → started."""
+    front, waits, server_ttft = [], [], []
+    for k, s in enumerate(samples):
+        rec = lines.get(k)
+        if rec is None or not s.ok or s.ttft_s is None or rec.get("ttft_ms") is None:
+            continue
+        server_ttft.append(rec["ttft_ms"] / 1000.0)
+        front.append(s.ttft_s - rec["ttft_ms"] / 1000.0)
+        if rec.get("queue_wait_ms") is not None:
+            waits.append(rec["queue_wait_ms"] / 1000.0)
+
+    def q(xs: list[float]) -> dict[str, float | None]:
+        return {"p50": pct(xs, 50), "p95": pct(xs, 95), "mean": statistics.fmean(xs)
+                if xs else None}
+    return {"matched": len(front), "front_s": q(front), "queue_wait_s": q(waits),
+            "server_ttft_s": q(server_ttft), "send_lag_s": q(lags)}
 
 
 def real_summary(samples: list[Sample], max_tokens: int) -> dict[str, Any]:
@@ -154,12 +227,18 @@ def real_summary(samples: list[Sample], max_tokens: int) -> dict[str, Any]:
               "expired": sum(s.status == 200 and s.error is not None and "deadline" in s.error
                              for s in samples)}
     states["other"] = len(samples) - sum(states.values())
+    counted = {id(s) for s in done} | {id(s) for s in samples if s.status in (429, 503) or (
+        s.status == 200 and s.error is not None and "deadline" in s.error)}
+    others = Counter(  # what "other" was: an error, or a stream short of max_tokens
+        f"{s.status} {s.error[:90]}" if s.error else f"{s.status} ok, {s.tokens} tokens"
+        for s in samples if id(s) not in counted)
     ttft = [s.ttft_s for s in done if s.ttft_s is not None]
     return {"offered": len(samples), "states": states,
             "goodput": len(done) / len(samples) if samples else None,
             "ttft_p95_s": p95(ttft), "e2e_p95_s": p95([s.latency_s for s in done]),
             "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
-            "tpot_p50_s": pct([s.tpot_s for s in done if s.tpot_s is not None], 50)}
+            "tpot_p50_s": pct([s.tpot_s for s in done if s.tpot_s is not None], 50),
+            "other_kinds": dict(others.most_common(5))}
 
 
 def sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str, Any]:
@@ -177,11 +256,38 @@ def rel_err(sim: float | None, real: float | None) -> float | None:
     return (sim - real) / real
 
 
+def poisson_arrivals(system: dict[str, Any], rate: float, duration_s: float, seed: int,
+                     deadline_ms: float, counts: list[int]) -> tuple[list[Arrival], list[int]]:
+    """Seeded Poisson arrivals, prompts in turn (their token counts from the server)."""
+    spec = parse_spec(f"poisson:rate={rate},duration={duration_s},model={system['model']},"
+                      f"output={system['max_tokens']},deadline_ms={deadline_ms}")
+    arrivals = list(generate(spec, seed=seed))
+    prompt_of = [i % len(system["prompts"]) for i in range(len(arrivals))]
+    return ([replace(a, prompt_tokens=counts[i]) for a, i in zip(arrivals, prompt_of,
+                                                                  strict=True)], prompt_of)
+
+
+def measure_open_loop(base: str, system: dict[str, Any], arrivals: list[Arrival],
+                      prompt_of: list[int], deadline_ms: float, tag: str, log: Path
+                      ) -> dict[str, Any]:
+    """One open-loop run against the real server: the client's summary, where the time
+    went (``front_end``), and the step-time model the engine learned under the load."""
+    samples, lags, learned = asyncio.run(open_loop_arrivals(
+        base, system["model"], system["prompts"], arrivals, prompt_of, deadline_ms, tag))
+    real = real_summary(samples, system["max_tokens"])
+    time.sleep(2.0)  # let the server drain (and write its access lines)
+    real["front_end"] = front_end_summary(samples, access_lines(log, tag), lags)
+    real["learned_step_cost"] = learned
+    return real
+
+
 def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Profile, capacity, calibration, then the four loads (see the module docstring)."""
     system = SYSTEMS[name]
     toml = system["toml"]()
     port = free_port()
     cmd, cfg_path = sluice_cmd(toml, port)
+    cmd = [*cmd, "--log-level", "info", "--log-format", "json"]  # access lines (last wins)
     base = f"http://127.0.0.1:{port}"
     from sluice.config import load_config
 
@@ -194,12 +300,12 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
         n_short = round(statistics.fmean(counts))
         fitted, overhead_s, cv, rows = asyncio.run(
             profile(base, system, n_short, round(statistics.fmean(long_counts))))
-        (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(
-            {system["model"]: {"step_cost": fitted.to_json(),
-                               "overhead_ms": round(overhead_s * 1000, 3),
-                               "cv": round(cv, 4)}}, indent=2) + "\n")
+        profile_costs = {system["model"]: {"step_cost": fitted.to_json(),
+                                           "overhead_ms": round(overhead_s * 1000, 3),
+                                           "cv": round(cv, 4)}}
         out["profile"] = {"measured": rows, "fitted": fitted.to_json(),
-                          "overhead_s": round(overhead_s, 6), "prompt_tokens": counts}
+                          "overhead_s": round(overhead_s, 6), "cv": round(cv, 4),
+                          "prompt_tokens": counts}
         slots = system["slots"]
         got, wall = asyncio.run(closed_loop(base, system["model"], system["prompts"],
                                             concurrency=slots, n_requests=slots * args.rounds,
@@ -209,28 +315,42 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
         deadline_ms = args.deadline_factor * full_latency * 1000
         out.update(capacity_per_s=round(capacity, 3), deadline_ms=round(deadline_ms, 1),
                    full_latency_s=round(full_latency, 4))
-        print(f"[{name}] fitted {fitted}, overhead {overhead_s * 1000:.1f} ms; capacity "
-              f"{capacity:.2f}/s; deadline {deadline_ms:.0f} ms", flush=True)
-        fitted_sim = SimConfig.from_config(
-            config, read_costs(RESULTS / f"sim_cost_{name}.json"), RESULTS)
-        declared_sim = SimConfig.from_config(config) if name == "synthetic" else None
+        print(f"[{name}] closed-loop profile {fitted}, overhead {overhead_s * 1000:.1f} ms; "
+              f"capacity {capacity:.2f}/s; deadline {deadline_ms:.0f} ms", flush=True)
+        # Calibration: other arrivals (another seed) at CALIBRATION_FACTOR x capacity; the
+        # cost file is what the server did under that load: the step-time model its engine
+        # learned, and the mean time a request spent outside the runtime (front end)
+        arrivals, prompt_of = poisson_arrivals(system, CALIBRATION_FACTOR * capacity,
+                                               args.calibration_s, args.seed + 1000,
+                                               deadline_ms, counts)
+        calib = measure_open_loop(base, system, arrivals, prompt_of, deadline_ms, "calib", log)
+        learned = calib["learned_step_cost"]
+        front_mean_s = calib["front_end"]["front_s"]["mean"]
+        if learned is None or front_mean_s is None:
+            raise RuntimeError(f"[{name}] calibration measured nothing: {calib}")
+        costs = {system["model"]: {"step_cost": learned["step_cost"],
+                                   "overhead_ms": round(front_mean_s * 1000, 3),
+                                   "cv": round(cv, 4)}}
+        (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(costs, indent=2) + "\n")
+        out["calibration"] = {"factor": CALIBRATION_FACTOR, "seed": args.seed + 1000,
+                              "duration_s": args.calibration_s, "requests": len(arrivals),
+                              "real": calib, "costs": costs[system["model"]]}
+        print(f"[{name}] calibrated at {CALIBRATION_FACTOR}x: learned {learned}, front end "
+              f"{front_mean_s * 1000:.1f} ms", flush=True)
+        sims = {"sim": SimConfig.from_config(config, costs),
+                "sim_closed_loop_profile": SimConfig.from_config(config, profile_costs)}
+        if name == "synthetic":
+            sims["sim_declared_cost"] = SimConfig.from_config(config)
         for factor in args.factors:
             rate = factor * capacity
-            spec = parse_spec(f"poisson:rate={rate},duration={args.duration},"
-                              f"model={system['model']},output={system['max_tokens']},"
-                              f"deadline_ms={deadline_ms}")
-            arrivals = list(generate(spec, seed=args.seed))
-            prompt_of = [i % len(system["prompts"]) for i in range(len(arrivals))]
-            arrivals = [replace(a, prompt_tokens=counts[i])
-                        for a, i in zip(arrivals, prompt_of, strict=True)]
-            real = real_summary(asyncio.run(open_loop_arrivals(
-                base, system["model"], system["prompts"], arrivals, prompt_of, deadline_ms)),
-                system["max_tokens"])
-            time.sleep(2.0)  # let the server drain before the next point
-            point = {"factor": factor, "rate_per_s": round(rate, 3), "requests": len(arrivals),
-                     "real": real, "sim": sim_summary(fitted_sim, arrivals)}
-            if declared_sim is not None:
-                point["sim_declared_cost"] = sim_summary(declared_sim, arrivals)
+            arrivals, prompt_of = poisson_arrivals(system, rate, args.duration, args.seed,
+                                                   deadline_ms, counts)
+            tag = f"x{factor:g}".replace(".", "_")
+            real = measure_open_loop(base, system, arrivals, prompt_of, deadline_ms, tag, log)
+            point: dict[str, Any] = {"factor": factor, "rate_per_s": round(rate, 3),
+                                     "requests": len(arrivals), "real": real}
+            for key, sim_config in sims.items():
+                point[key] = sim_summary(sim_config, arrivals)
             sim = point["sim"]
             point["ttft_p95_rel_err"] = rel_err(sim["ttft_p95_s"], real["ttft_p95_s"])
             point["goodput_rel_err"] = rel_err(sim["goodput"], real["goodput"])
@@ -239,8 +359,167 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 for e in (point["ttft_p95_rel_err"], point["goodput_rel_err"]))
             out["points"].append(point)
             print(f"[{name}] {factor}x ({rate:.1f}/s, n={len(arrivals)}): TTFT p95 real "
-                  f"{fmt(real['ttft_p95_s'])} sim {fmt(sim['ttft_p95_s'])}; goodput real "
-                  f"{real['goodput']:.3f} sim {sim['goodput']:.3f}; ok="
+                  f"{fmt(real['ttft_p95_s'])} sim {fmt(sim['ttft_p95_s'])} (closed-loop "
+                  f"profile {fmt(point['sim_closed_loop_profile']['ttft_p95_s'])}); goodput "
+                  f"real {real['goodput']:.3f} sim {sim['goodput']:.3f}; TPOT p50 real "
+                  f"{fmt(real['tpot_p50_s'])} sim {fmt(sim['tpot_p50_s'])}; states real "
+                  f"{real['states']} sim {sim['states']}; ok={point['within_tolerance']}",
+                  flush=True)
+    return out
+
+
+VARIANTS_DIR = Path("/root/.cache/sluice-planner/variants")
+"""What ``sluice prepare`` and ``sluice profile`` wrote: ``sluice.toml`` (the six variants
+of each group), ``profile.json`` (batch times: the simulator's cost model), ``data/``."""
+GROUP = "sentiment"
+
+
+async def infer(client: httpx.AsyncClient, base: str, text: str, deadline_ms: float | None,
+                request_id: str | None = None, model: str = GROUP) -> dict[str, Any]:
+    """One ``/v1/infer`` call (to the group by default); status, latency, the variant that
+    served."""
+    body: dict[str, Any] = {"model": model, "input": text}
+    if deadline_ms is not None:
+        body["deadline_ms"] = deadline_ms
+    headers = {"x-request-id": request_id} if request_id else None
+    t0 = time.perf_counter()
+    try:
+        r = await client.post(f"{base}/v1/infer", json=body, headers=headers, timeout=60.0)
+    except httpx.HTTPError as exc:
+        return {"status": 0, "latency_s": time.perf_counter() - t0,
+                "error": type(exc).__name__}
+    out: dict[str, Any] = {"status": r.status_code, "latency_s": time.perf_counter() - t0,
+                           "variant": r.headers.get("x-sluice-variant")}
+    if r.status_code != 200:
+        try:
+            out["error"] = r.json()["error"]["code"]
+        except (ValueError, KeyError, TypeError):
+            out["error"] = r.text[:80]
+    return out
+
+
+async def oneshot_closed_loop(base: str, model: str, texts: list[str], concurrency: int,
+                              duration_s: float) -> float:
+    """Completions per second with ``concurrency`` requests always outstanding."""
+    done = 0
+    end = time.perf_counter() + duration_s
+    async with httpx.AsyncClient() as client:
+        async def user(k: int) -> None:
+            nonlocal done
+            i = k
+            while time.perf_counter() < end:
+                i += concurrency
+                got = await infer(client, base, texts[i % len(texts)], None, model=model)
+                if got["status"] == 200:
+                    done += 1
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user(k) for k in range(concurrency)))
+        return done / (time.perf_counter() - t0)
+
+
+async def oneshot_open_loop(base: str, texts: list[str], arrivals: list[Arrival],
+                            deadline_ms: float, tag: str) -> list[dict[str, Any]]:
+    limits = httpx.Limits(max_connections=len(arrivals) + 4)
+    async with httpx.AsyncClient(limits=limits) as client:
+        t0 = time.perf_counter()
+        tasks = []
+        for k, a in enumerate(arrivals):
+            delay = t0 + a.time_s - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(infer(client, base, texts[k % len(texts)],
+                                                   deadline_ms, f"{tag}-{k}")))
+        return list(await asyncio.gather(*tasks))
+
+
+def oneshot_real_summary(samples: list[dict[str, Any]], deadline_s: float) -> dict[str, Any]:
+    ok = [s for s in samples if s["status"] == 200]
+    lat = [s["latency_s"] for s in ok]
+    states = Counter("completed" if s["status"] == 200 else
+                     "rejected" if s["status"] in (429, 503) else
+                     "expired" if s.get("error") == "deadline" else "other" for s in samples)
+    mix = Counter(s["variant"] for s in ok)
+    good = sum(s["latency_s"] <= deadline_s for s in ok)
+    return {"offered": len(samples), "states": dict(states),
+            "goodput": good / len(samples) if samples else None,
+            "e2e_p95_s": p95(lat), "e2e_p50_s": pct(lat, 50), "e2e_p99_s": pct(lat, 99),
+            "variant_mix": dict(mix.most_common()),
+            "other_kinds": dict(Counter(str(s.get("error")) for s in samples
+                                        if s["status"] != 200).most_common(5))}
+
+
+def oneshot_sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str, Any]:
+    report, _ = simulate(config, arrivals)
+    o = report["overall"]
+    return {"offered": o["offered"], "states": o["states"], "goodput": o["goodput"],
+            "e2e_p95_s": o["e2e_s"]["p95"], "e2e_p50_s": o["e2e_s"]["p50"],
+            "e2e_p99_s": o["e2e_s"]["p99"],
+            "variant_mix": report["variant_mix"].get(GROUP, {})}
+
+
+def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``sentiment`` variant group (six ONNX variants, adaptive planner) against the
+    simulator with the profile's batch times as its cost model. Capacity: what the most
+    accurate variant alone completes per second, one request at a time (its most efficient
+    batch size on one thread: batch 2 takes more than twice batch 1); deadline: 1.5 × its
+    batch-of-8 time, as bench/goodput_sweep.py.
+    Compared: end-to-end p95 of answered requests and goodput (answered within the
+    deadline / offered). Every variant is loaded before measuring (admin API), and the
+    simulator starts with them resident."""
+    from sluice.config import load_config
+
+    cfg_path = args.variants_dir / "sluice.toml"
+    profile_path = args.variants_dir / "profile.json"
+    config: Config = load_config(cfg_path)
+    manifest = json.loads((args.variants_dir / "manifest.json").read_text())
+    rows = [json.loads(line) for line in Path(manifest["test_file"]).read_text().splitlines()]
+    texts = [r["text"] for r in rows]
+    random.Random(7).shuffle(texts)
+    group = next(g for g in config.runtime_config().groups if g.group_id == GROUP)
+    variants = list(group.variants)
+    profile = json.loads(profile_path.read_text())
+    top = profile["variants"][variants[0].removeprefix(f"{GROUP}-")]["batch_ms"]["8"]
+    deadline_ms = round(1.5 * float(top))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "sluice.cli", "serve", "-c", str(cfg_path), "--port",
+           str(port), "--log-level", "info", "--log-format", "json", "--open-admin"]
+    sim_config = replace(SimConfig.from_config(config, read_costs(profile_path)),
+                         preload=tuple(variants))
+    out: dict[str, Any] = {"system": "onnx", "model": GROUP, "variants": variants,
+                           "deadline_ms": deadline_ms, "points": []}
+    log = RESULTS / ".sim_validation_onnx.log"
+    with running(cmd, f"{base}/ready", log_path=log):
+        with httpx.Client(timeout=120.0) as client:
+            for v in variants:
+                client.post(f"{base}/admin/models/{v}/load").raise_for_status()
+        capacity = asyncio.run(oneshot_closed_loop(base, variants[0], texts, 1,
+                                                   args.capacity_s))
+        out.update(capacity_per_s=round(capacity, 3))
+        print(f"[onnx] capacity {capacity:.2f}/s ({variants[0]} alone); deadline "
+              f"{deadline_ms} ms", flush=True)
+        for factor in args.factors:
+            rate = factor * capacity
+            spec = parse_spec(f"poisson:rate={rate},duration={args.duration},model={GROUP},"
+                              f"deadline_ms={deadline_ms}")
+            arrivals = list(generate(spec, seed=args.seed))
+            tag = f"o{factor:g}".replace(".", "_")
+            samples = asyncio.run(oneshot_open_loop(base, texts, arrivals, deadline_ms, tag))
+            time.sleep(2.0)
+            real = oneshot_real_summary(samples, deadline_ms / 1000.0)
+            sim = oneshot_sim_summary(sim_config, arrivals)
+            point = {"factor": factor, "rate_per_s": round(rate, 3), "requests": len(arrivals),
+                     "real": real, "sim": sim,
+                     "e2e_p95_rel_err": rel_err(sim["e2e_p95_s"], real["e2e_p95_s"]),
+                     "goodput_rel_err": rel_err(sim["goodput"], real["goodput"])}
+            point["within_tolerance"] = all(
+                e is not None and abs(e) <= TOLERANCE
+                for e in (point["e2e_p95_rel_err"], point["goodput_rel_err"]))
+            out["points"].append(point)
+            print(f"[onnx] {factor}x ({rate:.1f}/s, n={len(arrivals)}): e2e p95 real "
+                  f"{fmt(real['e2e_p95_s'])} sim {fmt(sim['e2e_p95_s'])}; goodput real "
+                  f"{real['goodput']:.3f} sim {sim['goodput']:.3f}; mix real "
+                  f"{real['variant_mix']} sim {sim['variant_mix']}; ok="
                   f"{point['within_tolerance']}", flush=True)
     return out
 
@@ -258,11 +537,13 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(2, len(results), figsize=(5.5 * len(results), 7), squeeze=False)
     for col, res in enumerate(results):
         f = [p["factor"] for p in res["points"]]
-        for row, (key, label) in enumerate((("ttft_p95_s", "TTFT p95 (ms)"),
-                                            ("goodput", "goodput"))):
+        latency = (("e2e_p95_s", "latency p95 (ms)") if res["system"] == "onnx"
+                   else ("ttft_p95_s", "TTFT p95 (ms)"))
+        for row, (key, label) in enumerate((latency, ("goodput", "goodput"))):
             ax = axes[row][col]
             scale = 1000 if key.endswith("_s") else 1
-            for who, style in (("real", "o-"), ("sim", "s--"), ("sim_declared_cost", "x:")):
+            for who, style in (("real", "o-"), ("sim", "s--"),
+                               ("sim_closed_loop_profile", "^:"), ("sim_declared_cost", "x:")):
                 ys = [(p[who][key] or 0) * scale for p in res["points"] if who in p]
                 if ys:
                     ax.plot(f[:len(ys)], ys, style, label=who.replace("_", " "))
@@ -282,18 +563,24 @@ def main() -> int:
     p.add_argument("--factors", default=",".join(map(str, FACTORS)),
                    type=lambda s: [float(x) for x in s.split(",")])
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per point")
+    p.add_argument("--calibration-s", type=float, default=20.0,
+                   help="seconds of arrivals of the calibration run")
     p.add_argument("--rounds", type=int, default=4, help="closed-loop rounds for capacity")
     p.add_argument("--deadline-factor", type=float, default=4.0,
                    help="deadline = this × the median latency with every slot busy")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--variants-dir", type=Path, default=VARIANTS_DIR,
+                   help="the onnx system's prepared and profiled variants")
+    p.add_argument("--capacity-s", type=float, default=8.0,
+                   help="onnx: seconds of closed loop per concurrency for its capacity")
     p.add_argument("--out", default=str(RESULTS / "sim_validation.json"))
     args = p.parse_args()
     out_path = Path(args.out)
     previous = json.loads(out_path.read_text()) if out_path.exists() else {}
     kept = {r["system"]: r for r in previous.get("systems", [])}
     for name in args.systems.split(","):
-        kept[name] = run_system(name, args)
-    results = [kept[n] for n in SYSTEMS if n in kept]
+        kept[name] = run_onnx(args) if name == "onnx" else run_system(name, args)
+    results = [kept[n] for n in (*SYSTEMS, "onnx") if n in kept]
     doc = {"machine": {"python": platform.python_version(), "cores": os.cpu_count(),
                        "loadavg_at_end": os.getloadavg()},
            "tolerance": TOLERANCE, "seed": args.seed, "duration_s": args.duration,

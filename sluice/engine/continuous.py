@@ -81,7 +81,7 @@ from sluice.policy.step_planner import (
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
-from sluice.policy.ttft import LineEntry, TtftPrediction, max_concurrency, predict_ttft
+from sluice.policy.ttft import LineEntry, TtftPrediction, predict_engine_ttft
 
 STEP_COST_WINDOW = 192
 """Steps the step-time model is fitted on (about 25 s of 130 ms steps): a host that slows
@@ -275,18 +275,10 @@ class ContinuousEngine:
         ahead = list(self.waiting)[:position]
         waiting = [LineEntry(len(r.prompt_tokens), r.params.max_tokens, max(1, r.params.n))
                    for r in ahead]
-        held = [s.n_fed for s in self.running.values()] or [prompt_tokens]
-        context = sum(held) / len(held)
-        limit = None
-        if self.tpot_target_s is not None:
-            limit = TpotBudget(cost, self.tpot_target_s).step_limit_s
-        slots = min(self.model.n_seq_max,
-                    max(1, self.kv.total_blocks // max(1, self.kv.blocks_needed(
-                        prompt_tokens + max_tokens))))
-        concurrency = max_concurrency(cost, limit, slots, context)
-        return predict_ttft(cost, concurrency=concurrency, context_tokens_per_seq=context,
-                            running=running, waiting=waiting, new_prompt_tokens=prompt_tokens,
-                            new_n=n)
+        return predict_engine_ttft(
+            cost, tpot_target_s=self.tpot_target_s, n_seq_max=self.model.n_seq_max,
+            kv=self.kv, running=running, held_tokens=[s.n_fed for s in self.running.values()],
+            waiting=waiting, prompt_tokens=prompt_tokens, n=n, max_tokens=max_tokens)
 
     def _late_start(self, req: Request, position: int) -> tuple[TtftPrediction, float] | None:
         """For a request with a first-token deadline predicted to be missed: the prediction

@@ -32,6 +32,7 @@ from sluice.engine.observer import Observer
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request, RequestStatus, end_stopped, is_stopped
 from sluice.policy.residency import Residency
+from sluice.policy.step_cost import StepCost
 from sluice.policy.types import WorkerView
 
 IDLE_POLL_S = 0.5
@@ -107,6 +108,12 @@ class ModelState:
     prefix_hit_tokens: int = 0
     """Prompt tokens whose KV was copied from a running sequence instead of computed
     (cumulative for this load of the model)."""
+    step_cost: StepCost | None = None
+    """Generative: the step-time model its engine learned from the steps it ran (what
+    ``sluice simulate`` needs as the model's cost under this load), or its prior."""
+    step_samples: int = 0
+    """Generative: the recent steps its engine keeps to fit ``step_cost`` on (until there
+    are enough, ``step_cost`` is the prior)."""
 
 
 @dataclass(frozen=True)
@@ -585,6 +592,8 @@ class Worker:
                     running=engine.active_count if engine else 0,
                     waiting=len(engine.waiting) if engine else 0,
                     prefix_hit_tokens=engine.reused_prefix_tokens if engine else 0,
+                    step_cost=engine.step_cost.current() if engine else None,
+                    step_samples=engine.step_cost.samples_seen if engine else 0,
                 )
             )
         engines = self._engines.values()

@@ -10,6 +10,12 @@ deadline expires its request instead (never completed late), and a request that 
 ``max_tokens`` completes and frees its slot and blocks at once. Sequences run to
 ``max_tokens`` (as the load generator's ``ignore_eos`` asks); ``n`` is 1.
 
+A model with a TPOT target plans every step within ``TpotBudget`` on its step cost (the
+server's engine learns that cost online; the simulator's cost file is what it converges
+to); a request with a first-token deadline is refused on arrival at the engine when
+``predict_engine_ttft`` (the server's prediction) misses it (``deadline_infeasible``),
+and ends ``expired`` if it has no token by then.
+
 Retained prefixes (``config.retain_prefixes``) as the engine keeps them: a completed
 sequence's slot keeps its prompt as a donor (``StepView.retained``, least recently used
 first; the generated tokens, which no simulated prompt shares, are left out), handed out
@@ -25,9 +31,11 @@ from dataclasses import dataclass
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import (
+    TOKENS_ONLY,
     EngineConfig,
     RetainedSeq,
     RunningSeq,
+    StepBudget,
     StepPlan,
     StepView,
     WaitingSeq,
@@ -35,6 +43,8 @@ from sluice.policy.step_planner import (
     reserve_admission,
     static_wakeup_s,
 )
+from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.ttft import LineEntry, predict_engine_ttft
 from sluice.sim.request import SimRequest
 
 
@@ -49,9 +59,12 @@ class SimEngine:
     """One resident generative model on one simulated worker."""
 
     def __init__(self, config: EngineConfig, cost: StepCost, n_ctx_total: int,
-                 n_seq_max: int, jitter: Callable[[], float] = lambda: 1.0) -> None:
+                 n_seq_max: int, jitter: Callable[[], float] = lambda: 1.0,
+                 tpot_target_s: float | None = None) -> None:
         self.config = config
         self.cost = cost
+        self.tpot_target_s = tpot_target_s
+        self.n_seq_max = n_seq_max
         self.jitter = jitter
         """A factor drawn per step (``ModelCost.jitter``)."""
         self.kv = KVBlockAllocator.for_context(n_ctx_total, n_seq_max, config.kv_block_tokens,
@@ -68,25 +81,45 @@ class SimEngine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def refusal(self, req: SimRequest) -> str | None:
-        """Why ``req`` can never run here (as ``ContinuousEngine.add`` refuses), else None."""
+    def refusal(self, req: SimRequest, now: float) -> str | None:
+        """Why ``req`` is refused on arrival here (as ``ContinuousEngine.add`` refuses): it
+        can never fit, or its first token is predicted past its first-token deadline;
+        else None."""
         if self.kv.never_fits(req.n_prompt + req.max_tokens):
             return "context_length_exceeded"
+        if req.ttft_deadline_s is not None:
+            running = [LineEntry(max(0, s.req.n_prompt - s.n_fed),
+                                 max(0, s.req.max_tokens - s.req.generated))
+                       for s in self.running.values()]
+            waiting = [LineEntry(r.n_prompt, r.max_tokens) for r in self.waiting]
+            ttft = predict_engine_ttft(
+                self.cost, tpot_target_s=self.tpot_target_s, n_seq_max=self.n_seq_max,
+                kv=self.kv, running=running,
+                held_tokens=[s.n_fed for s in self.running.values()], waiting=waiting,
+                prompt_tokens=req.n_prompt, n=1, max_tokens=req.max_tokens)
+            if now + ttft.ttft_s > req.ttft_deadline_s:
+                return "deadline_infeasible"
         return None
 
+    def budget(self) -> StepBudget:
+        """The step budget of the next plan (as ``ContinuousEngine.budget``)."""
+        if self.tpot_target_s is None or self.config.mode != "continuous":
+            return TOKENS_ONLY
+        return TpotBudget(self.cost, self.tpot_target_s)
+
     def expire(self, now: float) -> list[SimRequest]:
-        """Requests past their deadline leave before the next pass (running ones free
-        their slot and blocks); returned for the caller to end."""
+        """Requests past their deadline, or their first-token deadline with no token yet,
+        leave before the next pass (running ones free their slot and blocks); returned for
+        the caller to end."""
         gone = []
         for slot, seq in list(self.running.items()):
-            d = seq.req.deadline_s
-            if d is not None and now >= d:
+            if seq.req.missed_start(now):
                 self._retire(slot)
                 gone.append(seq.req)
-        if any(r.deadline_s is not None and now >= r.deadline_s for r in self.waiting):
+        if any(r.missed_start(now) for r in self.waiting):
             keep: deque[SimRequest] = deque()
             for r in self.waiting:
-                if r.deadline_s is not None and now >= r.deadline_s:
+                if r.missed_start(now):
                     gone.append(r)
                 else:
                     keep.append(r)
@@ -109,7 +142,7 @@ class SimEngine:
     def start_step(self, now: float) -> tuple[StepPlan, float]:
         """Plan and apply one step at ``now``; returns the plan and its seconds (0 and
         no chunks when there is nothing to feed)."""
-        plan = plan_step(self.config, self.view(now))
+        plan = plan_step(self.config, self.view(now), self.budget())
         for adm in plan.admissions:
             req = self.waiting.popleft()
             if req.request_id != adm.request_id:  # the planner admits from the head
@@ -149,7 +182,7 @@ class SimEngine:
             if not chunk.want_logits:
                 continue
             req = seq.req
-            if req.deadline_s is not None and now >= req.deadline_s:
+            if req.missed_start(now):  # past its deadline, or its first token's
                 self._retire(chunk.slot)
                 ended.append((req, "expired"))
                 continue

@@ -86,9 +86,12 @@ class Fleet:
                          else arrived_s + arrival.deadline_s,
                          n_prompt=arrival.prompt_tokens, max_tokens=arrival.output_tokens,
                          prefix_id=arrival.prefix_id, prefix_tokens=arrival.prefix_tokens)
+        model = self.config.models.get(arrival.model)
+        if model is not None and model.ttft_deadline_s is not None:  # as the runtime: from
+            req.ttft_deadline_s = now + model.ttft_deadline_s      # its arrival there
         if self.requests is not None:
             self.requests.append(req)
-        if arrival.model not in self.config.models and not any(
+        if model is None and not any(
                 g.group_id == arrival.model for g in self.config.groups):
             raise ValueError(f"workload names model {arrival.model!r}, which the config lacks")
         if not self._take_quota(req, now):

@@ -39,6 +39,7 @@ class SimRequest:
         "started_s",
         "status",
         "tenant",
+        "ttft_deadline_s",
         "waiting_ahead",
         "worker",
     )
@@ -56,6 +57,8 @@ class SimRequest:
         self.priority = priority
         self.deadline_s = deadline_s
         """Absolute deadline, or ``None``."""
+        self.ttft_deadline_s: float | None = None
+        """Generative: absolute first-token deadline (the model's default), or ``None``."""
         self.n_prompt = max(1, n_prompt)
         self.max_tokens = max(1, max_tokens)
         self.prefix_id = prefix_id
@@ -89,6 +92,20 @@ class SimRequest:
             base = self.request_id * _ID_SPAN
             self._prompt = head + tuple(range(base + shared, base + n))
         return self._prompt
+
+    @property
+    def start_by_s(self) -> float | None:
+        """Past this it is no use starting it or letting it wait on (as the server's
+        ``Request.start_by_s``): its deadline, or its first-token deadline while no token
+        has come, whichever is earlier."""
+        ttft = self.ttft_deadline_s if self.first_token_s is None else None
+        if ttft is None or (self.deadline_s is not None and self.deadline_s < ttft):
+            return self.deadline_s
+        return ttft
+
+    def missed_start(self, now: float) -> bool:
+        start_by = self.start_by_s
+        return start_by is not None and now >= start_by
 
     @property
     def is_terminal(self) -> bool:

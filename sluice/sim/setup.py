@@ -35,6 +35,10 @@ class SimModel:
     """Generative: sequence slots of one loaded model."""
     n_ctx_total: int = 4096
     """Generative: KV positions of one loaded model (split evenly among the slots)."""
+    tpot_target_s: float | None = None
+    """Generative: the TPOT target its engine's step budget keeps to (``TpotBudget``)."""
+    ttft_deadline_s: float | None = None
+    """Generative: the default first-token deadline, seconds after arrival."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,8 @@ class SimConfig:
                 load_cost_s=spec.load_cost_s,
                 cost=model_cost(spec.model_id, spec.kind, spec.backend, opts, spec.load_cost_s,
                                 costs, base_dir),
-                accuracy=float(opts.get("accuracy", 0.0)), n_seq_max=n_seq, n_ctx_total=n_ctx)
+                accuracy=float(opts.get("accuracy", 0.0)), n_seq_max=n_seq, n_ctx_total=n_ctx,
+                tpot_target_s=spec.tpot_target_s, ttft_deadline_s=spec.ttft_deadline_s)
         return cls(
             models=models,
             groups=tuple(SimGroup(g.group_id, tuple(g.variants), g.planner,

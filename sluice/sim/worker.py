@@ -121,13 +121,14 @@ class SimWorker:
         self._step_engines(now)
 
     def _sweep(self, now: float) -> None:
-        """Expired requests leave the inbox without running."""
-        if not any(r.deadline_s is not None and now >= r.deadline_s for r, _ in self.inbox):
+        """Expired requests (past their deadline, or their first-token deadline) leave the
+        inbox without running."""
+        if not any(r.missed_start(now) for r, _ in self.inbox):
             return
         kept: deque[tuple[SimRequest, float]] = deque()
         for item in self.inbox:
             r = item[0]
-            if r.deadline_s is not None and now >= r.deadline_s:
+            if r.missed_start(now):
                 self.owner.ended(r, "expired", now, "deadline")
             else:
                 kept.append(item)
@@ -149,9 +150,10 @@ class SimWorker:
             if model.kind == "generative":
                 self.inbox.popleft()
                 engine = self.engines[model.model_id]
-                refusal = engine.refusal(req)
+                refusal = engine.refusal(req, now)
                 if refusal is not None:
-                    self.owner.ended(req, "failed", now, refusal)
+                    status = "rejected" if refusal == "deadline_infeasible" else "failed"
+                    self.owner.ended(req, status, now, refusal)
                     continue
                 self.residency.acquire(model.model_id, now)
                 engine.waiting.append(req)
@@ -187,7 +189,7 @@ class SimWorker:
                 raise ValueError(f"generative model {model.model_id} has no step cost")
             self.engines[model.model_id] = SimEngine(
                 self.config.engine, step, model.n_ctx_total, model.n_seq_max,
-                functools.partial(model.cost.jitter, self._rng))
+                functools.partial(model.cost.jitter, self._rng), model.tpot_target_s)
         self.loads += 1
         self._resident = frozenset(m.model_id for m in self.residency.models())
         self._view = None

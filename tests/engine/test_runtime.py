@@ -191,3 +191,22 @@ def test_static_and_serial_modes_complete_everything(runtime_factory: Any) -> No
             assert rt.try_submit(r) is None
         wait_for(lambda reqs=reqs: all(r.is_terminal for r in reqs))
         assert all(r.status == RequestStatus.COMPLETED for r in reqs)
+
+
+def test_workers_publish_the_step_cost_their_engines_learned(runtime_factory: Any) -> None:
+    """A generative model's published state carries its engine's step-time model and the
+    steps it was fitted on: once enough steps ran, a fit of them (the synthetic model's
+    4 ms a step and 0.2 ms a decode, plus the worker's own time)."""
+    rt = runtime_factory([generative("chat", step_fixed_s=0.004)])
+
+    async def go() -> None:
+        handles = [await rt.generate("chat", "hi", max_tokens=48) for _ in range(4)]
+        for h in handles:
+            assert (await h.result()).status == RequestStatus.COMPLETED
+
+    asyncio.run(go())
+    (chat,) = [m for m in rt.snapshot().workers[0].models if m.model_id == "chat"]
+    assert chat.step_samples >= 32
+    assert chat.step_cost is not None
+    assert chat.step_cost.predict_s(4) >= 0.004
+    assert chat.step_cost.predict_s(4) < 0.1

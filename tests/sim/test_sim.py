@@ -14,6 +14,7 @@ from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import EngineConfig
 from sluice.sim import Arrival, SimConfig, SimGroup, SimModel, generate, parse_spec, simulate
 from sluice.sim.costs import ModelCost
+from sluice.sim.request import SimRequest
 
 MB = 1_000_000
 
@@ -231,3 +232,52 @@ def test_step_time_spread_keeps_the_mean_and_lengthens_queues() -> None:
     busy1, ttft1 = run(0.8)
     assert busy1 == pytest.approx(busy0, rel=0.05)
     assert ttft1 > 1.2 * ttft0
+
+
+def test_a_tpot_target_caps_the_steps_the_engine_plans() -> None:
+    """With a TPOT target the simulated engine plans with the server's ``TpotBudget``: a
+    step of 8 decodes (3 + 8 × 2 = 19 ms) would exceed 0.85 × 15 ms, so no more than 4
+    sequences decode at once (11 ms) and every completed request's TPOT stays within the
+    target; without it, all 8 slots fill and TPOT passes the target."""
+    step = StepCost(0.003, 0.002, 0.00005)
+    spec = parse_spec("poisson:rate=150,duration=10,model=chat,prompt=10,output=16")
+    arrivals = list(generate(spec, seed=4))
+
+    def run(target_s: float | None) -> list[float]:
+        model = replace(chat(step=step), tpot_target_s=target_s)
+        report, fleet = simulate(SimConfig(models={"chat": model}, queue_capacity=10_000),
+                                 arrivals, keep_requests=True)
+        assert report["overall"]["states"] == {"completed": len(arrivals)}
+        assert fleet.requests is not None
+        return [((r.end_s or 0) - (r.first_token_s or 0)) / (r.generated - 1)
+                for r in fleet.requests]
+    assert max(run(None)) > 0.015
+    assert max(run(0.015)) <= 0.015
+
+
+def test_a_first_token_deadline_refuses_what_would_miss_it() -> None:
+    """A model's first-token deadline, as the server's engine keeps it: under 2× overload a
+    request whose predicted first token (``predict_engine_ttft``) falls past the deadline
+    is refused on reaching the engine (``deadline_infeasible``), the rest get their first
+    token by it (a prediction can err: one that passes it waiting ends ``expired``); with
+    no deadline every request completes, most of them far later."""
+    step = StepCost(0.01, 0.002, 0.0001)
+    spec = parse_spec("poisson:rate=40,duration=20,model=chat,prompt=10,output=16")
+    arrivals = list(generate(spec, seed=5))
+
+    def run(ttft_deadline_s: float | None) -> tuple[dict[str, object], list[SimRequest]]:
+        model = replace(chat(step=step), ttft_deadline_s=ttft_deadline_s)
+        report, fleet = simulate(SimConfig(models={"chat": model}, queue_capacity=10_000,
+                                           inbox_capacity=10_000), arrivals,
+                                 keep_requests=True)
+        assert fleet.requests is not None
+        return report, fleet.requests
+    report, reqs = run(0.3)
+    assert report["rejections"].get("deadline_infeasible", 0) > len(arrivals) // 4
+    for r in reqs:
+        if r.first_token_s is not None:
+            assert r.ttft_deadline_s is not None
+            assert r.first_token_s <= r.ttft_deadline_s + 1e-9
+    unbounded, _ = run(None)
+    assert unbounded["overall"]["states"] == {"completed": len(arrivals)}
+    assert unbounded["overall"]["ttft_s"]["p50"] > 1.0
