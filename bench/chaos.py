@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llm_bench import PROMPTS
+from bench.model_tables import GEMMA, SYNTH_CHAT, gemma_table, synthetic_chat_table
 from bench.outcomes import (
     Outcome,
     _kind_of,
@@ -90,36 +91,11 @@ EXTREMES: list[dict[str, Any]] = [
 
 
 def model_toml(synthetic: bool) -> tuple[str, str]:
-    """(model id, its ``[[models]]`` table without faults)."""
+    """(model id, its ``[[models]]`` table without faults). The synthetic model takes 1 s
+    to load, so a replacement's load shows in the recovery times."""
     if synthetic:
-        return "synth-chat", """
-[[models]]
-id = "synth-chat"
-kind = "generative"
-backend = "synthetic"
-task = "generation"
-memory_bytes = 100_000_000
-[models.options]
-load_s = 1.0
-n_seq_max = 8
-n_ctx_per_seq = 512
-step_fixed_s = 0.02
-decode_per_seq_s = 0.0005
-prefill_per_token_s = 0.0001
-"""
-    return "gemma-3-270m", """
-[[models]]
-id = "gemma-3-270m"
-kind = "generative"
-backend = "llamacpp"
-task = "generation"
-memory_bytes = 600_000_000
-[models.options]
-path = "packaged:gemma-3-270m"
-n_ctx = 8192
-n_seq_max = 8
-n_threads = 2
-"""
+        return SYNTH_CHAT, synthetic_chat_table(load_s=1.0)
+    return GEMMA, gemma_table()
 
 
 def server_toml(models: str, watchdog_s: float, faults: dict[str, float] | None) -> str:

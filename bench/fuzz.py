@@ -28,6 +28,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.model_tables import synthetic_chat_table
 from bench.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,20 +56,8 @@ backend = "synthetic"
 task = "embedding"
 memory_bytes = 100_000_000
 options = { dim = 8, load_s = 0.0, batch_fixed_s = 0.0005, per_item_s = 0.0001 }
-[[models]]
-id = "synth-chat"
-kind = "generative"
-backend = "synthetic"
-task = "generation"
-memory_bytes = 100_000_000
-[models.options]
-load_s = 0.0
-n_seq_max = 8
-n_ctx_per_seq = 512
-step_fixed_s = 0.0005
-decode_per_seq_s = 0.0001
-prefill_per_token_s = 0.00001
-"""
+""" + synthetic_chat_table(step_fixed_s=0.0005, decode_per_seq_s=0.0001,
+                           prefill_per_token_s=0.00001)
 
 
 def schemathesis_bin() -> str:

@@ -37,6 +37,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llm_bench import PROMPTS
+from bench.model_tables import GEMMA, gemma_table
 from bench.servers import free_port, process_cpu_s, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 from sluice.v1 import inference_pb2 as pb
@@ -44,7 +45,7 @@ from sluice.v1 import inference_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-MODEL = "gemma-3-270m"
+MODEL = GEMMA
 MAX_TOKENS = 64
 _model = MODEL
 """The model the clients ask for (``--smoke`` switches to the synthetic one)."""
@@ -59,14 +60,7 @@ queue_capacity = 256
 [workers]
 count = 1
 inbox_capacity = 64
-[[models]]
-id = "{MODEL}"
-kind = "generative"
-backend = "llamacpp"
-task = "generation"
-memory_bytes = 600_000_000
-options = {{ path = "{gguf}", n_ctx = 8192, n_seq_max = 8, n_threads = 2 }}
-"""
+""" + gemma_table(str(gguf))
 
 
 async def http_one(client: httpx.AsyncClient, base: str, prompt: str) -> list[float]:

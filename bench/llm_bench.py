@@ -30,11 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llama_server_build import build as build_llama_server
 from bench.loadgen import closed_loop, open_loop, summarize
+from bench.model_tables import GEMMA, gemma_table
 from bench.servers import free_port, llama_server_cmd, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODEL = "gemma-3-270m"
+MODEL = GEMMA
 N_CTX, N_SLOTS, THREADS, MAX_TOKENS = 8192, 8, 2, 128
 TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.150
 PROMPTS = [
@@ -85,14 +86,7 @@ max_batch_tokens = 512
 prefill_chunk_tokens = 256
 static_max_wait_ms = 50
 prefix_reuse = {"true" if prefix_reuse else "false"}
-[[models]]
-id = "{MODEL}"
-kind = "generative"
-backend = "llamacpp"
-task = "generation"
-memory_bytes = 600_000_000
-options = {{ path = "{gguf}", n_ctx = {N_CTX}, n_seq_max = {N_SLOTS}, n_threads = {THREADS} }}
-"""
+""" + gemma_table(str(gguf), n_ctx=N_CTX, n_seq_max=N_SLOTS, n_threads=THREADS)
 
 
 def run_phase(base_url: str, plan: dict[str, Any]) -> dict[str, Any]:

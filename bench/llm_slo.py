@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.llama_server_build import build as build_llama_server
 from bench.llm_bench import MODEL, PROMPTS, raw_ceiling
 from bench.loadgen import Sample, closed_loop, open_loop, summarize
+from bench.model_tables import gemma_table
 from bench.servers import free_port, llama_server_cmd, process_cpu_s, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 
@@ -63,7 +64,6 @@ def sluice_toml(gguf: Path) -> str:
     faster one in bench/results/kv_layout.json: one stream per sequence (a unified pool
     measured 5-20 % slower at batch 8-32 here; it is the choice for long contexts)."""
     prior = f'step_cost_file = "{STEP_COST}"' if STEP_COST.exists() else ""
-    options = f'path = "{gguf}", n_ctx = {N_CTX}, n_seq_max = 32, n_threads = {THREADS}'
     return f"""
 [server]
 default_model = "{MODEL}"
@@ -73,16 +73,8 @@ queue_capacity = 512
 count = 1
 budget_bytes = 4_000_000_000
 inbox_capacity = 256
-[[models]]
-id = "{MODEL}"
-kind = "generative"
-backend = "llamacpp"
-task = "generation"
-memory_bytes = 600_000_000
-tpot_target_ms = {TPOT_SLO_S * 1000:g}
-{prior}
-options = {{ {options} }}
-"""
+""" + gemma_table(str(gguf), n_ctx=N_CTX, n_seq_max=32, n_threads=THREADS,
+                      extra=f"tpot_target_ms = {TPOT_SLO_S * 1000:g}\n{prior}")
 
 
 def systems(gguf: Path, server_bin: Path, peers: tuple[int, ...]

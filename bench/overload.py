@@ -38,6 +38,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.model_tables import GEMMA, SYNTH_CHAT, gemma_table, synthetic_chat_table
 from bench.outcomes import (
     Outcome,
     closed,
@@ -67,57 +68,35 @@ SYNTH_PROMPTS = [f"request number {i} with a few words of prompt" for i in range
 def synthetic_toml(queue: int = 16, inbox: int = 8) -> str:
     """One worker, 8 sequence slots, 20 ms a decode step: about 25 requests/s of 16
     tokens, slow enough that the load generator is not the bottleneck."""
-    return f"""
-[server]
-default_model = "synth-chat"
-[scheduling]
-queue_capacity = {queue}
-[workers]
-count = 1
-inbox_capacity = {inbox}
-[[models]]
-id = "synth-chat"
-kind = "generative"
-backend = "synthetic"
-task = "generation"
-memory_bytes = 100_000_000
-[models.options]
-load_s = 0.0
-n_seq_max = 8
-n_ctx_per_seq = 512
-step_fixed_s = 0.02
-decode_per_seq_s = 0.0005
-prefill_per_token_s = 0.0001
-"""
+    return server_tables(SYNTH_CHAT, queue, inbox) + synthetic_chat_table()
 
 
 def llm_toml(queue: int = 16, inbox: int = 8) -> str:
     from sluice.backends.packaged import default_gguf_path
 
     gguf = default_gguf_path(progress=False)
+    return (server_tables(GEMMA, queue, inbox, budget_bytes=4_000_000_000)
+            + gemma_table(str(gguf)))
+
+
+def server_tables(model: str, queue: int, inbox: int, budget_bytes: int | None = None) -> str:
+    """One worker; ``model`` is the default."""
+    budget = "" if budget_bytes is None else f"budget_bytes = {budget_bytes:_}\n"
     return f"""
 [server]
-default_model = "gemma-3-270m"
+default_model = "{model}"
 [scheduling]
 queue_capacity = {queue}
 [workers]
 count = 1
-budget_bytes = 4_000_000_000
-inbox_capacity = {inbox}
-[[models]]
-id = "gemma-3-270m"
-kind = "generative"
-backend = "llamacpp"
-task = "generation"
-memory_bytes = 600_000_000
-options = {{ path = "{gguf}", n_ctx = 8192, n_seq_max = 8, n_threads = 2 }}
+{budget}inbox_capacity = {inbox}
 """
 
 
 SYSTEMS: dict[str, dict[str, Any]] = {
-    "synthetic": {"toml": synthetic_toml, "model": "synth-chat", "prompts": SYNTH_PROMPTS,
+    "synthetic": {"toml": synthetic_toml, "model": SYNTH_CHAT, "prompts": SYNTH_PROMPTS,
                   "max_tokens": 16, "slots": 8},
-    "llm": {"toml": llm_toml, "model": "gemma-3-270m", "prompts": LLM_PROMPTS,
+    "llm": {"toml": llm_toml, "model": GEMMA, "prompts": LLM_PROMPTS,
             "max_tokens": 32, "slots": 8},
 }
 

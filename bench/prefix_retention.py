@@ -30,10 +30,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.cluster_prefix import QUESTIONS, system_prompt  # noqa: E402
 from bench.loadgen import closed_loop, percentile  # noqa: E402
+from bench.model_tables import GEMMA, gemma_table  # noqa: E402
 from bench.servers import free_port, running, sluice_cmd  # noqa: E402
 from sluice.backends.packaged import default_gguf_path  # noqa: E402
 
-MODEL = "gemma-3-270m"
+MODEL = GEMMA
 
 
 def sluice_toml(gguf: Path, retain: bool, threads: int) -> str:
@@ -48,14 +49,7 @@ max_batch_tokens = 512
 prefill_chunk_tokens = 256
 prefix_reuse = true
 retain_prefixes = {"true" if retain else "false"}
-[[models]]
-id = "{MODEL}"
-kind = "generative"
-backend = "llamacpp"
-task = "generation"
-memory_bytes = 600_000_000
-options = {{ path = "{gguf}", n_ctx = 8192, n_seq_max = 4, n_threads = {threads} }}
-"""
+""" + gemma_table(str(gguf), n_seq_max=4, n_threads=threads)
 
 
 def main() -> int:
