@@ -70,8 +70,9 @@ class VariantPlanner:
             {v: variant_info(specs[v], worker_budgets) for v in names},
             workers=max(1, len(worker_budgets)),
         )
-        self._planned_finish: dict[int, float] = {}
-        """Group requests planned and not yet admitted → their predicted finish."""
+        self._planned_finish: dict[int, tuple[float, float]] = {}
+        """Group requests planned and not yet admitted → their predicted finish
+        (absolute) and sojourn."""
         self._queued: dict[int, Request] = {}
         """The tracker's pending requests, to notice when they start (lazily, at the next
         decision: the worker marks them running)."""
@@ -97,7 +98,8 @@ class VariantPlanner:
             self._prune()
             choice = self.tracker.plan(name, req.deadline_s, now)
             if choice is not None and choice.variant is not None and name == group_id:
-                self._planned_finish[req.request_id] = now + choice.predicted_sojourn_s
+                sojourn = choice.predicted_sojourn_s
+                self._planned_finish[req.request_id] = (now + sojourn, sojourn)
         if choice is not None and choice.variant is not None:
             req.model_id = choice.variant
             req.variant = choice.variant
@@ -119,8 +121,9 @@ class VariantPlanner:
     def admitted(self, req: Request, group_id: str | None = None) -> None:
         """``req`` entered the queue; ``group_id``: the group it named (re-plannable)."""
         with self._lock:
+            finish, sojourn = self._planned_finish.pop(req.request_id, (None, 0.0))
             self.tracker.admitted(req.request_id, req.model_id, req.deadline_s, group_id,
-                                  self._planned_finish.pop(req.request_id, None))
+                                  finish, sojourn)
             if req.request_id in self.tracker.pending:
                 self._queued[req.request_id] = req
 

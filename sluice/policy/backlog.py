@@ -123,8 +123,40 @@ def placement(backlog: Backlog, variant: str, curves: BatchCurves, max_batch_siz
     return Placement(variant, size, max(0.0, start), finish, late)
 
 
+@dataclass(frozen=True, slots=True)
+class Margin:
+    """Time to keep free before a deadline, growing with the prediction it guards:
+    ``ratio × (predicted_s + floor_s)``. The model's error grows with what it predicts
+    (each batch ahead brings its own spread: input lengths, a slower core), so a deep
+    queue needs more room than an idle pool; ``floor_s`` stands for the fixed per-request
+    overhead (the transport, the dispatcher), which a tiny prediction does not scale.
+    Invariant: ``ratio >= 0`` and ``floor_s >= 0`` (the default keeps nothing)."""
+
+    ratio: float = 0.0
+    floor_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.ratio >= 0 and self.floor_s >= 0 and math.isfinite(self.ratio)
+                and math.isfinite(self.floor_s)):
+            raise ValueError(f"ratio and floor_s must be finite and >= 0, got {self!r}")
+
+    def of(self, predicted_s: float) -> float:
+        """Seconds to keep free after a predicted sojourn of ``predicted_s``."""
+        if self.ratio == 0:
+            return 0.0
+        return self.ratio * (max(0.0, predicted_s) + self.floor_s)
+
+
+NO_MARGIN = Margin()
+
+
 def _left(q: Queued) -> float:
     return math.inf if q.time_left_s is None else q.time_left_s
+
+
+def _late(finish_s: float, margin: Margin, time_left_s: float) -> bool:
+    """A predicted finish that, with its margin, passes the time left."""
+    return finish_s + margin.of(finish_s) > time_left_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,13 +180,13 @@ def _finish_on(state: Backlog, k: int, variant: str, curves: BatchCurves,
 
 def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
            options: Mapping[int, Sequence[str]], pessimism: float = 1.0,
-           margin_s: float = 0.0, max_moves: int = 64) -> list[Move]:
+           margin: Margin = NO_MARGIN, max_moves: int = 64) -> list[Move]:
     """Moves for queued requests predicted to miss their deadlines.
 
     ``options[i]``: the variants queued request ``i`` may move to, most preferred first
     (requests not in it stay where they are). Repeatedly, the first request predicted to
-    miss (finish × ``pessimism`` later than its time left less ``margin_s``) that has
-    options moves to the first of them on which it meets that; if none does, to the
+    miss (finish × ``pessimism``, plus ``margin`` of it, later than its time left) that
+    has options moves to the first of them on which it meets that; if none does, to the
     first on which it meets its deadline itself (no margin), unless it already does
     where it is; failing all that it fails (``variant=None``): only requests that surely
     miss are failed. Each move only ever shortens the work ahead of the requests behind
@@ -168,7 +200,7 @@ def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
         state = Backlog(backlog.busy_s, tuple(queued[i] for i in live))
         ends = finishes_s(state, curves, max_batch_size)
         miss = next((k for k, i in enumerate(live) if i in options and i not in settled
-                     and pessimism * ends[k] > _left(queued[i]) - margin_s), None)
+                     and _late(pessimism * ends[k], margin, _left(queued[i]))), None)
         if miss is None:
             break
         index = live[miss]
@@ -178,7 +210,7 @@ def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
         others = [v for v in options[index] if v != queued[index].variant]
         finish = {v: _finish_on(state, miss, v, curves, max_batch_size, pessimism)
                   for v in others}
-        target = next((v for v in others if finish[v] <= time_left - margin_s), None)
+        target = next((v for v in others if not _late(finish[v], margin, time_left)), None)
         if target is None and pessimism * ends[miss] <= time_left:
             continue  # it may still make it where it is: keep it
         if target is None:
@@ -190,41 +222,62 @@ def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
 
 
 class PredictionError:
-    """How late requests finish against their predicted finish: a rolling window of
-    ``actual - predicted`` seconds, and the margin the planner keeps for it.
+    """How late requests finish against their predicted finish, relative to what was
+    predicted, and the margin the planner keeps for it.
 
-    The queueing model leaves out what it cannot see — service-time spread, a noisy
-    neighbour on the CPU, the batcher's wait, the server's own overhead — so the planner
-    measures its own error instead of guessing it: ``margin_s`` is the ``quantile`` of
-    the last ``window`` errors (never below 0), subtracted from each request's time
-    left. Invariant: 0 until ``min_samples`` errors have been seen.
+    The queueing model leaves out what it cannot see — service-time spread (a long text
+    runs longer), a noisy neighbour on the CPU (the drift factor follows the mean, not
+    the spread), the batcher's wait, the server's own overhead — so the planner measures
+    its own error instead of guessing it. Each completed request contributes
+    ``(actual - predicted) / (predicted sojourn + floor_s)``; the margin is that ratio's
+    ``quantile`` over the errors of the last ``horizon_s`` seconds (at most ``window``),
+    never below 0, times the candidate's own predicted sojourn (``Margin``). So an idle
+    pool's short prediction keeps a small margin and a deep queue a large one, and an
+    overload's errors are forgotten ``horizon_s`` after it ends. Invariant: until
+    ``min_samples`` recent errors are known the ratio is ``prior_ratio`` (a cold server
+    neither plans with no margin nor with its first, slowest batches' errors).
     """
 
-    def __init__(self, window: int = 200, quantile: float = 0.99, min_samples: int = 20) -> None:
+    def __init__(self, window: int = 200, quantile: float = 0.99, min_samples: int = 20,
+                 horizon_s: float = 5.0, floor_s: float = 0.010,
+                 prior_ratio: float = 0.25) -> None:
         if window < 1 or not 0 < quantile <= 1 or min_samples < 1:
             raise ValueError(f"need window >= 1, quantile in (0, 1], min_samples >= 1; got "
                              f"{window}, {quantile}, {min_samples}")
+        if not horizon_s > 0 or not floor_s >= 0 or not prior_ratio >= 0:
+            raise ValueError(f"need horizon_s > 0, floor_s >= 0, prior_ratio >= 0; got "
+                             f"{horizon_s}, {floor_s}, {prior_ratio}")
         self.quantile = quantile
         self.min_samples = min_samples
-        self._errors: deque[float] = deque(maxlen=window)
+        self.horizon_s = horizon_s
+        self.floor_s = floor_s
+        self.prior_ratio = prior_ratio
+        self._errors: deque[tuple[float, float]] = deque(maxlen=window)
+        """(when observed, relative error), oldest first."""
 
-    def observe(self, error_s: float) -> None:
-        """One request's ``actual - predicted`` finish (seconds; negative: early)."""
-        if math.isfinite(error_s):
-            self._errors.append(error_s)
+    def observe(self, error_s: float, predicted_s: float, now: float) -> None:
+        """One request's ``actual - predicted`` finish (seconds; negative: early), the
+        sojourn that was predicted for it, and when it ended."""
+        scale = max(0.0, predicted_s) + self.floor_s
+        if scale > 0 and math.isfinite(error_s) and math.isfinite(scale) and math.isfinite(now):
+            self._errors.append((now, error_s / scale))
 
-    def margin_s(self) -> float:
-        """Seconds to keep free before a deadline (the error quantile, at least 0)."""
+    def margin(self, now: float) -> Margin:
+        """The margin to keep before deadlines now."""
+        while self._errors and self._errors[0][0] < now - self.horizon_s:
+            self._errors.popleft()
         if len(self._errors) < self.min_samples:
-            return 0.0
-        ordered = sorted(self._errors)
+            return Margin(self.prior_ratio, self.floor_s)
+        ordered = sorted(r for _, r in self._errors)
         index = min(len(ordered) - 1, math.ceil(self.quantile * len(ordered)) - 1)
-        return max(0.0, ordered[index])
+        return Margin(max(0.0, ordered[index]), self.floor_s)
 
 
 __all__ = [
+    "NO_MARGIN",
     "Backlog",
     "BatchCurves",
+    "Margin",
     "Move",
     "Placement",
     "PredictionError",

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sluice.policy.backlog import Backlog, BatchCurves, placement
+from sluice.policy.backlog import NO_MARGIN, Backlog, BatchCurves, Margin, placement
 
 PlannerPolicy = Literal["adaptive", "accurate", "fastest"]
 POLICIES: tuple[PlannerPolicy, ...] = ("adaptive", "accurate", "fastest")
@@ -290,6 +290,7 @@ def predict(
     backlog: Backlog | None = None,
     steady_state: bool = True,
     queued_curves: BatchCurves | None = None,
+    margin: Margin = NO_MARGIN,
 ) -> list[Prediction]:
     """Predicted sojourn of a new request on each variant (most accurate first).
 
@@ -302,7 +303,8 @@ def predict(
     among ``variants`` (a request naming one variant queues behind the others).
     A variant that is not the fastest must leave room after it for one more request on
     the fastest (``pessimism × S_fastest(1)``): a queue filled to the deadline with slow
-    work would leave the next arrival no variant at all.
+    work would leave the next arrival no variant at all. ``margin``: the planner's measured
+    error, kept free after each variant's predicted sojourn (``meets_deadline`` only).
     """
     k = config.pessimism
     ordered = _by_accuracy(variants)
@@ -336,7 +338,8 @@ def predict(
         wait_s = k * max(erlang_s, backlog_s)
         sojourn_s = wait_s + k * service_s
         room_s = 0.0 if backlog is None or v is fastest else k * fastest.batch_s[1]
-        meets = time_left_s is None or (sojourn_s + room_s <= time_left_s and not delays)
+        meets = time_left_s is None or (
+            sojourn_s + room_s + margin.of(sojourn_s) <= time_left_s and not delays)
         out.append(Prediction(v.name, v.accuracy, batch, service_s, erlang_s, backlog_s,
                               wait_s, sojourn_s, meets, delays))
     return out
@@ -351,6 +354,7 @@ def choose_variant(
     arrival_stderr_per_s: float = 0.0,
     backlog: Backlog | None = None,
     queued_curves: BatchCurves | None = None,
+    margin: Margin = NO_MARGIN,
 ) -> VariantChoice:
     """Pick a variant for one request of a group.
 
@@ -370,6 +374,7 @@ def choose_variant(
     ``backlog``); above it, the state and the Erlang-C steady state must both agree,
     except on an idle pool (nothing queued or running): there the request's own service
     time is the whole prediction, so accuracy comes back the moment a backlog clears.
+    ``margin`` is kept free after every predicted sojourn (see ``predict``).
     """
     if not variants:
         raise ValueError("a group needs at least one variant")
@@ -387,7 +392,7 @@ def choose_variant(
     preds = predict(variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s,
                     config=config, backlog=backlog,
                     steady_state=backlog is None or not (below_line or backlog.is_empty),
-                    queued_curves=queued_curves)
+                    queued_curves=queued_curves, margin=margin)
 
     def pick(p: Prediction, reason: str) -> VariantChoice:
         return VariantChoice(p.variant, reason, p.wait_s, p.sojourn_s, utilization,

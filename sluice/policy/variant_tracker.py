@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sluice.policy.backlog import Backlog, PredictionError, Queued, replan
+from sluice.policy.backlog import NO_MARGIN, Backlog, PredictionError, Queued, replan
 from sluice.policy.planner import (
     PlannerConfig,
     ServiceEstimator,
@@ -75,8 +75,9 @@ class VariantTracker:
         self.errors = {g: PredictionError() for g in self.groups}
         """Per group: how late requests finish against the planner's prediction; its
         margin is kept free before every deadline."""
-        self._predicted: dict[int, tuple[str, float]] = {}
-        """Group requests in the system → (group, predicted absolute finish)."""
+        self._predicted: dict[int, tuple[str, float, float]] = {}
+        """Group requests in the system → (group, predicted absolute finish, predicted
+        sojourn)."""
         self.running: dict[int, tuple[str, int, float]] = {}
         """Per worker: the variant batch it runs now (variant, size, start time)."""
 
@@ -111,17 +112,18 @@ class VariantTracker:
             states = [s for s in states if s.name == name]
             config = PlannerConfig(policy="accurate", max_batch_size=config.max_batch_size,
                                    pessimism=config.pessimism)
-        margin_s = self.errors[group_id].margin_s()
+        measured = self.errors[group_id].margin(now)
         backlog = self.backlog(group, now)
+        time_left = None if deadline_s is None else deadline_s - now
         choice = None
         # First with the measured error's margin kept free; if nothing fits then, the
         # most accurate variant predicted to fit at all still has a fair chance, which
         # a rejection (a certain miss) does not.
-        for margin in dict.fromkeys((margin_s, 0.0)):
-            time_left = None if deadline_s is None else deadline_s - now - margin
+        for margin in dict.fromkeys((measured, NO_MARGIN)):
             choice = choose_variant(states, arrival_per_s=rate,
                                     arrival_stderr_per_s=rate_stderr, time_left_s=time_left,
-                                    config=config, backlog=backlog, queued_curves=curves)
+                                    config=config, backlog=backlog, queued_curves=curves,
+                                    margin=margin)
             if choice.variant is not None:
                 break
         assert choice is not None
@@ -141,11 +143,12 @@ class VariantTracker:
         return Backlog(tuple(busy), queued)
 
     def admitted(self, request_id: int, model_id: str, deadline_s: float | None = None,
-                 group_id: str | None = None, predicted_finish_s: float | None = None
-                 ) -> None:
+                 group_id: str | None = None, predicted_finish_s: float | None = None,
+                 predicted_sojourn_s: float = 0.0) -> None:
         """A request for ``model_id`` entered the queue; ``group_id``: the group it named
         (then it may be re-planned); ``predicted_finish_s``: when the planner predicted
-        it would finish (absolute), to measure the prediction's error at ``finished``."""
+        it would finish (absolute) and ``predicted_sojourn_s`` after how long, to measure
+        the prediction's error at ``finished``."""
         if model_id in self.in_system:
             self.in_system[model_id] += 1
             self._counted[request_id] = model_id
@@ -153,7 +156,8 @@ class VariantTracker:
             if group_id is not None:
                 self.named_group[request_id] = group_id
                 if predicted_finish_s is not None and math.isfinite(predicted_finish_s):
-                    self._predicted[request_id] = (group_id, predicted_finish_s)
+                    self._predicted[request_id] = (group_id, predicted_finish_s,
+                                                   predicted_sojourn_s)
 
     def started(self, request_id: int) -> None:
         """The request left the queue for a batch (or ended before running)."""
@@ -167,7 +171,8 @@ class VariantTracker:
         self.started(request_id)
         predicted = self._predicted.pop(request_id, None)
         if predicted is not None and now is not None and ran:
-            self.errors[predicted[0]].observe(now - predicted[1])
+            group_id, finish_s, sojourn_s = predicted
+            self.errors[group_id].observe(now - finish_s, sojourn_s, now)
         counted = self._counted.pop(request_id, None)
         if counted is not None:  # under the variant it was counted (``model_id`` may lag a move)
             self.in_system[counted] -= 1
@@ -194,7 +199,7 @@ class VariantTracker:
                     options[i] = [s.name for s in by_accuracy if s.batch_s[1] < own_s]
             curves = {name: s.batch_s for name, s in states.items()}
             for move in replan(backlog, curves, group.planner.max_batch_size, options,
-                               group.planner.pessimism, self.errors[group.group_id].margin_s()):
+                               group.planner.pessimism, self.errors[group.group_id].margin(now)):
                 out.append((ids[move.index], move.variant))
         return out
 

@@ -63,6 +63,9 @@ class SimReplica:
         self.dispatcher = Dispatcher(self.scheduler, make_router(config.router))
         self.completions = RateMeter(window_s=10.0)
         self.tracker = make_tracker(config)
+        self._planned: dict[int, tuple[float, float]] = {}
+        """Group requests planned and not yet admitted → (predicted finish, sojourn): the
+        tracker measures its error as the server's does."""
         self.groups = {g.group_id: g for g in config.groups}
         self.live: dict[int, SimRequest] = {}
         self.charged: dict[int, int] = {}
@@ -94,13 +97,16 @@ class SimReplica:
                 now=now, deadline_s=req.deadline_s)
             reason = None if rejection is None else rejection.reason
         if reason is not None:
+            self._planned.pop(req.request_id, None)
             self.ended(req, "rejected", now, reason)
             return False
         self.live[req.request_id] = req
         req.waiting_ahead = len(self.scheduler) + sum(w.view().queue_depth for w in self.workers)
         req.status = "queued"
         if self.tracker is not None:
-            self.tracker.admitted(req.request_id, req.model, req.deadline_s, req.group)
+            planned = self._planned.pop(req.request_id, None)
+            self.tracker.admitted(req.request_id, req.model, req.deadline_s, req.group,
+                                  *(planned or (None, 0.0)))
         generative = self.config.models[req.model].kind == "generative"
         self.scheduler.push(QueueItem(
             request_id=req.request_id, model_id=req.model, arrival_s=req.arrival_s,
@@ -127,6 +133,8 @@ class SimReplica:
             if choice.variant is None:
                 return "deadline_infeasible"
             req.model = choice.variant
+            sojourn = choice.predicted_sojourn_s
+            self._planned[req.request_id] = (now + sojourn, sojourn)
         return None
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -205,7 +213,8 @@ class SimReplica:
         req.finish(status, now, reason)
         self.ongoing -= 1
         if self.live.pop(req.request_id, None) is not None and self.tracker is not None:
-            self.tracker.finished(req.request_id, req.model)
+            self.tracker.finished(req.request_id, req.model, now,
+                                  ran=status in ("completed", "expired"))
         charged = self.charged.pop(req.request_id, None)
         if charged is not None:
             served = 0

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from sluice.policy.backlog import (
     Backlog,
+    Margin,
     Move,
     PredictionError,
     Queued,
@@ -213,21 +214,32 @@ def test_a_chosen_variant_is_predicted_to_meet_the_deadline(
         assert choice.predictions[0].meets_deadline
 
 
-def test_the_prediction_error_margin_is_a_quantile_of_recent_errors() -> None:
-    err = PredictionError(window=100, quantile=0.9, min_samples=10)
-    for _ in range(9):
-        err.observe(0.050)
-    assert err.margin_s() == 0.0  # too few to trust
-    err.observe(0.050)
-    assert err.margin_s() == pytest.approx(0.050)
-    for k in range(100):  # the window forgets: now 0..99 ms, the 90th is 89 ms
-        err.observe(k / 1000)
-    assert err.margin_s() == pytest.approx(0.089)
+def test_the_prediction_error_margin_is_a_quantile_of_recent_relative_errors() -> None:
+    err = PredictionError(window=100, quantile=0.9, min_samples=10, horizon_s=5.0,
+                          floor_s=0.010, prior_ratio=0.25)
+    for _ in range(9):  # 30 ms late on a 50 ms prediction: half of (50 + 10) ms
+        err.observe(0.030, 0.050, now=1.0)
+    assert err.margin(1.0) == Margin(0.25, 0.010)  # too few to trust: the prior
+    err.observe(0.030, 0.050, now=1.0)
+    assert err.margin(1.0).ratio == pytest.approx(0.5)
+    # the margin grows with the prediction it guards: a deep queue keeps more room
+    assert err.margin(1.0).of(0.050) == pytest.approx(0.030)
+    assert err.margin(1.0).of(0.190) == pytest.approx(0.100)
+    for k in range(100):  # the window forgets: now 0..0.99, the 90th is 0.89
+        err.observe(k / 100 * 0.060, 0.050, now=2.0)
+    assert err.margin(2.0).ratio == pytest.approx(0.89)
     for _ in range(100):
-        err.observe(-0.010)  # early finishes never make a negative margin
-    assert err.margin_s() == 0.0
+        err.observe(-0.010, 0.050, now=3.0)  # early finishes never make a negative margin
+    assert err.margin(3.0).ratio == 0.0
+    # an overload's errors are forgotten horizon_s after they were seen
+    for _ in range(50):
+        err.observe(0.120, 0.050, now=4.0)
+    assert err.margin(4.0).ratio == pytest.approx(2.0)
+    assert err.margin(9.5).ratio == 0.25  # all older than 5 s: back to the prior
     with pytest.raises(ValueError, match="quantile"):
         PredictionError(quantile=0.0)
+    with pytest.raises(ValueError, match="ratio"):
+        Margin(-0.1)
 
 
 def test_the_tracker_keeps_its_measured_error_free_before_each_deadline() -> None:
@@ -235,25 +247,30 @@ def test_the_tracker_keeps_its_measured_error_free_before_each_deadline() -> Non
         [GroupPlan("g", ("acc", "mid", "fast"), CFG)],
         {n: VariantInfo(ACCURACY[n], 1, CURVES[n]) for n in ("acc", "mid", "fast")})
     now = 10.0
-    assert tracker.plan("g", now + 0.060, now).variant == "acc"  # 50 ms + room fits
-    for rid in range(20):  # every request finished 30 ms after its prediction
-        tracker.admitted(rid, "acc", now + 1.0, "g", predicted_finish_s=now + 0.050)
+    # cold: the prior margin (25 % of 50 + 10 ms = 15 ms) still fits acc in 70 ms
+    assert tracker.plan("g", now + 0.070, now).variant == "acc"
+    for rid in range(20):  # every request finished 30 ms after a 50 ms prediction
+        tracker.admitted(rid, "acc", now + 1.0, "g", predicted_finish_s=now + 0.050,
+                         predicted_sojourn_s=0.050)
         tracker.finished(rid, "acc", now=now + 0.080)
-    assert tracker.errors["g"].margin_s() == pytest.approx(0.030)
-    later = tracker.plan("g", now + 0.060, now)
-    assert later.variant == "mid"  # 60 ms left less 30 ms of margin: acc no longer fits
+    margin = tracker.errors["g"].margin(now)
+    assert margin.of(0.050) == pytest.approx(0.030)
+    later = tracker.plan("g", now + 0.070, now)
+    assert later.variant == "mid"  # 50 ms + its 30 ms margin no longer fit in 70 ms
     # requests that never ran (rejected, cancelled) tell nothing about the prediction
-    tracker.admitted(99, "acc", now + 1.0, "g", predicted_finish_s=now)
+    tracker.admitted(99, "acc", now + 1.0, "g", predicted_finish_s=now,
+                     predicted_sojourn_s=0.050)
     tracker.finished(99, "acc", now=now + 5.0, ran=False)
-    assert tracker.errors["g"].margin_s() == pytest.approx(0.030)
+    assert tracker.errors["g"].margin(now) == margin
 
 
 def test_replan_keeps_the_margin_for_moves_but_fails_only_sure_misses() -> None:
-    # acc alone ends at 50 ms of 60 left: with a 20 ms margin it should move...
+    # acc alone ends at 50 ms of 60 left: with 25 ms of margin it should move...
     state = Backlog((0.0,), (Queued("acc", 0.060),))
-    assert replan(state, CURVES, 8, {0: ["mid", "fast"]}, margin_s=0.020) == [Move(0, "mid")]
+    margin = Margin(0.5, 0.0)  # 25 ms after a 50 ms finish
+    assert replan(state, CURVES, 8, {0: ["mid", "fast"]}, margin=margin) == [Move(0, "mid")]
     # ... but with nothing faster it stays: it may still make it
-    assert replan(state, CURVES, 8, {0: []}, margin_s=0.020) == []
+    assert replan(state, CURVES, 8, {0: []}, margin=margin) == []
     # a sure miss (work ahead past its deadline) with nowhere to go fails
     late = Backlog((0.070,), (Queued("acc", 0.060),))
-    assert replan(late, CURVES, 8, {0: ["mid"]}, margin_s=0.020) == [Move(0, None)]
+    assert replan(late, CURVES, 8, {0: ["mid"]}, margin=margin) == [Move(0, None)]

@@ -40,6 +40,11 @@ def submit(rt: Runtime, model: str, deadline_in_s: float) -> Request:
     return req
 
 
+DEADLINE_S = 0.125
+"""Three 30 ms requests (one 90 ms batch) fit with the cold planner's prior error margin
+(25 % of the prediction + 10 ms, so 115 ms); a fourth (120 ms) does not."""
+
+
 def replan(rt: Runtime) -> None:
     with rt._cv:
         rt._replan_queued(rt.clock())
@@ -49,22 +54,22 @@ def test_queued_requests_move_to_a_faster_variant_or_fail_early() -> None:
     clock = Clock()
     rt = runtime(clock)
     # An empty queue at a low rate: accurate-only's choice; the queue then decides.
-    reqs = [submit(rt, "g", 0.100) for _ in range(3)]
+    reqs = [submit(rt, "g", DEADLINE_S) for _ in range(3)]
     assert [r.model_id for r in reqs] == ["big", "big", "big"]  # one batch: 90 ms
     assert rt.variants.last_choice["g"].reason == "low_load"
-    fourth = submit(rt, "g", 0.100)  # joining would make the batch 120 ms
+    fourth = submit(rt, "g", DEADLINE_S)  # joining would make the batch 120 ms
     assert fourth.model_id == "small"
     assert rt.variants.last_choice["g"].reason == "backlog"
-    named = submit(rt, "big", 0.100)  # a variant named directly is never moved
+    named = submit(rt, "big", DEADLINE_S)  # a variant named directly is never moved
 
-    clock.now += 0.050  # nothing ran: the 90 ms batch now ends 40 ms late
+    clock.now += 0.050  # nothing ran: the 90 ms batch, with its margin, now ends late
     replan(rt)
     assert [r.model_id for r in reqs] == ["small", "small", "big"]
     snapshot = rt.variants.snapshot()
     assert (snapshot["big"]["in_system"], snapshot["small"]["in_system"]) == (2, 3)
     assert all(r.status == RequestStatus.QUEUED for r in [*reqs, fourth, named])
 
-    clock.now += 0.049  # 1 ms left: no variant can finish anything in time
+    clock.now += DEADLINE_S - 0.0505  # 0.5 ms left: no variant can finish anything in time
     replan(rt)
     for r in [*reqs, fourth]:
         assert r.status == RequestStatus.REJECTED
@@ -76,7 +81,7 @@ def test_queued_requests_move_to_a_faster_variant_or_fail_early() -> None:
 def test_requests_in_a_worker_inbox_are_moved_by_that_worker() -> None:
     clock = Clock()
     rt = runtime(clock)
-    reqs = [submit(rt, "g", 0.100) for _ in range(3)]
+    reqs = [submit(rt, "g", DEADLINE_S) for _ in range(3)]
     with rt._cv:
         rt._dispatch(clock.now)  # all three into the (idle, unstarted) worker's inbox
     worker = rt.workers[0]
