@@ -48,6 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.extremes import EXTREMES
 from bench.llm_bench import PROMPTS
 from bench.model_tables import GEMMA, SYNTH_CHAT, gemma_table, synthetic_chat_table
 from bench.outcomes import (
@@ -73,21 +74,6 @@ SAMPLE_S = 1.0
 """How often the server's ``/status.json`` and the host are sampled."""
 MARGIN_S = 2.0
 """A bin this close to a not-ready window counts as part of the recovery."""
-
-EXTREMES: list[dict[str, Any]] = [
-    {"seed": -1},
-    {"seed": -(2**70), "temperature": 0.7},
-    {"seed": 2**64 + 5, "top_k": 40},
-    {"temperature": 1e-320, "top_k": 5},
-    {"temperature": 5e-324, "top_p": 0.9},
-    {"temperature": 2.0, "top_p": 5e-324, "min_p": 1.0},
-    {"top_k": 100_000, "min_p": 5e-324, "temperature": 1e-6},
-    {"repetition_penalty": 5e-324, "frequency_penalty": 2.0, "presence_penalty": -2.0},
-    {"repetition_penalty": 10.0, "penalty_last_n": -1, "logit_bias": {"1": -100, "2": 100}},
-    {"n": 4, "temperature": 1e-320, "seed": -7, "logprobs": True, "top_logprobs": 20},
-    {"stop": ["\x00", "a" * 256, "\n", "."], "temperature": 0.0},
-]
-"""Extreme but well-typed sampling values (issue 11): each must be served."""
 
 
 def model_toml(synthetic: bool) -> tuple[str, str]:

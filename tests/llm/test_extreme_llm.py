@@ -11,25 +11,12 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.extremes import EXTREMES
 from tests.llm.test_llm_server import MODEL, config
 from tests.server.live import LiveServer, metric_sum, scrape, start_server
 
 pytestmark = pytest.mark.llm
 pytest.importorskip("llama_cpp", reason="the llm extra is not installed")
-
-EXTREMES: list[dict[str, Any]] = [
-    {"seed": -1},
-    {"seed": -(2**70), "temperature": 0.7},
-    {"seed": 2**64 + 5, "top_k": 40},
-    {"temperature": 1e-320, "top_k": 5},
-    {"temperature": 5e-324, "top_p": 0.9},
-    {"temperature": 2.0, "top_p": 5e-324, "min_p": 1.0},
-    {"top_k": 100_000, "min_p": 5e-324, "temperature": 1e-6},
-    {"repetition_penalty": 5e-324, "frequency_penalty": 2.0, "presence_penalty": -2.0},
-    {"repetition_penalty": 10.0, "penalty_last_n": -1, "logit_bias": {"1": -100, "2": 100}},
-    {"n": 4, "temperature": 1e-320, "seed": -7, "logprobs": True, "top_logprobs": 20},
-    {"stop": ["\x00", "a" * 256, "\n", "."], "temperature": 0.0},
-]
 
 
 @pytest.fixture(scope="module")
