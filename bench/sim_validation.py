@@ -46,6 +46,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import replace
@@ -292,7 +293,8 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from sluice.config import load_config
 
     config: Config = load_config(cfg_path)
-    out: dict[str, Any] = {"system": name, "model": system["model"], "points": []}
+    out: dict[str, Any] = {"system": name, "model": system["model"],
+                           "duration_s": args.duration, "points": []}
     log = RESULTS / f".sim_validation_{name}.log"
     with running(cmd, f"{base}/ready", log_path=log):
         counts = asyncio.run(token_counts(base, system["model"], system["prompts"]))
@@ -466,12 +468,14 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
     Compared: end-to-end p95 of answered requests and goodput (answered within the
     deadline / offered). Every variant is loaded before measuring (admin API), and the
     simulator starts with them resident."""
+    from sluice import prep
     from sluice.config import load_config
 
-    cfg_path = args.variants_dir / "sluice.toml"
-    profile_path = args.variants_dir / "profile.json"
-    config: Config = load_config(cfg_path)
-    manifest = json.loads((args.variants_dir / "manifest.json").read_text())
+    profile_path = args.onnx_profile or args.variants_dir / "profile.json"
+    manifest = prep.load_manifest(args.variants_dir)
+    cfg_path = Path(tempfile.mkdtemp(prefix="sluice-simval-")) / "sluice.toml"
+    prep.write_config(manifest, cfg_path, profile=json.loads(profile_path.read_text()))
+    config: Config = load_config(cfg_path)  # the planner's prior: the same profile
     rows = [json.loads(line) for line in Path(manifest["test_file"]).read_text().splitlines()]
     texts = [r["text"] for r in rows]
     random.Random(7).shuffle(texts)
@@ -487,7 +491,8 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
     sim_config = replace(SimConfig.from_config(config, read_costs(profile_path)),
                          preload=tuple(variants))
     out: dict[str, Any] = {"system": "onnx", "model": GROUP, "variants": variants,
-                           "deadline_ms": deadline_ms, "points": []}
+                           "deadline_ms": deadline_ms, "profile": str(profile_path),
+                           "duration_s": args.duration, "points": []}
     log = RESULTS / ".sim_validation_onnx.log"
     with running(cmd, f"{base}/ready", log_path=log):
         with httpx.Client(timeout=120.0) as client:
@@ -571,6 +576,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--variants-dir", type=Path, default=VARIANTS_DIR,
                    help="the onnx system's prepared and profiled variants")
+    p.add_argument("--onnx-profile", type=Path,
+                   help="onnx: a `sluice profile` result to serve and simulate with "
+                   "(default: the one in --variants-dir)")
     p.add_argument("--capacity-s", type=float, default=8.0,
                    help="onnx: seconds of closed loop per concurrency for its capacity")
     p.add_argument("--out", default=str(RESULTS / "sim_validation.json"))
