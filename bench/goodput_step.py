@@ -35,14 +35,15 @@ from bench.goodput_sweep import (  # noqa: E402
     POLICIES,
     RESULTS,
     SENDS_DEADLINE,
+    add_server_args,
     arrival_offsets,
     closed_loop,
     load_texts,
     open_loop,
     serve,
+    setup,
     warm,
 )
-from sluice import prep  # noqa: E402
 
 WINDOW_S = 0.5
 """The in-deadline share is judged over arrivals in windows this long ..."""
@@ -149,8 +150,7 @@ def summarize_run(samples: list[dict[str, Any]], phases: list[tuple[float, float
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
-    p.add_argument("--variants", nargs="*", help="variants (default: all, by accuracy)")
+    add_server_args(p)
     p.add_argument("--phases", default="0.4:8,1.3:8,0.4:8",
                    help="ρ:seconds, ... (the step up is at the end of the first phase)")
     p.add_argument("--policies", default="adaptive,fastest")
@@ -158,12 +158,6 @@ def main() -> int:
     p.add_argument("--capacity-per-s", type=float,
                    help="the accurate-only capacity (default: measured, 8 s closed loop)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--max-wait-ms", type=float, default=2.0)
-    p.add_argument("--queue-capacity", type=int, default=256)
-    p.add_argument("--pessimism", type=float, default=1.0)
     p.add_argument("--out", default=str(RESULTS / "goodput_step.json"))
     p.add_argument("--render", metavar="JSON", help="redraw an earlier result and exit")
     args = p.parse_args()
@@ -175,10 +169,7 @@ def main() -> int:
     policies = [x for x in args.policies.split(",") if x]
     if set(policies) - set(POLICIES):
         p.error(f"unknown policies {policies}; choose from {POLICIES}")
-    manifest = prep.load_manifest(Path(args.cache) if args.cache else None)
-    args.variants = args.variants or prep.by_accuracy(manifest)
-    prof_path = Path(manifest["cache_dir"]) / "profile.json"
-    profile = json.loads(prof_path.read_text()) if prof_path.is_file() else None
+    manifest, profile = setup(args)
     texts = load_texts(manifest, seed=7)
     capacity = args.capacity_per_s
     if not capacity:

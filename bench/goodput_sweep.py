@@ -184,6 +184,29 @@ def summarize(samples: list[dict[str, Any]], duration_s: float, deadline_ms: flo
     }
 
 
+def add_server_args(p: argparse.ArgumentParser) -> None:
+    """The flags ``setup`` and ``serve`` read: the prepared cache and its variants, and the
+    server's shape (the sweep and the step bench serve the same system)."""
+    p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
+    p.add_argument("--variants", nargs="*", help="variants (default: all, by accuracy)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--max-wait-ms", type=float, default=2.0)
+    p.add_argument("--queue-capacity", type=int, default=256)
+    p.add_argument("--pessimism", type=float, default=1.0)
+
+
+def setup(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the prepared cache's manifest, its profile if profiled); ``args.variants``
+    defaults to all of them, most accurate first."""
+    manifest = prep.load_manifest(Path(args.cache) if args.cache else None)
+    args.variants = args.variants or prep.by_accuracy(manifest)
+    prof_path = Path(manifest["cache_dir"]) / "profile.json"
+    profile = json.loads(prof_path.read_text()) if prof_path.is_file() else None
+    return manifest, profile
+
+
 def serve(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
           profile: dict[str, Any] | None, tag: str) -> tuple[Any, str, Path]:
     scratch = Path(tempfile.gettempdir()) / "sluice-goodput"
@@ -210,8 +233,7 @@ def warm(url: str, variants: list[str]) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
-    p.add_argument("--variants", nargs="*", help="variants (default: all, by accuracy)")
+    add_server_args(p)
     p.add_argument("--rhos", default="0.4,0.8,0.95,1.3")
     p.add_argument("--processes", default=",".join(PROCESSES),
                    help="arrival processes, each at the same mean per ρ")
@@ -229,12 +251,6 @@ def main() -> int:
                    help="default: 1.5 × the accurate variant's profiled full-batch time")
     p.add_argument("--duration-s", type=float, default=15.0)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--max-batch", type=int, default=8)
-    p.add_argument("--max-wait-ms", type=float, default=2.0)
-    p.add_argument("--queue-capacity", type=int, default=256)
-    p.add_argument("--pessimism", type=float, default=1.0)
     p.add_argument("--capacity-s", type=float, default=8.0,
                    help="seconds of closed loop per concurrency when measuring capacity")
     p.add_argument("--out", default=str(RESULTS / "goodput_sweep.json"))
@@ -252,11 +268,7 @@ def main() -> int:
         write(report(merge([json.loads(Path(m).read_text()) for m in args.merge])),
               Path(args.out))
         return 0
-    cache = Path(args.cache) if args.cache else None
-    manifest = prep.load_manifest(cache)
-    args.variants = args.variants or prep.by_accuracy(manifest)
-    prof_path = Path(manifest["cache_dir"]) / "profile.json"
-    profile = json.loads(prof_path.read_text()) if prof_path.is_file() else None
+    manifest, profile = setup(args)
     if args.deadline_ms is None:
         full = (profile or {}).get("variants", {}).get(args.variants[0], {}).get("batch_ms", {})
         top = full.get(str(args.max_batch))
