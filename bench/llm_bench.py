@@ -38,6 +38,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = GEMMA
 N_CTX, N_SLOTS, THREADS, MAX_TOKENS = 8192, 8, 2, 128
 TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.150
+"""The SLOs a request must meet to count as goodput (this bench and llm_slo.py)."""
 PROMPTS = [
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain how a refrigerator works to a curious ten year old child.",
@@ -259,6 +260,24 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+GOODPUT_TITLE = f"Goodput (TTFT ≤ {TTFT_SLO_S:g} s, TPOT ≤ {TPOT_SLO_S * 1000:g} ms)"
+
+
+def plot_open_loop(rows: list[dict[str, Any]], axes: dict[str, Any]) -> None:
+    """A line a system on each of ``axes`` (a row's metric → its matplotlib Axes) over the
+    open-loop rows' offered load (× capacity); ``ttft_p95_ms`` is ``ttft_p95_s`` in ms."""
+    for system in sorted({r["system"] for r in rows}):
+        opened = sorted((r for r in rows if r["system"] == system and r["kind"] == "open"),
+                        key=lambda r: r["load_factor"])
+        if not opened:
+            continue
+        x = [r["load_factor"] for r in opened]
+        for metric, ax in axes.items():
+            y = ([(r["ttft_p95_s"] or 0) * 1000 for r in opened] if metric == "ttft_p95_ms"
+                 else [r[metric] for r in opened])
+            ax.plot(x, y, marker="o", label=system)
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -271,19 +290,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
         closed = [r for r in rows if r["system"] == system and r["kind"] == "closed"]
         axes[0].plot([r["concurrency"] for r in closed], [r["tokens_per_s"] for r in closed],
                      marker="o", label=system)
-        opened = [r for r in rows if r["system"] == system and r["kind"] == "open"]
-        if opened:
-            x = [r["load_factor"] for r in opened]
-            axes[1].plot(x, [(r["ttft_p95_s"] or 0) * 1000 for r in opened], marker="o",
-                         label=system)
-            axes[2].plot(x, [r["goodput_per_s"] for r in opened], marker="o", label=system)
+    plot_open_loop(rows, {"ttft_p95_ms": axes[1], "goodput_per_s": axes[2]})
     axes[0].set(xscale="log", xlabel="concurrent clients", ylabel="generated tokens/s",
                 title="Closed loop: aggregate throughput")
     axes[0].set_xticks([1, 2, 4, 8, 16], labels=["1", "2", "4", "8", "16"])
     axes[1].set(xlabel="offered load (× capacity)", ylabel="TTFT p95 (ms)",
                 title="Open loop: TTFT p95")
     axes[2].set(xlabel="offered load (× capacity)", ylabel="requests/s meeting SLOs",
-                title=f"Goodput (TTFT ≤ {TTFT_SLO_S:g} s, TPOT ≤ {TPOT_SLO_S * 1000:g} ms)")
+                title=GOODPUT_TITLE)
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

@@ -33,7 +33,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llama_server_build import build as build_llama_server
-from bench.llm_bench import MODEL, PROMPTS, raw_ceiling
+from bench.llm_bench import (
+    GOODPUT_TITLE,
+    MODEL,
+    PROMPTS,
+    TPOT_SLO_S,
+    TTFT_SLO_S,
+    plot_open_loop,
+    raw_ceiling,
+)
 from bench.loadgen import Sample, closed_loop, open_loop, summarize
 from bench.model_tables import gemma_table
 from bench.servers import free_port, llama_server_cmd, process_cpu_s, running, sluice_cmd
@@ -43,7 +51,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "llm_slo.json"
 STEP_COST = RESULTS / "step_cost_gemma3_270m.json"
 N_CTX, THREADS, MAX_TOKENS = 8192, 2, 128
-TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.150
 ANSWER_SLACK_S = 0.25
 """How late past the TTFT deadline an answer (token or refusal) may come and still count as
 "answered in time": HTTP, tokenization and the load generator share the 2 cores."""
@@ -262,15 +269,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     rows = result["rows"]
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
+    plot_open_loop(rows, {"goodput_per_s": axes[0], "ttft_p95_ms": axes[1],
+                          "rejected": axes[2]})
     for system in sorted({r["system"] for r in rows}):
-        opened = sorted((r for r in rows if r["system"] == system and r["kind"] == "open"),
-                        key=lambda r: r["load_factor"])
-        if opened:
-            x = [r["load_factor"] for r in opened]
-            axes[0].plot(x, [r["goodput_per_s"] for r in opened], marker="o", label=system)
-            axes[1].plot(x, [(r["ttft_p95_s"] or 0) * 1000 for r in opened], marker="o",
-                         label=system)
-            axes[2].plot(x, [r["rejected"] for r in opened], marker="o", label=system)
         closed = [r for r in rows if r["system"] == system and r["kind"] == "closed"]
         if closed:
             axes[3].bar([f"{system.replace('llama-server-', 'ls ')}\n{r['label']}"
@@ -280,7 +281,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         axes[3].axhline(v, ls=":", color="grey")
         axes[3].text(0, v, f" bare batch {b}", fontsize=7, va="bottom")
     axes[0].set(xlabel="offered load (x capacity)", ylabel="requests/s meeting both SLOs",
-                title=f"Goodput (TTFT <= {TTFT_SLO_S:g} s, TPOT <= {TPOT_SLO_S * 1000:g} ms)")
+                title=GOODPUT_TITLE)
     axes[1].set(xlabel="offered load (x capacity)", ylabel="TTFT p95 of the served (ms)",
                 title="TTFT p95", yscale="log")
     axes[2].set(xlabel="offered load (x capacity)", ylabel="requests refused",
