@@ -96,7 +96,7 @@ class VariantPlanner:
             req.deadline_s = req.arrival_s + group.default_deadline_s
         with self._lock:
             self._prune()
-            choice = self.tracker.plan(name, req.deadline_s, now)
+            choice = self.tracker.plan(name, req.deadline_s, now, input_length(req))
             if choice is not None and choice.variant is not None and name == group_id:
                 sojourn = choice.predicted_sojourn_s
                 self._planned_finish[req.request_id] = (now + sojourn, sojourn)
@@ -123,7 +123,7 @@ class VariantPlanner:
         with self._lock:
             finish, sojourn = self._planned_finish.pop(req.request_id, (None, 0.0))
             self.tracker.admitted(req.request_id, req.model_id, req.deadline_s, group_id,
-                                  finish, sojourn)
+                                  finish, sojourn, input_length(req))
             if req.request_id in self.tracker.pending:
                 self._queued[req.request_id] = req
 
@@ -159,7 +159,13 @@ class VariantPlanner:
 
     def batch_started(self, worker_id: int, model_id: str, size: int) -> None:
         with self._lock:
-            self.tracker.batch_started(worker_id, model_id, size, self._clock())
+            # The batch's members are the tracked requests of this model marked running
+            # since the last look (the worker marks them before it reports the batch).
+            longest = max((input_length(r) for r in self._queued.values()
+                           if r.model_id == model_id and r.times.started_s is not None),
+                          default=0)
+            self._prune()
+            self.tracker.batch_started(worker_id, model_id, size, self._clock(), longest)
 
     def batch_done(self, model_id: str, size: int, seconds: float,
                    worker_id: int | None = None) -> None:
@@ -175,6 +181,17 @@ class VariantPlanner:
                     "drift": round(self.service[v].drift.value or 1.0, 4)}
                 for v in self.tracker.group_of
             }
+
+
+def input_length(req: Request) -> int:
+    """A one-shot request's input size in characters (its longest text; 0: not text):
+    what its batch's time grows with, as the batch is padded to its longest member."""
+    data = req.input
+    if isinstance(data, str):
+        return len(data)
+    if isinstance(data, (list, tuple)):
+        return max((len(x) for x in data if isinstance(x, str)), default=0)
+    return 0
 
 
 def variant_info(spec: ModelSpec, worker_budgets: Sequence[int]) -> VariantInfo:

@@ -26,11 +26,16 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 BatchCurves = Mapping[str, Mapping[int, float]]
 """Per variant: predicted seconds of one batch by batch size (1..max_batch_size)."""
+
+LengthScale = Callable[[str, int], float]
+"""``(variant, longest input in characters)`` → how many times its curve a batch of that
+variant takes when its longest member is that long (a batch is padded to it; 1.0 at
+the mean length, and for length 0: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,8 @@ class Queued:
     variant: str
     time_left_s: float | None = None
     """Seconds from now to its deadline (``None``: none)."""
+    length: int = 0
+    """Its input's length in characters (0: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,30 +101,44 @@ def _runs(queued: Sequence[Queued], max_batch_size: int) -> Iterator[tuple[int, 
         i = j
 
 
-def finishes_s(backlog: Backlog, curves: BatchCurves, max_batch_size: int) -> list[float]:
-    """The predicted finish (seconds from now) of each queued request, in queue order."""
+def _batch_s(members: Sequence[Queued], curves: BatchCurves,
+             scale: LengthScale | None) -> float:
+    """Predicted seconds of one batch of ``members`` (same variant)."""
+    variant = members[0].variant
+    base = curves[variant][len(members)]
+    if scale is None:
+        return base
+    return base * scale(variant, max(q.length for q in members))
+
+
+def finishes_s(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
+               scale: LengthScale | None = None) -> list[float]:
+    """The predicted finish (seconds from now) of each queued request, in queue order.
+    ``scale``: each batch's time for its longest member (none: the curves alone)."""
     if max_batch_size < 1:
         raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
     free = sorted(backlog.busy_s)
     out = [0.0] * len(backlog.queued)
     for first, size in _runs(backlog.queued, max_batch_size):
         start = heapq.heappop(free)
-        end = start + curves[backlog.queued[first].variant][size]
+        end = start + _batch_s(backlog.queued[first:first + size], curves, scale)
         heapq.heappush(free, end)
         out[first:first + size] = [end] * size
     return out
 
 
 def placement(backlog: Backlog, variant: str, curves: BatchCurves, max_batch_size: int,
-              pessimism: float = 1.0) -> Placement:
-    """Where a new request of ``variant`` appended to the queue would run, and when it
-    would finish. ``delays_others``: joining the tail batch would make one of its
-    members miss its deadline (predicted times × ``pessimism``)."""
-    queued = (*backlog.queued, Queued(variant))
-    ends = finishes_s(Backlog(backlog.busy_s, queued), curves, max_batch_size)
+              pessimism: float = 1.0, length: int = 0,
+              scale: LengthScale | None = None) -> Placement:
+    """Where a new request of ``variant`` (its input ``length`` characters, 0: unknown)
+    appended to the queue would run, and when it would finish. ``delays_others``:
+    joining the tail batch would make one of its members miss its deadline (predicted
+    times × ``pessimism``)."""
+    queued = (*backlog.queued, Queued(variant, length=length))
+    ends = finishes_s(Backlog(backlog.busy_s, queued), curves, max_batch_size, scale)
     first, size = list(_runs(queued, max_batch_size))[-1]
     finish = ends[-1]
-    start = finish - curves[variant][size]
+    start = finish - _batch_s(queued[first:first + size], curves, scale)
     late = any(q.time_left_s is not None and pessimism * finish > q.time_left_s
                for q in queued[first:-1])
     return Placement(variant, size, max(0.0, start), finish, late)
@@ -170,17 +191,18 @@ class Move:
 
 
 def _finish_on(state: Backlog, k: int, variant: str, curves: BatchCurves,
-               max_batch_size: int, pessimism: float) -> float:
+               max_batch_size: int, pessimism: float, scale: LengthScale | None) -> float:
     """Queued request ``k``'s predicted finish (× ``pessimism``) were it on ``variant``."""
     trial = list(state.queued)
-    trial[k] = Queued(variant, state.queued[k].time_left_s)
+    trial[k] = Queued(variant, state.queued[k].time_left_s, state.queued[k].length)
     return pessimism * finishes_s(Backlog(state.busy_s, tuple(trial)), curves,
-                                  max_batch_size)[k]
+                                  max_batch_size, scale)[k]
 
 
 def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
            options: Mapping[int, Sequence[str]], pessimism: float = 1.0,
-           margin: Margin = NO_MARGIN, max_moves: int = 64) -> list[Move]:
+           margin: Margin = NO_MARGIN, max_moves: int = 64,
+           scale: LengthScale | None = None) -> list[Move]:
     """Moves for queued requests predicted to miss their deadlines.
 
     ``options[i]``: the variants queued request ``i`` may move to, most preferred first
@@ -198,7 +220,7 @@ def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
     for _ in range(max_moves):
         live = [i for i in range(len(queued)) if moves.get(i, "") is not None]
         state = Backlog(backlog.busy_s, tuple(queued[i] for i in live))
-        ends = finishes_s(state, curves, max_batch_size)
+        ends = finishes_s(state, curves, max_batch_size, scale)
         miss = next((k for k, i in enumerate(live) if i in options and i not in settled
                      and _late(pessimism * ends[k], margin, _left(queued[i]))), None)
         if miss is None:
@@ -208,7 +230,7 @@ def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
         settled.add(index)
 
         others = [v for v in options[index] if v != queued[index].variant]
-        finish = {v: _finish_on(state, miss, v, curves, max_batch_size, pessimism)
+        finish = {v: _finish_on(state, miss, v, curves, max_batch_size, pessimism, scale)
                   for v in others}
         target = next((v for v in others if not _late(finish[v], margin, time_left)), None)
         if target is None and pessimism * ends[miss] <= time_left:
@@ -217,7 +239,7 @@ def replan(backlog: Backlog, curves: BatchCurves, max_batch_size: int,
             target = next((v for v in others if finish[v] <= time_left), None)
         moves[index] = target
         if target is not None:
-            queued[index] = Queued(target, time_left)
+            queued[index] = Queued(target, queued[index].time_left_s, queued[index].length)
     return [Move(i, v) for i, v in sorted(moves.items())]
 
 
@@ -277,6 +299,7 @@ __all__ = [
     "NO_MARGIN",
     "Backlog",
     "BatchCurves",
+    "LengthScale",
     "Margin",
     "Move",
     "Placement",

@@ -39,7 +39,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sluice.policy.backlog import NO_MARGIN, Backlog, BatchCurves, Margin, placement
+from sluice.policy.backlog import (
+    NO_MARGIN,
+    Backlog,
+    BatchCurves,
+    LengthScale,
+    Margin,
+    placement,
+)
 
 PlannerPolicy = Literal["adaptive", "accurate", "fastest"]
 POLICIES: tuple[PlannerPolicy, ...] = ("adaptive", "accurate", "fastest")
@@ -115,16 +122,70 @@ class Ewma:
         return self.value
 
 
+class LengthSlope:
+    """How a batch's time grows with its longest input: an exponentially weighted
+    least-squares slope of ``y`` (observed / profiled time) on ``x`` (the longest
+    member's length, characters), and the weighted mean ``x``.
+
+    A batch is padded to its longest member, and a transformer's time grows with the
+    tokens it runs, so one long text can take three times the profile's mean (mpnet
+    FP32 at batch 1 on one thread: 35 ms for 3 words, 145 ms for 47). Invariant: the
+    slope is 0 until ``min_samples`` batches with differing lengths were seen, and
+    never negative (a longer input is never predicted faster).
+    """
+
+    def __init__(self, alpha: float = 0.02, min_samples: int = 20) -> None:
+        if not 0 < alpha <= 1 or min_samples < 2:
+            raise ValueError(f"need alpha in (0, 1], min_samples >= 2; got {alpha}, "
+                             f"{min_samples}")
+        self.alpha = alpha
+        self.min_samples = min_samples
+        self.samples = 0
+        self.mean_x = 0.0
+        self._mean_y = 0.0
+        self._var_x = 0.0
+        self._cov_xy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        """One batch: its longest length and its observed / profiled time."""
+        if not (x > 0 and math.isfinite(x) and math.isfinite(y)):
+            return
+        self.samples += 1
+        if self.samples == 1:
+            self.mean_x, self._mean_y = x, y
+            return
+        a = max(self.alpha, 1.0 / self.samples)  # a plain mean while samples are few
+        dx, dy = x - self.mean_x, y - self._mean_y
+        self.mean_x += a * dx
+        self._mean_y += a * dy
+        self._var_x = (1 - a) * (self._var_x + a * dx * dx)
+        self._cov_xy = (1 - a) * (self._cov_xy + a * dx * dy)
+
+    @property
+    def slope(self) -> float:
+        """``d(observed / profiled) / d(length)``, per character (>= 0)."""
+        if self.samples < self.min_samples or self._var_x <= 0:
+            return 0.0
+        return max(0.0, self._cov_xy / self._var_x)
+
+
 class ServiceEstimator:
-    """Batch service time as a function of batch size: a profiled curve × an online
-    drift factor.
+    """Batch service time as a function of batch size and the longest input: a profiled
+    curve × an online drift factor, corrected for the input's length.
 
     The profile (``{batch_size: seconds}``, from ``sluice profile``) gives the shape; each
     completed batch updates an EWMA of ``observed / profiled`` so the whole curve follows
-    drift (a slower machine, a noisy neighbour) while keeping the batching shape.
+    drift (a slower machine, a noisy neighbour) while keeping the batching shape. Batches
+    whose longest input is known also fit how that ratio grows with length
+    (``LengthSlope``), so a batch whose longest input is ``L`` characters is predicted at
+    ``drift + slope × (L - mean L)`` (at least a quarter of the drift); with the length
+    unknown (0) it is the drift alone, the curve at the mean length.
     Between profiled sizes the curve is interpolated linearly; past the largest size it
     grows by the last per-item slope.
     """
+
+    MIN_LENGTH_FACTOR = 0.25
+    """The length correction never predicts a batch below this share of the drift."""
 
     def __init__(self, profile_s: Mapping[int, float], alpha: float = 0.1) -> None:
         points = sorted((int(b), float(s)) for b, s in profile_s.items())
@@ -135,6 +196,7 @@ class ServiceEstimator:
                 raise ValueError(f"profile_s[{b}] must be a batch size >= 1 with seconds > 0")
         self._points = points
         self.drift = Ewma(alpha, initial=1.0)
+        self.length = LengthSlope()
 
     def profiled_batch_s(self, batch_size: int) -> float:
         """The profile's batch time at ``batch_size`` (no drift)."""
@@ -153,20 +215,31 @@ class ServiceEstimator:
         slope = max((s1 - s0) / (b1 - b0), 0.0)
         return s1 + slope * (batch_size - b1)
 
-    def batch_s(self, batch_size: int) -> float:
-        """Predicted time of one batch of ``batch_size``."""
+    def factor(self, longest: int = 0) -> float:
+        """Observed over profiled time predicted for a batch whose longest input has
+        ``longest`` characters (0: unknown, the drift alone)."""
         drift = self.drift.value if self.drift.value is not None else 1.0
-        return self.profiled_batch_s(batch_size) * drift
+        if longest <= 0:
+            return drift
+        shifted = drift + self.length.slope * (longest - self.length.mean_x)
+        return max(self.MIN_LENGTH_FACTOR * drift, shifted)
+
+    def batch_s(self, batch_size: int, longest: int = 0) -> float:
+        """Predicted time of one batch of ``batch_size`` whose longest input has
+        ``longest`` characters (0: unknown)."""
+        return self.profiled_batch_s(batch_size) * self.factor(longest)
 
     def per_item_s(self, batch_size: int) -> float:
         """Predicted time per request when batches hold ``batch_size``."""
         return self.batch_s(batch_size) / batch_size
 
-    def observe(self, batch_size: int, seconds: float) -> None:
-        """Fold in one completed batch."""
+    def observe(self, batch_size: int, seconds: float, longest: int = 0) -> None:
+        """Fold in one completed batch (``longest``: its longest input, 0 unknown)."""
         if batch_size < 1 or not seconds > 0:
             return
-        self.drift.update(seconds / self.profiled_batch_s(batch_size))
+        ratio = seconds / self.profiled_batch_s(batch_size)
+        self.drift.update(ratio)
+        self.length.add(longest, ratio)
 
 
 # -- the choice ---------------------------------------------------------------------------------
@@ -291,6 +364,8 @@ def predict(
     steady_state: bool = True,
     queued_curves: BatchCurves | None = None,
     margin: Margin = NO_MARGIN,
+    length: int = 0,
+    scale: LengthScale | None = None,
 ) -> list[Prediction]:
     """Predicted sojourn of a new request on each variant (most accurate first).
 
@@ -305,6 +380,8 @@ def predict(
     the fastest (``pessimism × S_fastest(1)``): a queue filled to the deadline with slow
     work would leave the next arrival no variant at all. ``margin``: the planner's measured
     error, kept free after each variant's predicted sojourn (``meets_deadline`` only).
+    ``length``: the request's input in characters and ``scale`` how a batch's time grows
+    with its longest member (``sluice.policy.backlog.LengthScale``; with a backlog only).
     """
     k = config.pessimism
     ordered = _by_accuracy(variants)
@@ -325,10 +402,11 @@ def predict(
             batch = max(min(max_b, 1 + in_pool // max(1, servers)),
                         settled_batch_size(v, arrival_per_s, max_b))
             backlog_s = backlog_work_s / servers
+            service_s = v.batch_s[batch]
         else:
-            place = placement(backlog, v.name, curves, max_b, k)
+            place = placement(backlog, v.name, curves, max_b, k, length, scale)
             batch, backlog_s, delays = place.batch_size, place.start_s, place.delays_others
-        service_s = v.batch_s[batch]
+            service_s = place.finish_s - place.start_s
         # The steady state runs at the batch size the queue settles at (without a
         # backlog, the larger of that and the present's batch, as before).
         steady_b = batch if backlog is None else settled_batch_size(v, arrival_per_s, max_b)
@@ -355,6 +433,8 @@ def choose_variant(
     backlog: Backlog | None = None,
     queued_curves: BatchCurves | None = None,
     margin: Margin = NO_MARGIN,
+    length: int = 0,
+    scale: LengthScale | None = None,
 ) -> VariantChoice:
     """Pick a variant for one request of a group.
 
@@ -374,7 +454,8 @@ def choose_variant(
     ``backlog``); above it, the state and the Erlang-C steady state must both agree,
     except on an idle pool (nothing queued or running): there the request's own service
     time is the whole prediction, so accuracy comes back the moment a backlog clears.
-    ``margin`` is kept free after every predicted sojourn (see ``predict``).
+    ``margin`` is kept free after every predicted sojourn; ``length`` and ``scale``
+    size the request's own batch by its input (see ``predict``).
     """
     if not variants:
         raise ValueError("a group needs at least one variant")
@@ -392,7 +473,7 @@ def choose_variant(
     preds = predict(variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s,
                     config=config, backlog=backlog,
                     steady_state=backlog is None or not (below_line or backlog.is_empty),
-                    queued_curves=queued_curves, margin=margin)
+                    queued_curves=queued_curves, margin=margin, length=length, scale=scale)
 
     def pick(p: Prediction, reason: str) -> VariantChoice:
         return VariantChoice(p.variant, reason, p.wait_s, p.sojourn_s, utilization,
@@ -425,6 +506,7 @@ def choose_variant(
 __all__ = [
     "POLICIES",
     "Ewma",
+    "LengthSlope",
     "PlannerConfig",
     "PlannerPolicy",
     "Prediction",

@@ -78,8 +78,11 @@ class VariantTracker:
         self._predicted: dict[int, tuple[str, float, float]] = {}
         """Group requests in the system → (group, predicted absolute finish, predicted
         sojourn)."""
-        self.running: dict[int, tuple[str, int, float]] = {}
-        """Per worker: the variant batch it runs now (variant, size, start time)."""
+        self.running: dict[int, tuple[str, int, float, int]] = {}
+        """Per worker: the variant batch it runs now (variant, size, start time, its
+        longest input in characters; 0: unknown)."""
+        self.length_of: dict[int, int] = {}
+        """Pending requests → their input's length in characters (when known)."""
 
     def states(self, group: GroupPlan) -> list[VariantState]:
         top = group.planner.max_batch_size
@@ -96,9 +99,17 @@ class VariantTracker:
             ))
         return out
 
-    def plan(self, name: str, deadline_s: float | None, now: float) -> VariantChoice | None:
+    def scale(self, variant: str, longest: int) -> float:
+        """How many times its curve a batch of ``variant`` whose longest input has
+        ``longest`` characters takes (``sluice.policy.backlog.LengthScale``)."""
+        est = self.service[variant]
+        return est.factor(longest) / est.factor(0)
+
+    def plan(self, name: str, deadline_s: float | None, now: float,
+             length: int = 0) -> VariantChoice | None:
         """For ``name`` a group: the choice among its variants. For ``name`` a variant: the
-        prediction for it alone. ``None`` for other models. ``deadline_s`` is absolute."""
+        prediction for it alone. ``None`` for other models. ``deadline_s`` is absolute;
+        ``length``: the request's input in characters (0: unknown)."""
         group_id = name if name in self.groups else self.group_of.get(name)
         if group_id is None:
             return None
@@ -123,7 +134,8 @@ class VariantTracker:
             choice = choose_variant(states, arrival_per_s=rate,
                                     arrival_stderr_per_s=rate_stderr, time_left_s=time_left,
                                     config=config, backlog=backlog, queued_curves=curves,
-                                    margin=margin)
+                                    margin=margin, length=length,
+                                    scale=None if config.policy == "fastest" else self.scale)
             if choice.variant is not None:
                 break
         assert choice is not None
@@ -134,25 +146,28 @@ class VariantTracker:
         """The group's queued requests (in start order, with their time left) and every
         worker's predicted time to the end of the variant batch it runs."""
         mine = set(group.variants)
-        queued = tuple(Queued(v, None if d is None else d - now)
-                       for v, d in self.pending.values() if v in mine)
+        queued = tuple(Queued(v, None if d is None else d - now, self.length_of.get(rid, 0))
+                       for rid, (v, d) in self.pending.items() if v in mine)
         busy = [0.0] * self.workers
-        for worker, (variant, size, start_s) in self.running.items():
+        for worker, (variant, size, start_s, longest) in self.running.items():
             if 0 <= worker < self.workers:
-                busy[worker] = max(0.0, start_s + self.service[variant].batch_s(size) - now)
+                end_s = start_s + self.service[variant].batch_s(size, longest)
+                busy[worker] = max(0.0, end_s - now)
         return Backlog(tuple(busy), queued)
 
     def admitted(self, request_id: int, model_id: str, deadline_s: float | None = None,
                  group_id: str | None = None, predicted_finish_s: float | None = None,
-                 predicted_sojourn_s: float = 0.0) -> None:
+                 predicted_sojourn_s: float = 0.0, length: int = 0) -> None:
         """A request for ``model_id`` entered the queue; ``group_id``: the group it named
         (then it may be re-planned); ``predicted_finish_s``: when the planner predicted
         it would finish (absolute) and ``predicted_sojourn_s`` after how long, to measure
-        the prediction's error at ``finished``."""
+        the prediction's error at ``finished``; ``length``: its input in characters."""
         if model_id in self.in_system:
             self.in_system[model_id] += 1
             self._counted[request_id] = model_id
             self.pending[request_id] = (model_id, deadline_s)
+            if length > 0:
+                self.length_of[request_id] = length
             if group_id is not None:
                 self.named_group[request_id] = group_id
                 if predicted_finish_s is not None and math.isfinite(predicted_finish_s):
@@ -163,6 +178,7 @@ class VariantTracker:
         """The request left the queue for a batch (or ended before running)."""
         self.pending.pop(request_id, None)
         self.named_group.pop(request_id, None)
+        self.length_of.pop(request_id, None)
 
     def finished(self, request_id: int, model_id: str, now: float | None = None,
                  ran: bool = True) -> None:
@@ -199,7 +215,8 @@ class VariantTracker:
                     options[i] = [s.name for s in by_accuracy if s.batch_s[1] < own_s]
             curves = {name: s.batch_s for name, s in states.items()}
             for move in replan(backlog, curves, group.planner.max_batch_size, options,
-                               group.planner.pessimism, self.errors[group.group_id].margin(now)):
+                               group.planner.pessimism, self.errors[group.group_id].margin(now),
+                               scale=self.scale):
                 out.append((ids[move.index], move.variant))
         return out
 
@@ -215,14 +232,16 @@ class VariantTracker:
             self._counted[request_id] = variant
         self.pending[request_id] = (variant, entry[1])
 
-    def batch_started(self, worker_id: int, model_id: str, size: int, now: float) -> None:
+    def batch_started(self, worker_id: int, model_id: str, size: int, now: float,
+                      longest: int = 0) -> None:
+        """``longest``: the batch's longest input in characters (0: unknown)."""
         if model_id in self.service:
-            self.running[worker_id] = (model_id, size, now)
+            self.running[worker_id] = (model_id, size, now, longest)
 
     def batch_done(self, model_id: str, size: int, seconds: float,
                    worker_id: int | None = None) -> None:
         est = self.service.get(model_id)
         if est is not None:
-            est.observe(size, seconds)
-            if worker_id is not None:
-                self.running.pop(worker_id, None)
+            running = None if worker_id is None else self.running.pop(worker_id, None)
+            longest = running[3] if running is not None and running[0] == model_id else 0
+            est.observe(size, seconds, longest)

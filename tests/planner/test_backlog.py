@@ -274,3 +274,30 @@ def test_replan_keeps_the_margin_for_moves_but_fails_only_sure_misses() -> None:
     # a sure miss (work ahead past its deadline) with nowhere to go fails
     late = Backlog((0.070,), (Queued("acc", 0.060),))
     assert replan(late, CURVES, 8, {0: ["mid"]}, margin=margin) == [Move(0, None)]
+
+
+def test_a_batch_takes_the_time_of_its_longest_member() -> None:
+    def scale(variant: str, longest: int) -> float:  # twice the curve at 200 characters
+        return 1.0 if longest <= 0 else longest / 100
+
+    state = Backlog((0.0,), (Queued("acc", length=100), Queued("acc", length=200),
+                             Queued("mid", length=50)))
+    # acc's batch of 2 is padded to 200 characters: twice its 100 ms curve
+    assert finishes_s(state, CURVES, 8, scale) == pytest.approx([0.200, 0.200, 0.2075])
+    assert finishes_s(state, CURVES, 8) == pytest.approx([0.100, 0.100, 0.115])
+    # a new long request on an idle pool: its own batch is long too
+    place = placement(Backlog((0.0,)), "acc", CURVES, 8, length=300, scale=scale)
+    assert (place.start_s, place.finish_s) == (0.0, pytest.approx(0.150))
+
+
+def test_a_long_input_on_an_idle_pool_goes_to_a_variant_that_meets_it() -> None:
+    def scale(variant: str, longest: int) -> float:
+        return 1.0 if longest <= 0 else longest / 100
+
+    idle = Backlog((0.0,))
+    short = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.150, config=CFG,
+                           backlog=idle, length=100, scale=scale)
+    assert (short.variant, short.reason) == ("acc", "low_load")
+    long = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.150, config=CFG,
+                          backlog=idle, length=400, scale=scale)  # acc: 200 ms
+    assert (long.variant, long.reason) == ("mid", "backlog")

@@ -231,3 +231,20 @@ def test_capacity_and_settled_batch_size() -> None:
     assert settled_batch_size(v, 150.0, 4) == 1  # 150/s × 10 ms = 1.5 < 2 workers
     assert settled_batch_size(v, 250.0, 4) == 2  # batch 1 cannot keep up, batch 2 can
     assert settled_batch_size(v, 400.0, 4) == 4  # nothing keeps up: the largest
+
+
+def test_service_estimator_learns_how_a_batch_grows_with_its_longest_input() -> None:
+    est = ServiceEstimator({1: 0.050}, alpha=0.1)
+    assert est.batch_s(1, longest=400) == pytest.approx(0.050)  # nothing learnt: the drift
+    # a padded batch costs 20 ms + 0.25 ms a character: 50 ms at the mean of 120
+    for length in [20, 120, 220] * 30:
+        est.observe(1, 0.020 + 0.00025 * length, longest=length)
+    assert est.length.slope * 0.050 == pytest.approx(0.00025, rel=0.05)
+    assert est.batch_s(1, longest=120) == pytest.approx(0.050, rel=0.05)
+    assert est.batch_s(1, longest=400) == pytest.approx(0.120, rel=0.05)
+    assert est.batch_s(1) == pytest.approx(0.050, rel=0.05)  # length unknown: the mean
+    # never below a quarter of the drift, however short
+    assert est.batch_s(1, longest=1) >= 0.25 * est.batch_s(1)
+    # batches of unknown length feed the drift only
+    est.observe(1, 0.100)
+    assert est.length.samples == 90

@@ -100,3 +100,21 @@ def test_requests_in_a_worker_inbox_are_moved_by_that_worker() -> None:
     assert not rt._moving
     snapshot = rt.variants.snapshot()
     assert (snapshot["big"]["in_system"], snapshot["small"]["in_system"]) == (1, 2)
+
+
+def test_the_planner_learns_the_longest_input_of_each_batch() -> None:
+    clock = Clock()
+    rt = runtime(clock)
+    reqs = [rt.new_request("big", input="x" * n, deadline_s=clock.now + 1.0)
+            for n in (40, 300, 120)]
+    for r in reqs:
+        assert rt.try_submit(r) is None
+    assert rt.variants.tracker.length_of == {r.request_id: len(r.input) for r in reqs}
+    for r in reqs[:2]:  # the worker marks a batch's members running, then reports it
+        assert r.mark_running(clock.now)
+    rt.variants.batch_started(0, "big", 2)
+    assert rt.variants.tracker.running[0][1:] == (2, clock.now, 300)
+    assert list(rt.variants.tracker.length_of) == [reqs[2].request_id]
+    clock.now += 0.5
+    rt.variants.batch_done("big", 2, 0.5, worker_id=0)
+    assert rt.variants.service["big"].length.samples == 1
