@@ -38,7 +38,7 @@ import statistics
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,10 +54,12 @@ from bench.model_tables import GEMMA, SYNTH_CHAT, gemma_table, synthetic_chat_ta
 from bench.outcomes import (
     Outcome,
     _kind_of,
+    arrivals,
     closed,
     decision_of,
     delta,
     one_request,
+    open_loop_client,
     server_counts,
     tally,
 )
@@ -139,23 +141,11 @@ async def chaos_load(base: str, model: str, prompts: list[str], *, rate_per_s: f
     """Poisson arrivals; each request is plain (streamed) or extreme; all awaited. Every
     streamed token's arrival goes to ``token_log``; times are s from ``t_base``."""
     rng = random.Random(seed)
-    # Idle connections expire on the client before uvicorn's 5 s keep-alive closes them:
-    # with both at 5 s, a POST can go out on a connection the server is closing
-    # (ReadError, seen once in 683 requests in a quiet stretch).
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200,
-                          keepalive_expiry=2.0)
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(300.0, connect=30.0)
-                                 ) as client:
+    async with open_loop_client(300.0) as client:
         tasks: list[asyncio.Task[Outcome]] = []
         asked: list[tuple[str, int]] = []
-        next_s, i = 0.0, 0
-        while True:
-            next_s += rng.expovariate(rate_per_s)
-            if next_s >= duration_s:
-                break
-            delay = t_base + next_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async for i in arrivals(rng, rate_per_s=rate_per_s, duration_s=duration_s,
+                                t_base=t_base):
             if rng.random() < extreme_share:
                 asked.append(("extreme", i % len(EXTREMES)))
                 tasks.append(asyncio.create_task(one_extreme(
@@ -165,7 +155,6 @@ async def chaos_load(base: str, model: str, prompts: list[str], *, rate_per_s: f
                 tasks.append(asyncio.create_task(one_request(
                     client, base, model, prompts[i % len(prompts)], MAX_TOKENS,
                     deadline_ms=None, t_base=t_base, token_log=token_log)))
-            i += 1
         outcomes = await asyncio.gather(*tasks)
         return [Sent(k, j, o) for (k, j), o in zip(asked, outcomes, strict=True)]
 
@@ -259,7 +248,7 @@ def stalls_not_injected(log_path: Path) -> int:
 
 def supervision_metrics(base: str) -> dict[str, float]:
     text = httpx.get(f"{base}/metrics", timeout=10).text
-    out: Counter[str] = Counter()
+    out: defaultdict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name == "sluice_worker_deaths_total":

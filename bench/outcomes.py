@@ -12,8 +12,8 @@ import contextlib
 import json
 import random
 import time
-from collections import Counter
-from collections.abc import Sequence
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,34 @@ def _kind_of(status: int) -> str:
     return "other"
 
 
+def open_loop_client(timeout_s: float) -> httpx.AsyncClient:
+    """The client of an open-loop run: room for every request in flight, and idle
+    connections expired before uvicorn's 5 s keep-alive closes them (with both at 5 s, a
+    POST can go out on a connection the server is closing: a ``ReadError`` seen once in
+    683 requests of a chaos run)."""
+    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200,
+                          keepalive_expiry=2.0)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(timeout_s, connect=30.0))
+
+
+async def arrivals(rng: random.Random, *, rate_per_s: float, duration_s: float,
+                   t_base: float) -> AsyncIterator[int]:
+    """Poisson arrivals at ``rate_per_s`` from ``t_base`` (``time.perf_counter``) until
+    ``duration_s``: sleeps until each one, then yields its index (0, 1, ...). Each arrival
+    draws one ``rng.expovariate`` before it is yielded, so a caller's own draws in between
+    keep a seeded run reproducible."""
+    next_s, i = 0.0, 0
+    while True:
+        next_s += rng.expovariate(rate_per_s)
+        if next_s >= duration_s:
+            return
+        delay = t_base + next_s - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        yield i
+        i += 1
+
+
 async def poisson(
     base_url: str, model: str, prompts: Sequence[str], *, rate_per_s: float, duration_s: float,
     max_tokens: int, deadline_ms: float | None, seed: int, cancel_fraction: float = 0.0,
@@ -131,26 +159,16 @@ async def poisson(
     """Open loop: Poisson arrivals at ``rate_per_s`` for ``duration_s``; every request
     is awaited to its end (nothing is left in flight)."""
     rng = random.Random(seed)
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
-    timeout = httpx.Timeout(600.0, connect=30.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    async with open_loop_client(600.0) as client:
         tasks: list[asyncio.Task[Outcome]] = []
         t_base = time.perf_counter()
-        next_s = 0.0
-        i = 0
-        while True:
-            next_s += rng.expovariate(rate_per_s)
-            if next_s >= duration_s:
-                break
-            delay = t_base + next_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async for i in arrivals(rng, rate_per_s=rate_per_s, duration_s=duration_s,
+                                t_base=t_base):
             cancel = (rng.uniform(*cancel_after_s) if rng.random() < cancel_fraction
                       else None)
             tasks.append(asyncio.create_task(one_request(
                 client, base_url, model, prompts[i % len(prompts)], max_tokens,
                 deadline_ms=deadline_ms, t_base=t_base, cancel_after_s=cancel)))
-            i += 1
         return list(await asyncio.gather(*tasks))
 
 
@@ -180,7 +198,7 @@ def server_counts(base_url: str, model: str) -> dict[str, float]:
     """``sluice_requests_total`` by state, goodput and rejections with a reason, for one
     model, summed over tenants."""
     text = httpx.get(f"{base_url}/metrics", timeout=10).text
-    out: Counter[str] = Counter()
+    out: defaultdict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.labels.get("model") != model:
