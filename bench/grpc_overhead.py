@@ -37,7 +37,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llm_bench import PROMPTS
-from bench.model_tables import GEMMA, gemma_table
+from bench.model_tables import GEMMA, gemma_table, server_tables
 from bench.servers import free_port, process_cpu_s, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 from sluice.v1 import inference_pb2 as pb
@@ -52,15 +52,7 @@ _model = MODEL
 
 
 def toml(gguf: Path) -> str:
-    return f"""
-[server]
-default_model = "{MODEL}"
-[scheduling]
-queue_capacity = 256
-[workers]
-count = 1
-inbox_capacity = 64
-""" + gemma_table(str(gguf))
+    return server_tables(MODEL, 256, 64) + gemma_table(str(gguf))
 
 
 async def http_one(client: httpx.AsyncClient, base: str, prompt: str) -> list[float]:

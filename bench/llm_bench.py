@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.llama_server_build import build as build_llama_server
 from bench.loadgen import closed_loop, open_loop, summarize
-from bench.model_tables import GEMMA, gemma_table
+from bench.model_tables import GEMMA, gemma_table, server_tables
 from bench.servers import free_port, llama_server_cmd, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 
@@ -72,15 +72,7 @@ SYSTEM_PREFIX = (
 
 
 def sluice_toml(gguf: Path, mode: str, prefix_reuse: bool = True) -> str:
-    return f"""
-[server]
-default_model = "{MODEL}"
-[scheduling]
-queue_capacity = 512
-[workers]
-count = 1
-budget_bytes = 4_000_000_000
-inbox_capacity = 256
+    return server_tables(MODEL, 512, 256, budget_bytes=4_000_000_000) + f"""
 [engine]
 mode = "{mode}"
 max_batch_tokens = 512

@@ -43,7 +43,7 @@ from bench.llm_bench import (
     raw_ceiling,
 )
 from bench.loadgen import Sample, closed_loop, open_loop, summarize
-from bench.model_tables import gemma_table
+from bench.model_tables import gemma_table, server_tables
 from bench.servers import free_port, llama_server_cmd, process_cpu_s, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 
@@ -71,17 +71,9 @@ def sluice_toml(gguf: Path) -> str:
     faster one in bench/results/kv_layout.json: one stream per sequence (a unified pool
     measured 5-20 % slower at batch 8-32 here; it is the choice for long contexts)."""
     prior = f'step_cost_file = "{STEP_COST}"' if STEP_COST.exists() else ""
-    return f"""
-[server]
-default_model = "{MODEL}"
-[scheduling]
-queue_capacity = 512
-[workers]
-count = 1
-budget_bytes = 4_000_000_000
-inbox_capacity = 256
-""" + gemma_table(str(gguf), n_ctx=N_CTX, n_seq_max=32, n_threads=THREADS,
-                      extra=f"tpot_target_ms = {TPOT_SLO_S * 1000:g}\n{prior}")
+    return (server_tables(MODEL, 512, 256, budget_bytes=4_000_000_000)
+            + gemma_table(str(gguf), n_ctx=N_CTX, n_seq_max=32, n_threads=THREADS,
+                          extra=f"tpot_target_ms = {TPOT_SLO_S * 1000:g}\n{prior}"))
 
 
 def systems(gguf: Path, server_bin: Path, peers: tuple[int, ...]

@@ -1,14 +1,30 @@
-"""The ``[[models]]`` tables the benchmarks serve, as TOML text: one definition of the
-packaged Gemma 3 270M on llama.cpp and one of the synthetic chat model, so every bench that
-says "the real model" or "the synthetic model" means the same thing. Each returns a table
-that a server config appends after its ``[server]``/``[workers]``/``[engine]`` tables; a
-``[models.faults]`` table may follow it."""
+"""The server configs the benchmarks serve, as TOML text: one definition of the packaged
+Gemma 3 270M on llama.cpp and one of the synthetic chat model, so every bench that says
+"the real model" or "the synthetic model" means the same thing, and the one-worker server
+tables most of them put in front. A model table goes after the ``[server]``/``[workers]``/
+``[engine]`` tables; a ``[models.faults]`` table may follow it."""
 
 from __future__ import annotations
 
 GEMMA = "gemma-3-270m"
 PACKAGED_GEMMA = "packaged:gemma-3-270m"
 SYNTH_CHAT = "synth-chat"
+
+
+def server_tables(model: str, queue: int, inbox: int, budget_bytes: int | None = None) -> str:
+    """``[server]`` (``model`` the default), ``[scheduling]`` (a queue of ``queue``) and
+    ``[workers]``: one worker with an inbox of ``inbox`` (and ``budget_bytes`` of memory,
+    else the default)."""
+    budget = "" if budget_bytes is None else f"budget_bytes = {budget_bytes:_}\n"
+    return f"""
+[server]
+default_model = "{model}"
+[scheduling]
+queue_capacity = {queue}
+[workers]
+count = 1
+{budget}inbox_capacity = {inbox}
+"""
 
 
 def gemma_table(path: str = PACKAGED_GEMMA, *, n_ctx: int = 8192, n_seq_max: int = 8,

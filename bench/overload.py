@@ -38,7 +38,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.model_tables import GEMMA, SYNTH_CHAT, gemma_table, synthetic_chat_table
+from bench.model_tables import (
+    GEMMA,
+    SYNTH_CHAT,
+    gemma_table,
+    server_tables,
+    synthetic_chat_table,
+)
 from bench.outcomes import (
     Outcome,
     closed,
@@ -77,20 +83,6 @@ def llm_toml(queue: int = 16, inbox: int = 8) -> str:
     gguf = default_gguf_path(progress=False)
     return (server_tables(GEMMA, queue, inbox, budget_bytes=4_000_000_000)
             + gemma_table(str(gguf)))
-
-
-def server_tables(model: str, queue: int, inbox: int, budget_bytes: int | None = None) -> str:
-    """One worker; ``model`` is the default."""
-    budget = "" if budget_bytes is None else f"budget_bytes = {budget_bytes:_}\n"
-    return f"""
-[server]
-default_model = "{model}"
-[scheduling]
-queue_capacity = {queue}
-[workers]
-count = 1
-{budget}inbox_capacity = {inbox}
-"""
 
 
 SYSTEMS: dict[str, dict[str, Any]] = {
