@@ -20,8 +20,8 @@ what was alive in each such bin.
 Capacity is measured first on a fault-free server (closed loop, 8 clients, 20 s), then the
 chaos server starts with the same model and the faults on.
 
-    /work/wt/bin/heavy python bench/chaos.py                            # 8 minutes
-    python bench/chaos.py --synthetic --duration 30                     # a smoke run
+    python bench/chaos.py                  # 8 minutes; alone on the machine
+    python bench/chaos.py --synthetic --duration 30  # a smoke run
 
 Writes bench/results/chaos.json and chaos.png (``--out`` renames them).
 """

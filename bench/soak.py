@@ -33,12 +33,13 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.model_tables import SYNTH_CHAT
 from bench.outcomes import closed, delta, poisson, rss_kib, server_counts, tally
 from bench.overload import SYNTH_PROMPTS, per_second, synthetic_toml, wait_idle
 from bench.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODEL = "synth-chat"
+MODEL = SYNTH_CHAT
 MAX_TOKENS = 16
 
 
