@@ -108,7 +108,8 @@ def _ms(v: float | None) -> str:
     return "   -   " if v is None else f"{v * 1000:6.0f}ms"
 
 
-def raw_ceiling(gguf: Path, batch: int = N_SLOTS, steps: int = 48) -> float:
+def raw_ceiling(gguf: Path, batch: int = N_SLOTS, steps: int = 48,
+                n_ctx: int = N_CTX) -> float:
     """Tokens/s of bare ``forward`` calls on the backend (no engine, no HTTP), in a
     subprocess so its memory is gone before the servers run: the ceiling to compare to."""
     code = f"""
@@ -116,7 +117,7 @@ import time
 from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend
 spec = ModelSpec("g", "generative", "llamacpp", 1, options={{"path": "{gguf}",
-    "n_ctx": {N_CTX}, "n_seq_max": {max(N_SLOTS, batch)}, "n_threads": {THREADS}}})
+    "n_ctx": {n_ctx}, "n_seq_max": {max(N_SLOTS, batch)}, "n_threads": {THREADS}}})
 m = LlamaCppBackend().load(spec)
 toks = m.tokenize("Once upon a time there was a", add_bos=True)
 m.forward([ForwardChunk(s, tuple(toks), 0, True) for s in range({batch})])

@@ -1,6 +1,7 @@
 """The LLM lane under load (issue 15): sluice with a TPOT target and first-token deadlines
 against llama.cpp's llama-server at -np 8 / 16 / 32, the same model file, the same KV
-memory (8192 cells), 2 threads each, 128 new tokens (EOS ignored), on 127.0.0.1.
+memory (32768 cells), 2 threads each, 128 new tokens (EOS ignored), on 127.0.0.1. sluice runs
+as a plain ``sluice serve`` (no config, no flag): its defaults must do it.
 
 The run is split into parts, each short enough for one hold of the heavy lock; each part
 merges its rows into bench/results/llm_slo.json, and ``--report`` prints the table, the
@@ -43,14 +44,13 @@ from bench.llm_bench import (
     raw_ceiling,
 )
 from bench.loadgen import Sample, closed_loop, open_loop, summarize
-from bench.model_tables import gemma_table, server_tables
-from bench.servers import free_port, llama_server_cmd, process_cpu_s, running, sluice_cmd
+from bench.servers import free_port, llama_server_cmd, process_cpu_s, running
 from sluice.backends.packaged import default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "llm_slo.json"
-STEP_COST = RESULTS / "step_cost_gemma3_270m.json"
-N_CTX, THREADS, MAX_TOKENS = 8192, 2, 128
+N_CTX, THREADS, MAX_TOKENS = 32768, 2, 128
+"""KV cells of every system: sluice's default (32 slots x 1024), given to llama-server too."""
 ANSWER_SLACK_S = 0.25
 """How late past the TTFT deadline an answer (token or refusal) may come and still count as
 "answered in time": HTTP, tokenization and the load generator share the 2 cores."""
@@ -64,16 +64,13 @@ OPEN_SECONDS = 15.0
 """Arrivals span about this long at each level (at least 12 requests)."""
 
 
-def sluice_toml(gguf: Path) -> str:
-    """sluice as an operator would set it for these targets: the model's TPOT target,
-    32 slots over the KV memory (how many decode at once is the TPOT
-    budget's decision), a profiled step-time prior when there is one. The KV layout is the
-    faster one in bench/results/kv_layout.json: one stream per sequence (a unified pool
-    measured 5-20 % slower at batch 8-32 here; it is the choice for long contexts)."""
-    prior = f'step_cost_file = "{STEP_COST}"' if STEP_COST.exists() else ""
-    return (server_tables(MODEL, 512, 256, budget_bytes=4_000_000_000)
-            + gemma_table(str(gguf), n_ctx=N_CTX, n_seq_max=32, n_threads=THREADS,
-                          extra=f"tpot_target_ms = {TPOT_SLO_S * 1000:g}\n{prior}"))
+def sluice_plain_cmd(port: int) -> list[str]:
+    """sluice as a new user runs it: ``sluice serve`` with no config file and no flag but
+    the port (the packaged model's defaults: a 150 ms TPOT target over 32 slots of 1024
+    KV cells, the step-time model learned online from a rough prior;
+    ``sluice.config.default_config``)."""
+    return [sys.executable, "-m", "sluice.cli", "serve", "--port", str(port),
+            "--log-level", "warning"]
 
 
 def systems(gguf: Path, server_bin: Path, peers: tuple[int, ...]
@@ -81,8 +78,8 @@ def systems(gguf: Path, server_bin: Path, peers: tuple[int, ...]
     """name → (command, readiness URL, base URL)."""
     out: dict[str, tuple[list[str], str, str]] = {}
     port = free_port()
-    cmd, _ = sluice_cmd(sluice_toml(gguf), port)
-    out["sluice"] = (cmd, f"http://127.0.0.1:{port}/ready", f"http://127.0.0.1:{port}")
+    out["sluice"] = (sluice_plain_cmd(port), f"http://127.0.0.1:{port}/ready",
+                     f"http://127.0.0.1:{port}")
     for np_ in peers:
         port = free_port()
         out[f"llama-server-np{np_}"] = (
@@ -139,7 +136,7 @@ def save(result: dict[str, Any]) -> None:
 def part_closed(gguf: Path, server_bin: Path, quick: bool) -> None:
     result = load()
     for batch in (8, 32):
-        tok_s = raw_ceiling(gguf, batch=batch, steps=16 if quick else 48)
+        tok_s = raw_ceiling(gguf, batch=batch, steps=16 if quick else 48, n_ctx=N_CTX)
         result["ceilings"][str(batch)] = tok_s
         print(f"bare backend ceiling at batch {batch}: {tok_s:.1f} tok/s", flush=True)
     rows = [r for r in result["rows"] if r["kind"] != "closed"]

@@ -101,17 +101,28 @@ batch 1, 115 ms at batch 32), used until a profile is given or the online fit ta
 
 
 def fit_step_cost(samples: Iterable[StepSample], *, with_context: bool = True,
-                  fallback: StepCost | None = None) -> StepCost:
+                  fallback: StepCost | None = None, prior_weight: float = 0.0) -> StepCost:
     """Least-squares fit with every coefficient >= 0 (a feature whose free fit is negative
     is dropped and the rest refitted: an active-set NNLS on at most four columns).
 
     A feature that never varies in the samples cannot be fitted: its coefficient is taken
     from ``fallback`` (its contribution subtracted before fitting the rest), or is 0 and
-    absorbed into the base when there is none. Raises ``ValueError`` on no samples."""
+    absorbed into the base when there is none. Raises ``ValueError`` on no samples.
+
+    ``prior_weight`` > 0 (with a ``fallback``) is a ridge towards the fallback: each
+    fitted coefficient's typical contribution (its RMS feature value times it, in seconds)
+    is pulled to the fallback's as if by that many samples. Samples that barely vary
+    (every step at one batch size) fix only the step time there, not how it splits
+    between the base and the per-token terms; without the pull, a split fitted to noise
+    (say 140 ms + 1.5 ms a sequence from steps of 20 at 170 ms) predicts any smaller
+    batch far too slow. With it, the samples decide what they determine and the fallback
+    the rest; with varied samples its pull is ``prior_weight`` against their number."""
     rows = [(1.0, s.decode_tokens, s.prefill_tokens, s.context_tokens, s.seconds)
             for s in samples]
     if not rows:
         raise ValueError("fit_step_cost needs at least one sample")
+    if prior_weight < 0:
+        raise ValueError(f"prior_weight must be >= 0, got {prior_weight}")
     data = np.asarray(rows, dtype=np.float64)
     x, y = data[:, :4], data[:, 4].copy()
     coef = np.zeros(4)
@@ -123,6 +134,12 @@ def fit_step_cost(samples: Iterable[StepSample], *, with_context: bool = True,
         elif fallback is not None:
             coef[j] = _coefficients(fallback)[j]
             y -= coef[j] * x[:, j]
+    if prior_weight > 0 and fallback is not None:
+        # one pseudo-row per coefficient: sqrt(w) * scale_j * (c_j - prior_j) = 0
+        scale = np.sqrt(np.mean(x * x, axis=0)) * np.sqrt(prior_weight)
+        ridge = np.diag(scale)
+        x = np.vstack([x, ridge])
+        y = np.concatenate([y, scale * np.asarray(_coefficients(fallback))])
     while active:
         solution, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
         negative = [j for j, c in zip(active, solution, strict=True) if c < 0]
@@ -139,20 +156,28 @@ def _coefficients(cost: StepCost) -> tuple[float, float, float, float]:
             cost.per_context_token_s)
 
 
+PRIOR_WEIGHT = 0.5
+"""Samples' worth of pull towards the prior in each online refit (see ``fit_step_cost``):
+small against a window of hundreds of varied steps, decisive only where the steps leave
+the split between base and per-token cost open."""
+
+
 class OnlineStepCost:
     """A ``StepCost`` learned from the steps as they run.
 
     Keeps the last ``window`` samples and refits every ``refit_every`` observations, so a
-    change in the machine's speed is followed within a window. Until ``min_samples`` have
+    change in the machine's speed is followed within a window; each refit is pulled
+    towards the prior by ``prior_weight`` samples' worth. Until ``min_samples`` have
     been seen, ``current()`` is the ``prior`` (a profiled file, or a rough default).
 
     Invariant: memory is bounded by ``window`` samples; ``current()`` never raises."""
 
     def __init__(self, prior: StepCost, *, window: int = 512, refit_every: int = 32,
-                 min_samples: int = 32) -> None:
+                 min_samples: int = 32, prior_weight: float = PRIOR_WEIGHT) -> None:
         if window < 1 or refit_every < 1 or min_samples < 1:
             raise ValueError("window, refit_every and min_samples must be >= 1")
         self._prior = prior
+        self._prior_weight = prior_weight
         self._current = prior
         self._samples: deque[StepSample] = deque(maxlen=window)
         self._refit_every = refit_every
@@ -167,7 +192,8 @@ class OnlineStepCost:
         self._since_fit += 1
         if len(self._samples) >= self._min_samples and self._since_fit >= self._refit_every:
             self._since_fit = 0
-            self._current = fit_step_cost(self._samples, fallback=self._prior)
+            self._current = fit_step_cost(self._samples, fallback=self._prior,
+                                          prior_weight=self._prior_weight)
 
     def current(self) -> StepCost:
         """The model to predict with now."""

@@ -131,7 +131,8 @@ def test_the_step_model_is_learned_from_measured_steps() -> None:
             eng.add(request(max_tokens=30))
         run(eng)
     learned = eng.step_cost.current()
-    assert learned.per_decode_token_s == pytest.approx(0.010, rel=0.05)
+    # what it measured (steps of 4: 42 ms) it predicts; a fifth would break 51 ms
+    assert learned.predict_s(4) == pytest.approx(0.042, rel=0.05)
     assert max(m.batch_sizes[-40:]) == 4
 
 
@@ -296,8 +297,9 @@ def test_the_step_model_counts_the_time_between_steps() -> None:
             m.clock.now += 0.005
         m.clock.now += 100.0 * (wave + 1)  # idle
     learned = eng.step_cost.current()
-    for n in (2, 4, 8):
-        assert learned.predict_s(n) == pytest.approx(0.002 + n * 0.010 + 0.005, rel=0.03)
+    for n in (2, 4, 8):  # within 5 %: the refit's pull towards the prior (10 ms base)
+        assert learned.predict_s(n) == pytest.approx(0.002 + n * 0.010 + 0.005, rel=0.05)
+        assert learned.predict_s(n) > 0.002 + n * 0.010 + 0.0025  # the gap counted
 
 
 def test_a_host_that_slows_down_is_followed_within_the_window() -> None:

@@ -102,3 +102,37 @@ def test_online_model_ignores_non_finite_times() -> None:
     online.observe(StepSample(4, 0, 0.0))
     assert online.samples_seen == 0
     assert online.current() == prior
+
+
+def _one_batch_size_window(seed: int = 5) -> list[StepSample]:
+    """What a busy engine sees for minutes: every step at 19-20 sequences, about 165 ms
+    (the whole cycle, host noise included), context growing as the cohort generates."""
+    rng = random.Random(seed)
+    return [StepSample(rng.choice([19, 20, 20, 20]), 0, 0.165 * (1 + rng.uniform(-0.04, 0.04)),
+                       20 * (20 + i)) for i in range(192)]
+
+
+def test_steps_at_one_batch_size_keep_the_priors_split_of_what_they_leave_open() -> None:
+    prior = StepCost(0.010, 0.003, 0.0005)
+    samples = _one_batch_size_window()
+    fitted = fit_step_cost(samples, fallback=prior, prior_weight=2)
+    # the samples fix the step time where they are ...
+    assert fitted.predict_s(20, 0, 20 * 116) == pytest.approx(0.165, rel=0.03)
+    # ... and a smaller batch is predicted faster by at least the prior's per-sequence cost
+    assert fitted.predict_s(10, 0, 10 * 116) <= (fitted.predict_s(20, 0, 20 * 116)
+                                                 - 10 * prior.per_decode_token_s)
+
+
+def test_the_online_model_admits_a_smaller_batch_after_a_window_at_one_size() -> None:
+    # the regression seen under 32 clients: after a window at 20 sequences the refit said
+    # "140 ms + 1.5 ms a sequence", so no batch fitted a 127 ms step, and 12 waiting
+    # requests waited for the whole running cohort to end
+    online = OnlineStepCost(StepCost(0.010, 0.003, 0.0005), window=192, refit_every=16)
+    for sample in _one_batch_size_window():
+        online.observe(sample)
+    assert online.current().predict_s(12, 0, 12 * 116) < 0.85 * 0.150
+
+
+def test_a_negative_prior_weight_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        fit_step_cost(_one_batch_size_window(), fallback=TRUE, prior_weight=-1)
