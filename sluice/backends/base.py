@@ -171,7 +171,11 @@ class GenerativeModel(Tokenizer, Protocol):
     def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
         """Run one forward pass; return float32 logits, ``chunk.n_rows`` rows per chunk
         (in chunk order; one for ``want_logits``, one per token for ``all_logits``), shape
-        ``(sum of n_rows, vocab_size)``."""
+        ``(sum of n_rows, vocab_size)``.
+
+        The array may be the backend's own output buffer (llama.cpp's logits: no copy of
+        a vocabulary-wide row per sequence each step): it is valid until the next call
+        on this model; a caller copies what must outlive that."""
         ...
 
     def release_sequence(self, seq_slot: int) -> None:

@@ -367,7 +367,9 @@ class ContinuousEngine:
         chunk with its sequence's tokens."""
         not_started = self._start(plan.admissions, now)
         batch = _Batch()
-        for chunk in plan.chunks:
+        # in slot order: the llama.cpp backend feeds a batch that way, and a batch given
+        # in that order comes back without a gather (a copy of every logits row)
+        for chunk in sorted(plan.chunks, key=lambda c: c.slot):
             seq = self.running.get(chunk.slot)
             if chunk.slot in not_started or seq is None:
                 continue  # not started, or its request failed while starting

@@ -70,7 +70,8 @@ def fresh(model: LlamaCppGenerative) -> LlamaCppGenerative:
 
 
 def _prefill(m: GenerativeModel, slot: int, tokens: Sequence[int], start: int = 0) -> np.ndarray:
-    return m.forward([ForwardChunk(slot, tuple(tokens), start, True)])[0]
+    # a copy: forward's rows may be the backend's buffer, valid until its next call
+    return m.forward([ForwardChunk(slot, tuple(tokens), start, True)])[0].copy()
 
 
 def _greedy_batch(
@@ -457,7 +458,7 @@ def test_chunks_in_any_slot_order_give_rows_in_chunk_order(model: LlamaCppGenera
     for slot in (0, 1):
         model.release_sequence(slot)
     forward_rows = model.forward([ForwardChunk(0, tuple(prompts[0]), 0, True),
-                                  ForwardChunk(1, tuple(prompts[1]), 0, True)])
+                                  ForwardChunk(1, tuple(prompts[1]), 0, True)]).copy()
     for slot in (0, 1):
         model.release_sequence(slot)
     reversed_rows = model.forward([ForwardChunk(1, tuple(prompts[1]), 0, True),
@@ -467,3 +468,18 @@ def test_chunks_in_any_slot_order_give_rows_in_chunk_order(model: LlamaCppGenera
     assert np.allclose(reversed_rows[0], forward_rows[1], atol=1e-3)
     for slot in (0, 1):
         model.release_sequence(slot)
+
+
+def test_decode_rows_are_the_backends_buffer_until_its_next_call(
+        fresh: LlamaCppGenerative) -> None:
+    """A step's logits are llama.cpp's own buffer (no 262k-float copy per sequence per
+    step): the next forward overwrites them, so the engine uses them before it; a pass
+    larger than one decode gathers its rows into an array of its own."""
+    prompt = fresh.tokenize(PROMPTS[0], add_bos=True)
+    first = fresh.forward([ForwardChunk(0, tuple(prompt), 0, True)])
+    kept = first.copy()
+    assert not first.flags.owndata
+    fresh.forward([ForwardChunk(1, tuple(fresh.tokenize(PROMPTS[2], add_bos=True)), 0, True)])
+    assert not np.array_equal(first, kept)  # overwritten: the buffer, not a copy
+    for slot in (0, 1):
+        fresh.release_sequence(slot)

@@ -95,7 +95,7 @@ def test_all_logits_rows_match_one_prefix_forward_each(fresh: LlamaCppGenerative
     other = fresh.tokenize("Once upon a time", add_bos=True)
     # slot 1's all-logits chunk after slot 0's plain one, given in reverse slot order
     out = fresh.forward([ForwardChunk(1, tuple(prompt), 0, True, all_logits=True),
-                         ForwardChunk(0, tuple(other), 0, True)])
+                         ForwardChunk(0, tuple(other), 0, True)]).copy()  # kept past forward
     assert out.shape == (len(prompt) + 1, fresh.vocab_size)
     for cut in range(2, len(prompt)):
         fresh.release_sequence(2)
@@ -196,7 +196,7 @@ def test_echo_prompt_logprobs_match_a_solo_forward(fresh: LlamaCppGenerative) ->
     assert final is not None and final.prompt_logprobs[0] is None
     prompt = req.prompt_tokens
     assert len(final.prompt_logprobs) == len(prompt)
-    solo = fresh.forward([ForwardChunk(0, tuple(prompt), 0, True, all_logits=True)])
+    solo = fresh.forward([ForwardChunk(0, tuple(prompt), 0, True, all_logits=True)]).copy()
     fresh.release_sequence(0)
     for pos in range(1, len(prompt)):
         entry = final.prompt_logprobs[pos]

@@ -116,9 +116,13 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
         order = sorted(range(len(chunks)), key=lambda i: chunks[i].seq_slot)
         in_order = order == list(range(len(chunks)))
         fed = chunks if in_order else [chunks[i] for i in order]
-        out = np.empty((n_wanted, self.vocab_size), dtype=np.float32)
+        # Every token in one decode (every decode step): the rows are llama.cpp's own
+        # logits buffer, not a copy (at batch 8 of Gemma's 262k vocabulary a copy is 8 MB
+        # a step; at 32, 34 MB of fresh pages). Else one array gathers the decodes' rows.
+        one_decode = sum(len(c.tokens) for c in chunks) <= self.n_batch
+        out = None if one_decode else np.empty((n_wanted, self.vocab_size), dtype=np.float32)
         try:
-            self._run(fed, out)
+            logits = self._run(fed, out)
         except BaseException:
             for slot in planned:
                 self._release(slot)
@@ -126,7 +130,7 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
         for slot, length in planned.items():
             self.slot_len[slot] = length
         if in_order:
-            return out
+            return logits
         # ``out`` holds each chunk's rows in slot order; gather them in the caller's order
         start_in_out = {}
         row = 0
@@ -134,10 +138,12 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
             start_in_out[i] = row
             row += chunks[i].n_rows
         rows = [start_in_out[i] + k for i in range(len(chunks)) for k in range(chunks[i].n_rows)]
-        return out[rows]
+        return logits[rows]
 
-    def _run(self, chunks: Sequence[ForwardChunk], out: np.ndarray) -> None:
-        """Fill the batch chunk by chunk, decoding whenever it is full; rows in order."""
+    def _run(self, chunks: Sequence[ForwardChunk], out: np.ndarray | None) -> np.ndarray:
+        """Fill the batch chunk by chunk, decoding whenever it is full; rows in order, into
+        ``out``, or (``out`` None: the tokens fit one decode) as a view of llama.cpp's
+        logits buffer."""
         b = self._batch
         fill = 0
         row = 0
@@ -146,8 +152,9 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
             tokens = np.asarray(c.tokens, dtype=np.int32)
             done = 0
             while done < len(tokens):
-                if fill == b.capacity:
-                    row = self._decode(fill, pending_rows, out, row)
+                if fill == b.capacity:  # only with ``out``: more tokens than one decode
+                    assert out is not None
+                    row = self._decode_into(fill, pending_rows, out, row)
                     fill, pending_rows = 0, []
                 take = min(len(tokens) - done, b.capacity - fill)
                 span = slice(fill, fill + take)
@@ -165,27 +172,40 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
                     if done == len(tokens) and c.want_logits:
                         b.logits[fill - 1] = 1
                         pending_rows.append(fill - 1)
+        if out is None:
+            if fill:
+                self._decode(fill)
+            return self._logits(len(pending_rows))
         if fill:
-            row = self._decode(fill, pending_rows, out, row)
+            row = self._decode_into(fill, pending_rows, out, row)
+        return out
 
-    def _decode(self, fill: int, pending_rows: list[int], out: np.ndarray, row: int) -> int:
-        lib = self._lib
+    def _decode(self, fill: int) -> None:
         self._batch.struct.n_tokens = fill
-        rc = lib.llama_decode(self._ctx, self._batch.struct)
+        rc = self._lib.llama_decode(self._ctx, self._batch.struct)
         if rc != 0:
             raise BackendError(f"{self.spec.model_id}: llama_decode failed with code {rc}")
-        if not pending_rows:
-            return row
-        # One call for every output row (in batch order), not one per sequence: each
-        # ctypes call hands the GIL away, and getting it back from a busy event loop can
-        # cost a switch interval per call (measured: the step time grew ~10 ms per
-        # sequence with the HTTP streams running).
-        ptr = lib.llama_get_logits(self._ctx)
+
+    def _decode_into(self, fill: int, pending_rows: list[int], out: np.ndarray,
+                     row: int) -> int:
+        self._decode(fill)
+        n = len(pending_rows)
+        if n:
+            out[row : row + n] = self._logits(n)
+        return row + n
+
+    def _logits(self, n: int) -> np.ndarray:
+        """The last decode's ``n`` output rows, in batch order: a view of llama.cpp's
+        buffer, valid until the next decode. One call for every row, not one per
+        sequence: each ctypes call hands the GIL away, and getting it back from a busy
+        event loop can cost a switch interval per call (measured: the step time grew ~10
+        ms per sequence with the HTTP streams running)."""
+        if n == 0:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
+        ptr = self._lib.llama_get_logits(self._ctx)
         if not ptr:
             raise BackendError(f"{self.spec.model_id}: no logits after decode")
-        n = len(pending_rows)
-        out[row : row + n] = np.ctypeslib.as_array(ptr, shape=(n, self.vocab_size))
-        return row + n
+        return np.ctypeslib.as_array(ptr, shape=(n, self.vocab_size))
 
     def _release(self, slot: int) -> None:
         self._lib.llama_memory_seq_rm(self._mem, slot, -1, -1)
