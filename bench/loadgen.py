@@ -32,6 +32,8 @@ class Sample:
     retry_after: str | None = None
     itl_cv: float | None = None
     """Coefficient of variation of the gaps between its tokens (None under 3 tokens)."""
+    token_times: list[float] | None = None
+    """``perf_counter`` instants its tokens arrived (streams that ran to the end)."""
 
     @property
     def ok(self) -> bool:
@@ -85,7 +87,7 @@ async def stream_completion(
     itl_cv = (statistics.pstdev(gaps) / statistics.fmean(gaps)
               if len(gaps) >= 2 and statistics.fmean(gaps) > 0 else None)
     return Sample(status=200, start_s=t0, latency_s=end - t0, ttft_s=ttft, tpot_s=tpot,
-                  tokens=len(times), finish_reason=finish, itl_cv=itl_cv)
+                  tokens=len(times), finish_reason=finish, itl_cv=itl_cv, token_times=times)
 
 
 async def closed_loop(
@@ -163,4 +165,4 @@ def summarize(samples: Sequence[Sample], wall_s: float, *, ttft_slo_s: float,
 
 
 def dump_samples(samples: Sequence[Sample]) -> list[dict[str, Any]]:
-    return [asdict(s) for s in samples]
+    return [{k: v for k, v in asdict(s).items() if k != "token_times"} for s in samples]

@@ -77,7 +77,7 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "synthetic": {"toml": synthetic_toml, "model": "synth-chat", "prompts": SYNTH_PROMPTS,
                   "max_tokens": 16, "slots": 8},
     "gemma": {"toml": llm_toml, "model": "gemma-3-270m", "prompts": LLM_PROMPTS,
-              "max_tokens": 32, "slots": 8},
+              "max_tokens": 32, "slots": 8, "step_table": True},
 }
 
 
@@ -110,12 +110,15 @@ async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
     outside the worker (HTTP, tokenization, streaming) plus one prefill step; lone short
     and long prompts give the per-prefill-token seconds (their difference) and then the
     overhead (what the short prompt's TTFT leaves after its step). The spread of the gaps
-    between a request's tokens with every slot busy is the spread of step times (``cv``)."""
+    between a request's tokens with every slot busy is the spread of step times (``cv``).
+    A system with ``step_table`` is measured at every concurrency up to its slots: its
+    TPOT there is the cost file's decode-step table."""
     m, model = system["max_tokens"], system["model"]
     decodes: list[StepSample] = []
     rows: list[dict[str, Any]] = []
     cv = 0.0
-    for c in PROFILE_CONCURRENCY:
+    table = system.get("step_table", False)
+    for c in range(1, system["slots"] + 1) if table else PROFILE_CONCURRENCY:
         got, _ = await closed_loop(base, model, system["prompts"], concurrency=c,
                                    n_requests=max(8, 3 * c), max_tokens=m)
         tpot = statistics.median(s.tpot_s for s in got if s.ok and s.tpot_s is not None)
@@ -333,6 +336,15 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
         costs = {system["model"]: {"step_cost": learned["step_cost"],
                                    "overhead_ms": round(front_mean_s * 1000, 3),
                                    "cv": round(cv, 4)}}
+        if system.get("step_table"):
+            # decode steps not linear in their decodes (bench/sim_steps.py: the same
+            # step times closed and open loop, per decode count): the closed loop's TPOT
+            # at each concurrency is the table, its fit the prefill term
+            costs[system["model"]].update(
+                step_cost=fitted.to_json(),
+                decode_step_ms={str(r["concurrency"]): round(r["tpot_s"] * 1000, 3)
+                                for r in rows if "concurrency" in r
+                                and not r.get("long_prompts")})
         (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(costs, indent=2) + "\n")
         out["calibration"] = {"factor": CALIBRATION_FACTOR, "seed": args.seed + 1000,
                               "duration_s": args.calibration_s, "requests": len(arrivals),
@@ -482,14 +494,13 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
     group = next(g for g in config.runtime_config().groups if g.group_id == GROUP)
     variants = list(group.variants)
     profile = json.loads(profile_path.read_text())
-    top = profile["variants"][variants[0].removeprefix(f"{GROUP}-")]["batch_ms"]["8"]
-    deadline_ms = round(1.5 * float(top))
+    accurate_ms = profile["variants"][variants[0].removeprefix(f"{GROUP}-")]["batch_ms"]
+    deadline_ms = round(1.5 * float(accurate_ms["8"]))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sluice.cli", "serve", "-c", str(cfg_path), "--port",
            str(port), "--log-level", "info", "--log-format", "json", "--open-admin"]
-    sim_config = replace(SimConfig.from_config(config, read_costs(profile_path)),
-                         preload=tuple(variants))
+    costs = read_costs(profile_path)
     out: dict[str, Any] = {"system": "onnx", "model": GROUP, "variants": variants,
                            "deadline_ms": deadline_ms, "profile": str(profile_path),
                            "duration_s": args.duration, "points": []}
@@ -500,9 +511,15 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
                 client.post(f"{base}/admin/models/{v}/load").raise_for_status()
         capacity = asyncio.run(oneshot_closed_loop(base, variants[0], texts, 1,
                                                    args.capacity_s))
-        out.update(capacity_per_s=round(capacity, 3))
-        print(f"[onnx] capacity {capacity:.2f}/s ({variants[0]} alone); deadline "
-              f"{deadline_ms} ms", flush=True)
+        # one request at a time: what a request spends outside its batch of one (HTTP,
+        # parsing, tokenizing) is its time less the profiled batch
+        overhead_s = max(0.0, 1.0 / capacity - float(accurate_ms["1"]) / 1000.0)
+        for entry in costs.values():
+            entry["overhead_ms"] = round(overhead_s * 1000.0, 3)
+        sim_config = replace(SimConfig.from_config(config, costs), preload=tuple(variants))
+        out.update(capacity_per_s=round(capacity, 3), overhead_ms=round(overhead_s * 1000, 3))
+        print(f"[onnx] capacity {capacity:.2f}/s ({variants[0]} alone), {overhead_s * 1000:.1f}"
+              f" ms a request outside the batch; deadline {deadline_ms} ms", flush=True)
         for factor in args.factors:
             rate = factor * capacity
             spec = parse_spec(f"poisson:rate={rate},duration={args.duration},model={GROUP},"

@@ -6,7 +6,12 @@ Per model, one ``ModelCost``:
   (``sluice profile``'s ``batch_ms``, or a model's ``options.service_ms``), interpolated
   linearly between profiled sizes and extrapolated along the last segment past them;
 - generative models: a ``StepCost`` (``sluice.policy.step_cost``: the same linear step-time
-  model the engine's TPOT budget uses), from a JSON file fitted by a profiling run;
+  model the engine's TPOT budget uses), from a JSON file fitted by a profiling run; and,
+  where a model's decode steps are not linear in the sequences they decode (llama.cpp on
+  a few cores: measured 16 / 31 / 42 / 44 / 54 / 57 ms at 1 to 6 decodes), a measured
+  table of decode-step times (``decode_step_ms``: ``{decodes: ms}``) that the simulator
+  charges instead of the linear decode terms (interpolated like ``batch_ms``; the prompt
+  tokens a step feeds still cost ``per_prefill_token_s`` each);
 - every model: its load time in seconds, and the latency a request spends outside the
   workers (``overhead_ms``: HTTP, tokenization, streaming; measured by the profile, it adds
   to latency but occupies no worker).
@@ -55,6 +60,9 @@ class ModelCost:
     overhead_s: float = 0.0
     """Latency each request spends outside the workers (HTTP parsing, tokenization,
     streaming back): added to its time in the system, not to any worker's busy time."""
+    decode_sizes: tuple[int, ...] = ()
+    """Decodes per step of a measured decode-step table, ascending (empty: linear)."""
+    decode_times_s: tuple[float, ...] = ()
     cv: float = 0.0
     """Coefficient of variation of a step's (or batch's) time around the model's mean:
     each draws a lognormal factor with mean 1 and this spread (0: every step as
@@ -64,32 +72,52 @@ class ModelCost:
         for name in ("load_s", "overhead_s", "cv"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if len(self.batch_sizes) != len(self.batch_times_s):
-            raise ValueError("batch_sizes and batch_times_s differ in length")
-        if list(self.batch_sizes) != sorted(set(self.batch_sizes)) or any(
-                b < 1 for b in self.batch_sizes):
-            raise ValueError(f"batch_sizes must be distinct, >= 1, ascending: {self.batch_sizes}")
-        if any(not t >= 0 for t in self.batch_times_s):
-            raise ValueError(f"batch times must be >= 0: {self.batch_times_s}")
+        for what, sizes, times in (("batch", self.batch_sizes, self.batch_times_s),
+                                   ("decode", self.decode_sizes, self.decode_times_s)):
+            if len(sizes) != len(times):
+                raise ValueError(f"{what} sizes and times differ in length")
+            if list(sizes) != sorted(set(sizes)) or any(b < 1 for b in sizes):
+                raise ValueError(f"{what} sizes must be distinct, >= 1, ascending: {sizes}")
+            if any(not t >= 0 for t in times):
+                raise ValueError(f"{what} times must be >= 0: {times}")
+        if self.decode_sizes and self.step is None:
+            raise ValueError("a decode-step table needs a step cost (its prefill term)")
 
     def batch_s(self, n: int) -> float:
         """Seconds for a one-shot batch of ``n`` (linear between and past profiled sizes)."""
-        sizes, times = self.batch_sizes, self.batch_times_s
-        if not sizes:
+        if not self.batch_sizes:
             raise ValueError("no batch profile: this is not a one-shot model's cost")
-        if len(sizes) == 1:
-            return times[0] * n / sizes[0] if n > sizes[0] else times[0]
-        i = bisect.bisect_left(sizes, n)
-        if i < len(sizes) and sizes[i] == n:
-            return times[i]
-        i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] (or the nearest one)
-        b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
-        return max(0.0, t0 + (t1 - t0) * (n - b0) / (b1 - b0))
+        return _interpolate(self.batch_sizes, self.batch_times_s, n)
+
+    def step_s(self, decode_tokens: int, prefill_tokens: int, context_tokens: int) -> float:
+        """Seconds of one engine step: the step cost's prediction, or with a decode-step
+        table, the table's time for ``decode_tokens`` decodes (which includes their
+        context) plus the step cost's seconds for the prompt tokens fed."""
+        step = self.step
+        if step is None:
+            raise ValueError("no step cost: this is not a generative model's cost")
+        if not self.decode_sizes or decode_tokens == 0:
+            return step.predict_s(decode_tokens, prefill_tokens, context_tokens)
+        return (_interpolate(self.decode_sizes, self.decode_times_s, decode_tokens)
+                + step.per_prefill_token_s * prefill_tokens)
 
     @classmethod
     def oneshot(cls, batch_ms: Mapping[Any, float], load_s: float) -> ModelCost:
         pairs = sorted((int(b), float(ms) / 1000.0) for b, ms in batch_ms.items())
         return cls(load_s, tuple(b for b, _ in pairs), tuple(t for _, t in pairs))
+
+
+def _interpolate(sizes: tuple[int, ...], times: tuple[float, ...], n: int) -> float:
+    """Time at ``n`` from measured (size, time) points: linear between them, along the
+    last segment past them, proportional to ``n`` from a single point."""
+    if len(sizes) == 1:
+        return times[0] * n / sizes[0] if n > sizes[0] else times[0]
+    i = bisect.bisect_left(sizes, n)
+    if i < len(sizes) and sizes[i] == n:
+        return times[i]
+    i = min(max(i, 1), len(sizes) - 1)  # the segment [i-1, i] (or the nearest one)
+    b0, b1, t0, t1 = sizes[i - 1], sizes[i], times[i - 1], times[i]
+    return max(0.0, t0 + (t1 - t0) * (n - b0) / (b1 - b0))
 
 
 def _step_cost(value: Any, base_dir: Path | None) -> StepCost:
@@ -108,8 +136,12 @@ def _from_entry(kind: str, entry: Mapping[str, Any], load_s: float,
     cv = float(entry.get("cv", 0.0))
     if kind == "generative":
         if "step_cost" in entry:
+            table = sorted((int(d), float(ms) / 1000.0)
+                           for d, ms in dict(entry.get("decode_step_ms") or {}).items())
             return ModelCost(load_s, step=_step_cost(entry["step_cost"], base_dir),
-                             overhead_s=overhead_s, cv=cv)
+                             overhead_s=overhead_s, cv=cv,
+                             decode_sizes=tuple(d for d, _ in table),
+                             decode_times_s=tuple(t for _, t in table))
         return None
     for key in ("batch_ms", "service_ms"):
         if entry.get(key):

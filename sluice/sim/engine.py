@@ -60,9 +60,14 @@ class SimEngine:
 
     def __init__(self, config: EngineConfig, cost: StepCost, n_ctx_total: int,
                  n_seq_max: int, jitter: Callable[[], float] = lambda: 1.0,
-                 tpot_target_s: float | None = None) -> None:
+                 tpot_target_s: float | None = None,
+                 step_s: Callable[[int, int, int], float] | None = None) -> None:
         self.config = config
         self.cost = cost
+        """The linear step model the engine's policies plan with (budget, TTFT)."""
+        self.step_s = step_s or cost.predict_s
+        """Seconds a step takes: ``(decodes, prompt tokens, context)`` (``ModelCost.step_s``;
+        the linear model by default)."""
         self.tpot_target_s = tpot_target_s
         self.n_seq_max = n_seq_max
         self.jitter = jitter
@@ -164,7 +169,7 @@ class SimEngine:
             return plan, 0.0
         running = self.running
         context = sum(running[c.slot].n_fed for c in plan.chunks if c.decode)
-        step_s = self.cost.predict_s(plan.decode_tokens, plan.prefill_tokens, context)
+        step_s = self.step_s(plan.decode_tokens, plan.prefill_tokens, context)
         step_s *= self.jitter()
         self.busy_s += step_s
         return plan, step_s

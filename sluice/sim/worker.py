@@ -189,7 +189,8 @@ class SimWorker:
                 raise ValueError(f"generative model {model.model_id} has no step cost")
             self.engines[model.model_id] = SimEngine(
                 self.config.engine, step, model.n_ctx_total, model.n_seq_max,
-                functools.partial(model.cost.jitter, self._rng), model.tpot_target_s)
+                functools.partial(model.cost.jitter, self._rng), model.tpot_target_s,
+                model.cost.step_s)
         self.loads += 1
         self._resident = frozenset(m.model_id for m in self.residency.models())
         self._view = None

@@ -281,3 +281,30 @@ def test_a_first_token_deadline_refuses_what_would_miss_it() -> None:
     unbounded, _ = run(None)
     assert unbounded["overall"]["states"] == {"completed": len(arrivals)}
     assert unbounded["overall"]["ttft_s"]["p50"] > 1.0
+
+
+def test_a_decode_step_table_replaces_the_linear_decode_terms() -> None:
+    """A cost entry's ``decode_step_ms`` (step time by decodes, measured) is what a decode
+    step costs, interpolated between measured counts; prompt tokens still cost the step
+    model's ``per_prefill_token_s``. Alone, a request's 19 decode steps cost 19 × the
+    table's 1-decode time; two at once, the 2-decode time each step."""
+    from sluice.sim.costs import model_cost
+
+    entry = {"step_cost": {"base_s": 0.01, "per_decode_token_s": 0.002,
+                           "per_prefill_token_s": 0.0001},
+             "decode_step_ms": {"1": 16.0, "4": 44.0}, "load_s": 0.0}
+    cost = model_cost("chat", "generative", "llamacpp", {}, 0.0, {"chat": entry})
+    assert cost.step_s(1, 0, 500) == pytest.approx(0.016)
+    assert cost.step_s(2, 0, 0) == pytest.approx(0.016 + 28.0 / 3 / 1000)
+    assert cost.step_s(4, 10, 0) == pytest.approx(0.044 + 0.001)
+    assert cost.step_s(0, 100, 0) == pytest.approx(0.01 + 0.01)
+    model = replace(chat(), cost=cost)
+    _, fleet = simulate(SimConfig(models={"chat": model}),
+                        [Arrival(0.0, "chat", prompt_tokens=100, output_tokens=20),
+                         Arrival(0.0, "chat", prompt_tokens=100, output_tokens=20)],
+                        keep_requests=True)
+    assert fleet.requests is not None
+    for req in fleet.requests:
+        assert req.first_token_s == pytest.approx(cost.step_s(0, 200, 0))
+        decoding_s = (req.end_s or 0) - (req.first_token_s or 0)
+        assert decoding_s == pytest.approx(19 * cost.step_s(2, 0, 0))
