@@ -506,6 +506,8 @@ DEFAULT_SEQ_SLOTS = 32
 """The packaged model's sequence slots: a ceiling, not the decision (the TPOT budget picks
 how many decode at once). Gemma 3 270M decodes 32 at once in 115-138 ms a step on 2 cores
 (bench/results/kv_layout.json), so 32 slots leave the target, not the slots, to decide."""
+DEFAULT_RETAINED_SLOTS = 4
+"""The packaged model's idle slots that keep a prefix (a shared system prompt or two)."""
 DEFAULT_KV_CELLS_PER_SEQ = 1024
 """KV cells each slot's own stream holds (prompt + generated tokens of one sequence)."""
 
@@ -536,6 +538,10 @@ def default_config() -> Config:
                 }
             ],
             "workers": {"count": 1, "budget_bytes": 2_000_000_000, "inbox_capacity": 32},
+            # few retained prefixes, so that ended sequences' slots return to the free
+            # slots (lowest handed out first) and the running ones stay on the lowest
+            # streams: spread over 32 streams a batch decodes up to 3x slower
+            "engine": {"max_retained_slots": DEFAULT_RETAINED_SLOTS},
             "scheduling": {"queue_capacity": 64},
         }
     )

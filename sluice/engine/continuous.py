@@ -187,7 +187,7 @@ class ContinuousEngine:
         self._groups: dict[int, _Group] = {}
         """Started requests by request id (a group outlives none of its sequences)."""
         self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
-        """A stack: ``pop()`` gives slot 0 first; a freed slot is reused first."""
+        """Idle slots holding nothing; the planner hands out the lowest first."""
         self._retained: dict[int, list[int]] = {}
         """Idle slots that kept their last sequence's KV: slot -> the tokens it holds, in
         insertion order (least recently used first)."""
@@ -350,7 +350,10 @@ class ContinuousEngine:
         return StepView(
             running=tuple(seq.view() for seq in self.running.values()),
             waiting=tuple(_waiting_view(req) for req in self.waiting),
-            free_slots=tuple(reversed(self._free_slots)),
+            # lowest first: llama.cpp (one KV stream per slot) decodes a batch whose slots
+            # spread over many streams up to 3x slower than the same batch on the lowest
+            # slots (12 sequences: 200 vs 70 ms a step), so running sequences stay packed
+            free_slots=tuple(sorted(self._free_slots)),
             kv=self.kv.snapshot(),
             now=now,
             retained=tuple(RetainedSeq(slot, tokens, self._lent_blocks(tokens))

@@ -322,3 +322,19 @@ def test_unified_kv_evicts_retained_prefixes_rather_than_make_a_request_wait() -
     run_to_idle(eng)
     assert big.status == RequestStatus.COMPLETED
     eng.kv.check_integrity()
+
+
+def test_a_new_sequence_takes_the_lowest_free_slot() -> None:
+    # llama.cpp decodes a batch spread over many KV streams far slower than the same batch
+    # on the lowest ones, so the running sequences are kept packed: slots 0 and 2 free up
+    # (0 first), and the next request takes 0, not the most recently freed 2
+    eng, _ = engine(model(n_seq_max=4, n_ctx_per_seq=64), retain_prefixes=False)
+    reqs = [request(max_tokens=t) for t in (2, 9, 4)]  # slots 0, 1, 2; 0 ends, then 2
+    for r in reqs:
+        eng.add(r)
+    while reqs[2].final is None:
+        eng.step()
+    assert set(eng.running) == {1}
+    eng.add(request(max_tokens=3))
+    eng.step()
+    assert set(eng.running) == {0, 1}
