@@ -20,7 +20,7 @@ from typing import Any
 from sluice.backends.base import ModelSpec
 from sluice.engine.observer import Observer
 from sluice.engine.request import Request, RequestStatus
-from sluice.policy.planner import PlannerConfig, VariantChoice
+from sluice.policy.planner import LengthPrior, PlannerConfig, VariantChoice
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 
 DEFAULT_SERVICE_S = 0.02
@@ -200,7 +200,19 @@ def variant_info(spec: ModelSpec, worker_budgets: Sequence[int]) -> VariantInfo:
         accuracy=float(spec.options.get("accuracy", 0.0)),
         servers=max(1, sum(1 for b in worker_budgets if b >= spec.memory_bytes)),
         profile_s=service_profile(spec),
+        length_prior=length_prior(spec),
     )
+
+
+def length_prior(spec: ModelSpec) -> LengthPrior | None:
+    """``options.length_prior`` (``{slope_per_char, mean_chars, var_chars}``, from
+    ``sluice profile``), or None."""
+    raw = spec.options.get("length_prior")
+    if not raw:
+        return None
+    d = dict(raw)
+    return LengthPrior(float(d["slope_per_char"]), float(d["mean_chars"]),
+                       float(d["var_chars"]))
 
 
 class PlannerObserver:

@@ -122,6 +122,25 @@ class Ewma:
         return self.value
 
 
+@dataclass(frozen=True, slots=True)
+class LengthPrior:
+    """A measured start for ``LengthSlope``: from ``sluice profile``, which times batches of
+    real texts of differing lengths (``sluice.prep.profile.length_fit``)."""
+
+    slope_per_char: float
+    """``d(observed / profiled) / d(length)`` over the profile's batches (>= 0)."""
+    mean_chars: float
+    """The profile batches' mean longest input (characters): where the ratio is 1."""
+    var_chars: float
+    """Their variance (characters²): how much the prior's spread of lengths weighs."""
+
+    def __post_init__(self) -> None:
+        for name in ("slope_per_char", "mean_chars", "var_chars"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
 class LengthSlope:
     """How a batch's time grows with its longest input: an exponentially weighted
     least-squares slope of ``y`` (observed / profiled time) on ``x`` (the longest
@@ -131,10 +150,14 @@ class LengthSlope:
     tokens it runs, so one long text can take three times the profile's mean (mpnet
     FP32 at batch 1 on one thread: 35 ms for 3 words, 145 ms for 47). Invariant: the
     slope is 0 until ``min_samples`` batches with differing lengths were seen, and
-    never negative (a longer input is never predicted faster).
+    never negative (a longer input is never predicted faster). With a ``prior`` (measured
+    by the profile) it starts as if ``min_samples`` batches with the prior's mean,
+    variance and slope had been seen, so a cold server sizes batches by length from its
+    first request, and its own batches take over at the same weights as without one.
     """
 
-    def __init__(self, alpha: float = 0.02, min_samples: int = 20) -> None:
+    def __init__(self, alpha: float = 0.02, min_samples: int = 20,
+                 prior: LengthPrior | None = None) -> None:
         if not 0 < alpha <= 1 or min_samples < 2:
             raise ValueError(f"need alpha in (0, 1], min_samples >= 2; got {alpha}, "
                              f"{min_samples}")
@@ -145,6 +168,11 @@ class LengthSlope:
         self._mean_y = 0.0
         self._var_x = 0.0
         self._cov_xy = 0.0
+        if prior is not None and prior.mean_chars > 0 and prior.var_chars > 0:
+            self.samples = min_samples
+            self.mean_x, self._mean_y = prior.mean_chars, 1.0
+            self._var_x = prior.var_chars
+            self._cov_xy = prior.slope_per_char * prior.var_chars
 
     def add(self, x: float, y: float) -> None:
         """One batch: its longest length and its observed / profiled time."""
@@ -187,7 +215,8 @@ class ServiceEstimator:
     MIN_LENGTH_FACTOR = 0.25
     """The length correction never predicts a batch below this share of the drift."""
 
-    def __init__(self, profile_s: Mapping[int, float], alpha: float = 0.1) -> None:
+    def __init__(self, profile_s: Mapping[int, float], alpha: float = 0.1,
+                 length_prior: LengthPrior | None = None) -> None:
         points = sorted((int(b), float(s)) for b, s in profile_s.items())
         if not points:
             raise ValueError("profile_s must have at least one batch size")
@@ -196,7 +225,7 @@ class ServiceEstimator:
                 raise ValueError(f"profile_s[{b}] must be a batch size >= 1 with seconds > 0")
         self._points = points
         self.drift = Ewma(alpha, initial=1.0)
-        self.length = LengthSlope()
+        self.length = LengthSlope(prior=length_prior)
 
     def profiled_batch_s(self, batch_size: int) -> float:
         """The profile's batch time at ``batch_size`` (no drift)."""
@@ -506,6 +535,7 @@ def choose_variant(
 __all__ = [
     "POLICIES",
     "Ewma",
+    "LengthPrior",
     "LengthSlope",
     "PlannerConfig",
     "PlannerPolicy",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from sluice.policy.backlog import NO_MARGIN, Backlog, PredictionError, Queued, replan
 from sluice.policy.planner import (
+    LengthPrior,
     PlannerConfig,
     ServiceEstimator,
     VariantChoice,
@@ -38,6 +39,9 @@ class VariantInfo:
     """Workers that can hold it (``c`` of M/M/c)."""
     profile_s: Mapping[int, float]
     """Profiled batch service seconds by batch size."""
+    length_prior: LengthPrior | None = None
+    """How the profile's batch times grew with their longest input (None: not measured;
+    the slope is then learned from the first batches served)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,8 @@ class VariantTracker:
         self.in_system = dict.fromkeys(self.group_of, 0)
         self._counted: dict[int, str] = {}
         """Request → the variant it is counted under in ``in_system``."""
-        self.service = {v: ServiceEstimator(info.profile_s) for v, info in self.info.items()}
+        self.service = {v: ServiceEstimator(info.profile_s, length_prior=info.length_prior)
+                        for v, info in self.info.items()}
         self.last_choice: dict[str, VariantChoice] = {}
         self.pending: dict[int, tuple[str, float | None]] = {}
         """Admitted variant requests not started: id → (variant, absolute deadline), in

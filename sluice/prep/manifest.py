@@ -50,9 +50,13 @@ def config_dict(
             }
             if task == "classification":
                 opts["head"] = v["head"]
-            service = (profile or {}).get("variants", {}).get(name, {}).get("batch_ms")
+            profiled = (profile or {}).get("variants", {}).get(name, {})
+            service = profiled.get("batch_ms")
             if service:
                 opts["service_ms"] = {str(b): ms for b, ms in service.items()}
+            if profiled.get("length"):
+                opts["length_prior"] = {k: profiled["length"][k] for k in
+                                        ("slope_per_char", "mean_chars", "var_chars")}
             models.append({
                 "id": f"{prefix}-{name}", "kind": "oneshot", "backend": "onnx", "task": task,
                 "memory_bytes": int(v["bytes"]) * 3 + 50_000_000, "load_cost_s": 0.5,

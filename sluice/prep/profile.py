@@ -20,7 +20,7 @@ import platform
 import statistics
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -98,9 +98,16 @@ def _wait(rt: Runtime, model_id: str, inputs: Sequence[str], timeout_s: float = 
 
 
 def measure(config: RuntimeConfig, backends: dict[str, Backend], models: Sequence[str],
-            texts: Sequence[str], batch_sizes: Sequence[int], repeats: int) -> dict[str, Any]:
-    """``{model: {batch_size: [seconds, ...]}}`` through the serving path."""
+            texts: Sequence[str], batch_sizes: Sequence[int], repeats: int,
+            longest: dict[int, list[int]] | None = None) -> dict[str, Any]:
+    """``{model: {batch_size: [seconds, ...]}}`` through the serving path, in the order
+    run. ``longest``, if given, receives ``{batch_size: [longest text's characters, ...]}``
+    of the same batches (the same for every model)."""
     out: dict[str, Any] = {m: {} for m in models}
+    if longest is not None:
+        for b in batch_sizes:
+            longest[b] = [max(len(t) for t in texts[s:s + b]) for s in
+                          ((r * b) % max(1, len(texts) - b) for r in range(repeats))]
     for b in batch_sizes:
         obs = _BatchTimes()
         rt = _runtime(config, backends, b, obs)
@@ -117,6 +124,33 @@ def measure(config: RuntimeConfig, backends: dict[str, Backend], models: Sequenc
         finally:
             rt.stop(drain_timeout_s=5.0)
     return out
+
+
+def length_fit(times_s: Mapping[int, Sequence[float]], longest: Mapping[int, Sequence[int]]
+               ) -> dict[str, float] | None:
+    """How a variant's batch time grows with its longest input, from the profile's own
+    batches: the least-squares slope of ``seconds / mean seconds at that batch size`` on
+    the longest text's characters, pooled over batch sizes (the ratio the server's
+    ``LengthSlope`` fits online), with the lengths' mean and variance. ``slope_per_char``
+    is clipped at 0. None when fewer than 2 batches or their lengths do not differ."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for b, samples in times_s.items():
+        lengths = longest.get(b, [])
+        if len(lengths) != len(samples) or not samples:
+            continue
+        mean_s = statistics.fmean(samples)
+        xs.extend(float(x) for x in lengths)
+        ys.extend(s / mean_s for s in samples)
+    if len(xs) < 2:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = statistics.fmean((x - mx) ** 2 for x in xs)
+    if var <= 0:
+        return None
+    cov = statistics.fmean((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    return {"slope_per_char": round(max(0.0, cov / var), 6), "mean_chars": round(mx, 2),
+            "var_chars": round(var, 2), "batches": len(xs)}
 
 
 def cross_check(config: RuntimeConfig, backends: dict[str, Backend], manifest: dict[str, Any],
@@ -180,7 +214,9 @@ def run_profile(config: Config, manifest: dict[str, Any], *, batch_sizes: Sequen
                         [(s, emb.get(str(s.options.get("variant")))) for s in cls],
                         texts[:n_check])
     t0 = time.monotonic()
-    times = measure(rc, backends, [s.model_id for s in cls], texts, batch_sizes, repeats)
+    longest: dict[int, list[int]] = {}
+    times = measure(rc, backends, [s.model_id for s in cls], texts, batch_sizes, repeats,
+                    longest)
     variants: dict[str, Any] = {}
     for s in cls:
         name = str(s.options.get("variant", s.model_id))
@@ -194,6 +230,7 @@ def run_profile(config: Config, manifest: dict[str, Any], *, batch_sizes: Sequen
             "p95_ms": {str(b): round(float(np.percentile(v, 95)) * 1000, 3)
                        for b, v in per_b.items()},
             "samples": {str(b): len(v) for b, v in per_b.items()},
+            "length": length_fit(per_b, longest),
         }
     result = {
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from sluice.policy.planner import (
     Ewma,
+    LengthPrior,
     PlannerConfig,
     ServiceEstimator,
     VariantState,
@@ -248,3 +249,19 @@ def test_service_estimator_learns_how_a_batch_grows_with_its_longest_input() -> 
     # batches of unknown length feed the drift only
     est.observe(1, 0.100)
     assert est.length.samples == 90
+
+
+def test_a_measured_length_prior_sizes_the_first_batch_and_the_server_takes_over() -> None:
+    # the profile measured 0.25 ms a character at 50 ms for the mean of 120 characters
+    prior = LengthPrior(slope_per_char=0.00025 / 0.050, mean_chars=120.0, var_chars=6667.0)
+    est = ServiceEstimator({1: 0.050}, alpha=0.1, length_prior=prior)
+    assert est.batch_s(1, longest=400) == pytest.approx(0.120)  # before any batch
+    assert est.batch_s(1, longest=120) == pytest.approx(0.050)
+    cold = ServiceEstimator({1: 0.050}, alpha=0.1)
+    assert cold.batch_s(1, longest=400) == pytest.approx(0.050)  # no prior: not sized
+    # this server's batches do not grow with length: its own slope replaces the prior's
+    for length in [20, 120, 220] * 100:
+        est.observe(1, 0.050, longest=length)
+    assert est.batch_s(1, longest=400) == pytest.approx(0.050, rel=0.05)
+    with pytest.raises(ValueError):
+        LengthPrior(slope_per_char=-1.0, mean_chars=120.0, var_chars=1.0)
