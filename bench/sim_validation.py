@@ -260,6 +260,18 @@ def rel_err(sim: float | None, real: float | None) -> float | None:
     return (sim - real) / real
 
 
+def judge(point: dict[str, Any], sim: dict[str, Any], real: dict[str, Any],
+          latency_key: str) -> None:
+    """Adds to ``point`` the simulator's relative errors on ``latency_key`` (a p95, e.g.
+    ``ttft_p95_s``, stored as ``ttft_p95_rel_err``) and on goodput, and whether both are
+    within ``TOLERANCE``."""
+    latency_err = f"{latency_key.removesuffix('_s')}_rel_err"
+    point[latency_err] = rel_err(sim[latency_key], real[latency_key])
+    point["goodput_rel_err"] = rel_err(sim["goodput"], real["goodput"])
+    point["within_tolerance"] = all(e is not None and abs(e) <= TOLERANCE
+                                    for e in (point[latency_err], point["goodput_rel_err"]))
+
+
 def poisson_arrivals(system: dict[str, Any], rate: float, duration_s: float, seed: int,
                      deadline_ms: float, counts: list[int]) -> tuple[list[Arrival], list[int]]:
     """Seeded Poisson arrivals, prompts in turn (their token counts from the server)."""
@@ -366,11 +378,7 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
             for key, sim_config in sims.items():
                 point[key] = sim_summary(sim_config, arrivals)
             sim = point["sim"]
-            point["ttft_p95_rel_err"] = rel_err(sim["ttft_p95_s"], real["ttft_p95_s"])
-            point["goodput_rel_err"] = rel_err(sim["goodput"], real["goodput"])
-            point["within_tolerance"] = all(
-                e is not None and abs(e) <= TOLERANCE
-                for e in (point["ttft_p95_rel_err"], point["goodput_rel_err"]))
+            judge(point, sim, real, "ttft_p95_s")
             out["points"].append(point)
             print(f"[{name}] {factor}x ({rate:.1f}/s, n={len(arrivals)}): TTFT p95 real "
                   f"{fmt(real['ttft_p95_s'])} sim {fmt(sim['ttft_p95_s'])} (closed-loop "
@@ -531,12 +539,8 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
             real = oneshot_real_summary(samples, deadline_ms / 1000.0)
             sim = oneshot_sim_summary(sim_config, arrivals)
             point = {"factor": factor, "rate_per_s": round(rate, 3), "requests": len(arrivals),
-                     "real": real, "sim": sim,
-                     "e2e_p95_rel_err": rel_err(sim["e2e_p95_s"], real["e2e_p95_s"]),
-                     "goodput_rel_err": rel_err(sim["goodput"], real["goodput"])}
-            point["within_tolerance"] = all(
-                e is not None and abs(e) <= TOLERANCE
-                for e in (point["e2e_p95_rel_err"], point["goodput_rel_err"]))
+                     "real": real, "sim": sim}
+            judge(point, sim, real, "e2e_p95_s")
             out["points"].append(point)
             print(f"[onnx] {factor}x ({rate:.1f}/s, n={len(arrivals)}): e2e p95 real "
                   f"{fmt(real['e2e_p95_s'])} sim {fmt(sim['e2e_p95_s'])}; goodput real "

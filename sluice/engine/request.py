@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
+from sluice.policy.ttft import request_start_by_s
+
 
 class RequestStatus(IntEnum):
     """Live states first, terminal states after ``RUNNING``."""
@@ -206,10 +208,8 @@ class Request:
     def start_by_s(self) -> float | None:
         """The time past which it is no use starting it or letting it wait on: its
         deadline, or its first-token deadline while no token has come."""
-        ttft = self.ttft_deadline_s if self.times.first_token_s is None else None
-        if ttft is None or (self.deadline_s is not None and self.deadline_s < ttft):
-            return self.deadline_s
-        return ttft
+        return request_start_by_s(self.deadline_s, self.ttft_deadline_s,
+                                  self.times.first_token_s)
 
     def missed_start(self, now: float) -> bool:
         """Whether ``now`` is past ``start_by_s``."""

@@ -24,6 +24,17 @@ from sluice.policy.step_cost import StepCost
 from sluice.policy.tpot_budget import TpotBudget
 
 
+def request_start_by_s(deadline_s: float | None, ttft_deadline_s: float | None,
+                       first_token_s: float | None) -> float | None:
+    """The time past which it is no use starting a request or letting it wait on: its
+    deadline, or its first-token deadline while no token has come, whichever is earlier;
+    ``None`` when neither applies. One rule for the server's and the simulator's requests."""
+    ttft = ttft_deadline_s if first_token_s is None else None
+    if ttft is None or (deadline_s is not None and deadline_s < ttft):
+        return deadline_s
+    return ttft
+
+
 @dataclass(frozen=True, slots=True)
 class LineEntry:
     """A request ahead of the new one, running or waiting."""

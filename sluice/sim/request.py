@@ -7,6 +7,8 @@ one is an error here (the conservation check: every request ends exactly once).
 
 from __future__ import annotations
 
+from sluice.policy.ttft import request_start_by_s
+
 TERMINAL = ("completed", "rejected", "expired", "failed")
 
 _ID_SPAN = 1 << 20
@@ -98,10 +100,7 @@ class SimRequest:
         """Past this it is no use starting it or letting it wait on (as the server's
         ``Request.start_by_s``): its deadline, or its first-token deadline while no token
         has come, whichever is earlier."""
-        ttft = self.ttft_deadline_s if self.first_token_s is None else None
-        if ttft is None or (self.deadline_s is not None and self.deadline_s < ttft):
-            return self.deadline_s
-        return ttft
+        return request_start_by_s(self.deadline_s, self.ttft_deadline_s, self.first_token_s)
 
     def missed_start(self, now: float) -> bool:
         start_by = self.start_by_s
