@@ -78,6 +78,8 @@ from sluice.policy.step_planner import (
     WaitingSeq,
     plan_step,
     reserve_admission,
+    retain_prefix,
+    retains,
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
@@ -603,11 +605,8 @@ class ContinuousEngine:
         used); its blocks go back to the allocator. Past ``max_retained_slots`` the least
         recently used retained slot is cleared."""
         self.kv.free(seq.slot)
-        self._retained[seq.slot] = seq.tokens[: seq.n_fed]
-        cap = self.config.max_retained_slots
-        while cap is not None and len(self._retained) > cap:
-            oldest = next(iter(self._retained))
-            del self._retained[oldest]
+        for oldest in retain_prefix(self.config, self._retained, seq.slot,
+                                    seq.tokens[: seq.n_fed]):
             self._free_slot(oldest)
 
     def _drop_sequence(self, seq: _Sequence, now: float, retain: bool = False) -> None:
@@ -615,8 +614,7 @@ class ContinuousEngine:
         the engine retains prefixes), and flush its held-back text."""
         if self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
-            if (retain and self.config.retain_prefixes and self.config.prefix_reuse
-                    and seq.n_fed >= self.config.min_prefix_tokens):
+            if retain and retains(self.config, seq.n_fed):
                 self._retain(seq)
             else:
                 self._free_slot(seq.slot)

@@ -64,9 +64,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import islice
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 from sluice.policy.kv_blocks import KVBlockAllocator, KVSnapshot
+
+_T = TypeVar("_T")
 
 BatchingMode = Literal["continuous", "static", "serial"]
 LineOrder = Literal["arrival", "priority_deadline"]
@@ -359,6 +361,28 @@ def reserve_admission(kv: KVBlockAllocator, admission: Admission) -> tuple[int, 
             )
         tables.append(table)
     return tables[0]
+
+
+def retains(config: EngineConfig, n_fed: int) -> bool:
+    """Whether a sequence that completed after feeding ``n_fed`` tokens keeps its KV in
+    its idle slot as a retained prefix (the engine's and the simulator's one rule)."""
+    return config.retain_prefixes and config.prefix_reuse and n_fed >= config.min_prefix_tokens
+
+
+def retain_prefix(config: EngineConfig, retained: dict[int, _T], slot: int,
+                  tokens: _T) -> list[int]:
+    """Keep ``tokens`` in idle ``slot`` as the most recently used retained prefix
+    (``retained``: slot -> tokens, least recently used first). Returns the least recently
+    used slots dropped past ``config.max_retained_slots``, oldest first: the caller clears
+    and frees them."""
+    retained[slot] = tokens
+    dropped: list[int] = []
+    cap = config.max_retained_slots
+    while cap is not None and len(retained) > cap:
+        oldest = next(iter(retained))
+        del retained[oldest]
+        dropped.append(oldest)
+    return dropped
 
 
 def common_prefix_tokens(a: Sequence[int], b: Sequence[int], limit: int) -> int:

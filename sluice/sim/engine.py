@@ -41,6 +41,8 @@ from sluice.policy.step_planner import (
     WaitingSeq,
     plan_step,
     reserve_admission,
+    retain_prefix,
+    retains,
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
@@ -211,14 +213,9 @@ class SimEngine:
     def _retire(self, slot: int, completed: bool = False) -> None:
         seq = self.running.pop(slot)
         self.kv.free(slot)
-        cfg = self.config
-        if (completed and cfg.retain_prefixes and cfg.prefix_reuse
-                and seq.n_fed >= cfg.min_prefix_tokens):
-            self._retained[slot] = seq.req.prompt[: min(seq.n_fed, seq.req.n_prompt)]
-            cap = cfg.max_retained_slots
-            while cap is not None and len(self._retained) > cap:
-                oldest = next(iter(self._retained))
-                del self._retained[oldest]
-                self._free_slots.append(oldest)
+        if completed and retains(self.config, seq.n_fed):
+            self._free_slots.extend(retain_prefix(
+                self.config, self._retained, slot,
+                seq.req.prompt[: min(seq.n_fed, seq.req.n_prompt)]))
         else:
             self._free_slots.append(slot)
