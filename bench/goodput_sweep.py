@@ -86,16 +86,38 @@ async def one(client: httpx.AsyncClient, model: str, text: str, label: str,
         return {"status": 0, "latency_s": time.perf_counter() - t0, "error": type(exc).__name__}
     out: dict[str, Any] = {"status": r.status_code, "latency_s": time.perf_counter() - t0,
                            "variant": r.headers.get("x-sluice-variant")}
+    out |= decision(r.headers)
     if r.status_code == 200:
         probs = r.json()["output"]
         out["correct"] = max(probs, key=probs.get) == label
-        out["predicted_wait_ms"] = float(r.headers.get("x-sluice-predicted-wait-ms", "nan"))
-        out["queue_wait_ms"] = float(r.headers.get("x-sluice-queue-wait-ms", "nan"))
     else:
         try:
             out["code"] = r.json()["error"]["code"]
         except (ValueError, KeyError, TypeError):
             out["code"] = None
+    return out
+
+
+DECISION_HEADERS = {
+    "predicted_wait_ms": "x-sluice-predicted-wait-ms", "queue_wait_ms": "x-sluice-queue-wait-ms",
+    "predicted_sojourn_ms": "x-sluice-predicted-sojourn-ms", "sojourn_ms": "x-sluice-sojourn-ms",
+    "batch_size": "x-sluice-batch-size", "run_ms": "x-sluice-run-ms",
+}
+"""Numbers the server reports per request (``plan_headers``): the planner's prediction
+and what happened, in the server's own time."""
+
+
+def decision(headers: httpx.Headers) -> dict[str, Any]:
+    """A response's decision record: ``DECISION_HEADERS`` present as numbers, the plan's
+    reason, and whether the pool was idle / the accurate variant fitted alone (bools)."""
+    out: dict[str, Any] = {k: float(headers[h]) for k, h in DECISION_HEADERS.items()
+                           if h in headers}
+    if "x-sluice-plan-reason" in headers:
+        out["plan_reason"] = headers["x-sluice-plan-reason"]
+    for key, h in (("pool_idle", "x-sluice-pool-idle"),
+                   ("accurate_fits_alone", "x-sluice-accurate-fits-alone")):
+        if h in headers:
+            out[key] = headers[h] == "1"
     return out
 
 
@@ -126,7 +148,8 @@ async def open_loop(url: str, model: str, texts: list[tuple[str, str]],
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=200)
 
     async def timed(at: float, text: str, label: str) -> dict[str, Any]:
-        return {"at_s": at, **(await one(client, model, text, label, deadline_ms))}
+        return {"at_s": at, "chars": len(text),
+                **(await one(client, model, text, label, deadline_ms))}
 
     async with httpx.AsyncClient(base_url=url, limits=limits) as client:
         tasks = []
@@ -159,8 +182,55 @@ async def closed_loop(url: str, model: str, texts: list[tuple[str, str]], concur
         return done / (time.perf_counter() - t0)
 
 
+MISS_FIELDS = ("at_s", "chars", "status", "code", "error", "variant", "plan_reason",
+               "pool_idle", "batch_size", "predicted_wait_ms", "queue_wait_ms",
+               "predicted_sojourn_ms", "sojourn_ms", "run_ms")
+"""What a miss's record keeps (``latency_ms`` and ``arrivals_before`` are added)."""
+ONSET_WINDOW_S = 0.5
+"""``arrivals_before``: arrivals in this many seconds up to a miss (itself included)."""
+
+
+def misses(samples: list[dict[str, Any]], deadline_ms: float) -> list[dict[str, Any]]:
+    """Every request not answered 200 within the deadline, in arrival order: when it
+    arrived (seconds from the run's start), its text's length, where it ran and in what
+    batch, the planner's predicted wait and sojourn against the server's own, the client's
+    latency, and how many requests arrived in the ``ONSET_WINDOW_S`` before it (a burst's
+    onset shows as a count well above the mean rate's)."""
+    ats = sorted(s["at_s"] for s in samples)
+    out = []
+    for s in sorted(samples, key=lambda x: x["at_s"]):
+        if s["status"] == 200 and s["latency_s"] * 1000 <= deadline_ms:
+            continue
+        rec = {k: s[k] for k in MISS_FIELDS if s.get(k) is not None}
+        rec["latency_ms"] = round(s["latency_s"] * 1000, 1)
+        rec["arrivals_before"] = sum(1 for a in ats if s["at_s"] - ONSET_WINDOW_S < a <= s["at_s"])
+        out.append(rec)
+    return out
+
+
+def plan_shares(samples: list[dict[str, Any]], best: str) -> dict[str, Any]:
+    """How the planner's requests found the pool and where they went: ``idle_fits``
+    (idle pool, the accurate variant meets the deadline alone: the requests that
+    accurate-only would serve in time; ``on_best`` of them went to it), ``idle_too_long``
+    (idle pool, it would not), ``busy`` (something queued or running); and the plan
+    reasons. Answered and refused requests alike (a refusal has no variant)."""
+    groups: dict[str, dict[str, int]] = {
+        k: {"n": 0, "on_best": 0} for k in ("idle_fits", "idle_too_long", "busy")}
+    reasons: dict[str, int] = {}
+    for s in samples:
+        if "plan_reason" in s:
+            reasons[s["plan_reason"]] = reasons.get(s["plan_reason"], 0) + 1
+        if s.get("pool_idle") is None or s.get("accurate_fits_alone") is None:
+            continue
+        key = ("busy" if not s["pool_idle"] else
+               "idle_fits" if s["accurate_fits_alone"] else "idle_too_long")
+        groups[key]["n"] += 1
+        groups[key]["on_best"] += s.get("variant") == best
+    return {**groups, "reasons": reasons}
+
+
 def summarize(samples: list[dict[str, Any]], duration_s: float, deadline_ms: float,
-              cpu_s: float) -> dict[str, Any]:
+              cpu_s: float, best: str | None = None) -> dict[str, Any]:
     ok = [s for s in samples if s["status"] == 200]
     good = [s for s in ok if s["latency_s"] * 1000 <= deadline_ms]
     lat = sorted(s["latency_s"] for s in ok)
@@ -181,6 +251,8 @@ def summarize(samples: list[dict[str, Any]], duration_s: float, deadline_ms: flo
         "p50_ms": lat[len(lat) // 2] * 1000 if lat else None, "p95_ms": p95,
         "variant_mix": mix, "failures": codes,
         "cpu_s_per_good": cpu_s / len(good) if good else None, "cpu_s": cpu_s,
+        "misses": misses(samples, deadline_ms),
+        **({"plan": plan_shares(samples, best)} if best else {}),
     }
 
 
@@ -322,6 +394,8 @@ def main() -> int:
                           f"{point['served_accuracy'] or 0:.3f}  p95 "
                           f"{point['p95_ms'] or 0:7.1f} ms  mix {point['variant_mix']}  "
                           f"fail {point['failures']}", flush=True)
+                    for m in point["misses"]:
+                        print(f"    miss {miss_line(m)}", flush=True)
 
     result = report({
         "variants": {v: manifest["variants"][v]["accuracy"] for v in args.variants},
@@ -350,7 +424,21 @@ def run_point(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
             url, "sentiment", texts, offsets,
             args.deadline_ms if SENDS_DEADLINE[policy] else None))
         cpu = cpu_seconds(proc.pid) - cpu0
-    return summarize(samples, args.duration_s, args.deadline_ms, cpu)
+    return summarize(samples, args.duration_s, args.deadline_ms, cpu,
+                     best=f"sentiment-{args.variants[0]}")
+
+
+def miss_line(m: dict[str, Any]) -> str:
+    """One miss on one line (a field the server did not report prints as ``-``)."""
+    def g(key: str, fmt: str = ".0f") -> str:
+        x = m.get(key)
+        return "-" if x is None else format(x, fmt) if isinstance(x, float) else str(x)
+    return (f"at {m['at_s']:6.2f}s {g('status')}:{g('code')} {g('variant')} "
+            f"({g('plan_reason')}, idle {g('pool_idle')}) {g('chars')} chars, batch "
+            f"{g('batch_size')}; wait {g('predicted_wait_ms')} predicted / "
+            f"{g('queue_wait_ms')} ms; sojourn {g('predicted_sojourn_ms')} predicted / "
+            f"{g('sojourn_ms')} server / {g('latency_ms')} client ms; run {g('run_ms')} ms; "
+            f"{g('arrivals_before')} arrivals in the {ONSET_WINDOW_S} s before")
 
 
 def merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -371,6 +459,7 @@ def write(result: dict[str, Any], out: Path) -> None:
     plot(result, out.with_suffix(".png"))
     print(markdown(result))
     print(ratio_lines(result))
+    print(plan_lines(result))
     print(f"wrote {out} and {out.with_suffix('.png')}")
 
 
@@ -435,7 +524,25 @@ def table_row(mine: list[dict[str, Any]], accuracy: dict[str, float], best: str
         "cpu_ms_per_good": ratio(1000 * sum(q["cpu_s"] for q in mine), good),
         "share_on_best": ratio(mix.get(best, 0), served),
         "mix": mix,
+        "plan": pooled_plan([q["plan"] for q in mine if "plan" in q]),
+        "misses": sum(q["sent"] - q["good"] for q in mine),
     }
+
+
+def pooled_plan(plans: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """``plan_shares`` summed over repeats (``None`` for runs from before it existed)."""
+    if not plans:
+        return None
+    out: dict[str, Any] = {k: {"n": 0, "on_best": 0}
+                           for k in ("idle_fits", "idle_too_long", "busy")}
+    reasons: dict[str, int] = {}
+    for plan in plans:
+        for k in out:
+            out[k]["n"] += plan[k]["n"]
+            out[k]["on_best"] += plan[k]["on_best"]
+        for reason, n in plan["reasons"].items():
+            reasons[reason] = reasons.get(reason, 0) + n
+    return {**out, "reasons": reasons}
 
 
 def ratio(num: float | None, den: float | None) -> float | None:
@@ -536,6 +643,30 @@ def ratio_lines(result: dict[str, Any]) -> str:
             f"{span(g('goodput_vs_accurate_expiry_range'))} | "
             f"{fmt_num(g('accuracy_points_vs_accurate'), '.2f')} | "
             f"{fmt_num(None if share is None else 100 * share, '.0f')}% |")
+    return "\n".join(lines)
+
+
+def plan_lines(result: dict[str, Any]) -> str:
+    """Where adaptive's requests went by the pool they found (``plan_shares``, all
+    repeats): the share on the most accurate variant of those that found the pool idle
+    and that it serves in time alone (accurate-only's in-time requests), and how many
+    it could not serve alone or found the pool busy."""
+    lines = ["| process | ρ | requests | idle pool, accurate fits alone: share of requests, "
+             "on accurate | idle pool, too long for it | busy pool: share, on accurate | "
+             "plan reasons |", "|---|---|---|---|---|---|---|"]
+    for row in result["table"]:
+        plan = row.get("plan")
+        if row["policy"] != "adaptive" or not plan:
+            continue
+        n = sum(plan[k]["n"] for k in ("idle_fits", "idle_too_long", "busy")) or 1
+        fits, busy = plan["idle_fits"], plan["busy"]
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(plan["reasons"].items(),
+                                                           key=lambda kv: -kv[1]))
+        lines.append(
+            f"| {process_of(row)} | {row['rho']} | {n} | {fits['n'] / n:.0%}, "
+            f"{fmt_num(ratio(fits['on_best'], fits['n']), '.1%')} | "
+            f"{plan['idle_too_long']['n'] / n:.0%} | {busy['n'] / n:.0%}, "
+            f"{fmt_num(ratio(busy['on_best'], busy['n']), '.0%')} | {reasons} |")
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from bench.frontier import frontier
-from bench.goodput_sweep import ratios, report, summarize
+from bench.goodput_sweep import misses, plan_shares, ratios, report, summarize
 
 
 def row(policy: str, goodput: float, cpu_ms: float | None, acc: float | None,
@@ -65,6 +65,8 @@ def test_goodput_counts_only_answers_within_the_deadline() -> None:
         {"status": 503, "latency_s": 0.01, "code": "deadline_infeasible"},
         {"status": 0, "latency_s": 1.0, "error": "ConnectError"},
     ]
+    for i, sample in enumerate(samples):
+        sample["at_s"] = 0.1 * i
     s = summarize(samples, duration_s=2.0, deadline_ms=300.0, cpu_s=1.0)
     assert (s["sent"], s["ok"], s["good"]) == (5, 3, 2)
     assert s["goodput_per_s"] == pytest.approx(1.0)
@@ -73,6 +75,36 @@ def test_goodput_counts_only_answers_within_the_deadline() -> None:
     assert s["variant_mix"] == {"a": 2, "b": 1}
     assert s["failures"] == {"503:deadline_infeasible": 1, "0:ConnectError": 1}
     assert s["cpu_s_per_good"] == pytest.approx(0.5)
+    assert [m["at_s"] for m in s["misses"]] == pytest.approx([0.1, 0.3, 0.4])
+
+
+def test_misses_keep_what_the_server_reported_in_arrival_order() -> None:
+    samples = [
+        {"at_s": 0.9, "chars": 40, "status": 200, "latency_s": 0.05, "variant": "a"},
+        {"at_s": 1.0, "chars": 300, "status": 504, "latency_s": 0.16, "code": "deadline",
+         "variant": "a", "plan_reason": "low_load", "pool_idle": True, "batch_size": 1.0,
+         "predicted_sojourn_ms": 120.0, "sojourn_ms": 155.0, "run_ms": 150.0},
+        {"at_s": 0.2, "chars": 10, "status": 200, "latency_s": 0.2, "variant": "b"},  # late
+    ]
+    late, expired = misses(samples, deadline_ms=150.0)
+    assert (late["at_s"], late["latency_ms"], late["arrivals_before"]) == (0.2, 200.0, 1)
+    assert "predicted_sojourn_ms" not in late  # not reported: not invented
+    assert expired["arrivals_before"] == 2  # 0.9 and itself, within 0.5 s
+    assert (expired["code"], expired["predicted_sojourn_ms"], expired["sojourn_ms"]) == \
+        ("deadline", 120.0, 155.0)
+
+
+def test_plan_shares_split_by_the_pool_the_request_found() -> None:
+    def s(idle: bool, fits: bool, variant: str | None, reason: str) -> dict[str, Any]:
+        return {"pool_idle": idle, "accurate_fits_alone": fits, "variant": variant,
+                "plan_reason": reason}
+    shares = plan_shares([s(True, True, "acc", "low_load"), s(True, True, "acc", "low_load"),
+                          s(True, False, "mid", "backlog"), s(False, True, "mid", "backlog"),
+                          s(False, True, "acc", "low_load"), {"status": 200}], best="acc")
+    assert shares["idle_fits"] == {"n": 2, "on_best": 2}
+    assert shares["idle_too_long"] == {"n": 1, "on_best": 0}
+    assert shares["busy"] == {"n": 2, "on_best": 1}
+    assert shares["reasons"] == {"low_load": 3, "backlog": 2}
 
 
 def manifest_and_profile(ok: bool = True) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -79,6 +79,8 @@ class OneShotExecutor:
         if not live:
             return
         model_id = model.spec.model_id
+        for r in live:
+            r.batch_size = len(live)
         self.active_count = len(live)
         self._on_start(model_id, now)
         self._observer.batch(self.worker_id, model_id, len(live))

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
+from sluice.policy.planner import VariantChoice
 from sluice.policy.ttft import request_start_by_s
 
 
@@ -188,6 +189,11 @@ class Request:
     worker_id: int | None = None
     variant: str | None = None
     predicted_wait_s: float | None = None
+    plan: VariantChoice | None = None
+    """The planner's choice for a request that named a model group (kept as made: a
+    re-planned request runs on another ``variant`` than ``plan.variant``)."""
+    batch_size: int | None = None
+    """One-shot: the size of the batch it ran in."""
     route_reason: str = ""
     cancel_requested: bool = False
     """Set from any thread; the owner of the request stops it at its next check."""

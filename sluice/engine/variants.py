@@ -100,6 +100,8 @@ class VariantPlanner:
             if choice is not None and choice.variant is not None and name == group_id:
                 sojourn = choice.predicted_sojourn_s
                 self._planned_finish[req.request_id] = (now + sojourn, sojourn)
+        if choice is not None and name == group_id:
+            req.plan = choice
         if choice is not None and choice.variant is not None:
             req.model_id = choice.variant
             req.variant = choice.variant

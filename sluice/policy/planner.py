@@ -360,6 +360,14 @@ class VariantChoice:
     predictions: tuple[Prediction, ...]
     retry_after_s: float = 0.0
     """For a rejection: when the best variant's backlog should have drained."""
+    pool_idle: bool | None = None
+    """Nothing was queued or running at the decision (``None``: planned without the
+    pool's state)."""
+    accurate_fits_alone: bool | None = None
+    """The most accurate variant, alone on an idle pool, would meet the deadline (with
+    the margin and the room for the next request, as the planner judges any variant);
+    ``None`` without a deadline or the pool's state. Below the low-load line a request
+    that finds the pool idle and fits alone goes to the most accurate variant."""
 
 
 def settled_batch_size(v: VariantState, arrival_per_s: float, max_batch_size: int) -> int:
@@ -504,9 +512,19 @@ def choose_variant(
                     steady_state=backlog is None or not (below_line or backlog.is_empty),
                     queued_curves=queued_curves, margin=margin, length=length, scale=scale)
 
+    pool_idle = None if backlog is None else backlog.is_empty
+    fits_alone = None
+    if backlog is not None and time_left_s is not None:
+        alone = preds[0] if backlog.is_empty else predict(
+            variants, arrival_per_s=arrival_per_s, time_left_s=time_left_s, config=config,
+            backlog=Backlog(tuple(0.0 for _ in backlog.busy_s), ()), steady_state=False,
+            queued_curves=queued_curves, margin=margin, length=length, scale=scale)[0]
+        fits_alone = alone.meets_deadline
+
     def pick(p: Prediction, reason: str) -> VariantChoice:
         return VariantChoice(p.variant, reason, p.wait_s, p.sojourn_s, utilization,
-                             arrival_per_s, tuple(preds))
+                             arrival_per_s, tuple(preds), pool_idle=pool_idle,
+                             accurate_fits_alone=fits_alone)
 
     if config.policy == "accurate":
         return pick(preds[0], "policy_accurate")
@@ -529,7 +547,8 @@ def choose_variant(
     soonest = min(preds, key=lambda p: p.sojourn_s)
     retry_s = soonest.backlog_wait_s if math.isfinite(soonest.backlog_wait_s) else 0.0
     return VariantChoice(None, "deadline_infeasible", soonest.wait_s, soonest.sojourn_s,
-                         utilization, arrival_per_s, tuple(preds), retry_after_s=retry_s)
+                         utilization, arrival_per_s, tuple(preds), retry_after_s=retry_s,
+                         pool_idle=pool_idle, accurate_fits_alone=fits_alone)
 
 
 __all__ = [

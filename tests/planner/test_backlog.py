@@ -138,6 +138,7 @@ def test_below_half_load_an_empty_backlog_gives_accurate_only(
     choice = choose_variant(variants(), arrival_per_s=utilization * CAPACITY_PER_S,
                             time_left_s=time_left_s, config=CFG, backlog=Backlog((0.0,)))
     assert (choice.variant, choice.reason) == ("acc", "low_load")
+    assert choice.pool_idle and choice.accurate_fits_alone
 
 
 def test_a_burst_the_rate_has_not_seen_moves_the_choice_at_once() -> None:
@@ -301,3 +302,23 @@ def test_a_long_input_on_an_idle_pool_goes_to_a_variant_that_meets_it() -> None:
     long = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.150, config=CFG,
                           backlog=idle, length=400, scale=scale)  # acc: 200 ms
     assert (long.variant, long.reason) == ("mid", "backlog")
+    # the decision says why: the pool was idle, and acc alone would miss
+    assert (short.pool_idle, short.accurate_fits_alone) == (True, True)
+    assert (long.pool_idle, long.accurate_fits_alone) == (True, False)
+
+
+def test_the_choice_says_whether_the_accurate_variant_would_have_fitted_alone() -> None:
+    """Behind 100 ms of work acc (50 ms) misses a 150 ms deadline, which it meets on an
+    idle pool: the request goes elsewhere because the pool was busy, and says so."""
+    busy = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.150, config=CFG,
+                          backlog=Backlog((0.100,)))
+    assert (busy.variant, busy.reason) == ("mid", "backlog")
+    assert (busy.pool_idle, busy.accurate_fits_alone) == (False, True)
+    short = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.040, config=CFG,
+                           backlog=Backlog((0.100,)))
+    assert short.accurate_fits_alone is False
+    no_state = choose_variant(variants(), arrival_per_s=0.0, time_left_s=0.150, config=CFG)
+    assert (no_state.pool_idle, no_state.accurate_fits_alone) == (None, None)
+    no_deadline = choose_variant(variants(), arrival_per_s=0.0, time_left_s=None,
+                                 config=CFG, backlog=Backlog((0.100,)))
+    assert (no_deadline.pool_idle, no_deadline.accurate_fits_alone) == (False, None)

@@ -44,6 +44,13 @@ def test_low_load_serves_the_most_accurate_variant(serve: Callable[..., LiveServ
     assert r.headers["x-sluice-variant"] == "slow"
     assert float(r.headers["x-sluice-predicted-wait-ms"]) >= 0
     assert "x-sluice-queue-wait-ms" in r.headers
+    # the plan's diagnostics: an idle pool, slow (60 ms) fits alone, a batch of one
+    assert r.headers["x-sluice-plan-reason"] == "low_load"
+    assert (r.headers["x-sluice-pool-idle"], r.headers["x-sluice-accurate-fits-alone"]) \
+        == ("1", "1")
+    assert r.headers["x-sluice-batch-size"] == "1"
+    assert float(r.headers["x-sluice-predicted-sojourn-ms"]) >= 60
+    assert float(r.headers["x-sluice-sojourn-ms"]) >= float(r.headers["x-sluice-run-ms"]) >= 60
     assert set(r.json()["output"]) == {"negative", "positive"}
     with live.client() as c:
         samples = scrape(c)
@@ -58,6 +65,8 @@ def test_a_tight_deadline_moves_to_the_faster_variant(serve: Callable[..., LiveS
     r = infer(live, "sentiment", deadline_ms=30)  # slow needs 60 ms of service alone
     assert r.status_code == 200, r.text
     assert r.headers["x-sluice-variant"] == "fast"
+    assert r.headers["x-sluice-plan-reason"] == "meets_deadline"
+    assert r.headers["x-sluice-accurate-fits-alone"] == "0"
     r = infer(live, "sentiment", deadline_ms=2_000)
     assert r.headers["x-sluice-variant"] == "slow"
     with live.client() as c:
@@ -87,6 +96,7 @@ def test_naming_a_variant_still_works(serve: Callable[..., LiveServer]) -> None:
     live = serve(group_config(low_load_utilization=0.0))
     r = infer(live, "slow", deadline_ms=30)  # not re-planned, even though it will be late
     assert r.status_code in (200, 504), r.text
+    assert "x-sluice-plan-reason" not in r.headers  # no group, no plan
     if r.status_code == 200:
         assert r.headers["x-sluice-variant"] == "slow"
         assert "x-sluice-predicted-wait-ms" in r.headers

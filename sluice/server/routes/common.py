@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
@@ -152,7 +153,8 @@ def ttft_deadline(ctx: AppContext, headers: Mapping[str, str],
 
 def decision_headers(req: RtRequest) -> dict[str, str]:
     """The ``x-sluice-*`` headers that say how the runtime decided (id, tenant, priority
-    served at, worker, queue wait, route, variant, predicted wait)."""
+    served at, worker, queue wait, route, variant, predicted wait), and what to check a
+    planned request's prediction against (``plan_headers``)."""
     headers = {"x-sluice-request-id": str(req.request_id), "x-sluice-tenant": req.tenant_id,
                "x-sluice-priority": str(req.priority)}
     if req.worker_id is not None:
@@ -166,6 +168,34 @@ def decision_headers(req: RtRequest) -> dict[str, str]:
         headers["x-sluice-variant"] = req.variant
     if req.predicted_wait_s is not None:
         headers["x-sluice-predicted-wait-ms"] = f"{req.predicted_wait_s * 1000:.1f}"
+    return headers | plan_headers(req)
+
+
+def plan_headers(req: RtRequest) -> dict[str, str]:
+    """HTTP only (diagnostics, not in gRPC's ``Decision``): for a one-shot request, the
+    batch it ran in and its run time; for one that named a model group, the planner's
+    reason and predicted sojourn (from its arrival) beside the server's own sojourn, and
+    whether the pool was idle and the most accurate variant would have met the deadline
+    alone (``VariantChoice``). ``plan-reason`` is ``replanned`` when it ran elsewhere."""
+    headers: dict[str, str] = {}
+    t = req.times
+    if req.batch_size is not None:
+        headers["x-sluice-batch-size"] = str(req.batch_size)
+        if t.started_s is not None and t.finished_s is not None:
+            headers["x-sluice-run-ms"] = f"{(t.finished_s - t.started_s) * 1000:.1f}"
+    plan = req.plan
+    if plan is None:
+        return headers
+    moved = plan.variant is not None and req.variant != plan.variant
+    headers["x-sluice-plan-reason"] = "replanned" if moved else plan.reason
+    if math.isfinite(plan.predicted_sojourn_s):
+        headers["x-sluice-predicted-sojourn-ms"] = f"{plan.predicted_sojourn_s * 1000:.1f}"
+    if t.finished_s is not None:
+        headers["x-sluice-sojourn-ms"] = f"{(t.finished_s - req.arrival_s) * 1000:.1f}"
+    if plan.pool_idle is not None:
+        headers["x-sluice-pool-idle"] = str(int(plan.pool_idle))
+    if plan.accurate_fits_alone is not None:
+        headers["x-sluice-accurate-fits-alone"] = str(int(plan.accurate_fits_alone))
     return headers
 
 
