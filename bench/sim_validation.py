@@ -16,13 +16,18 @@ The two generative systems (``run_system``):
    ``--costs`` file) is what the server did under that load: the step-time model its
    engine learned from the steps it ran (``/status.json``: ``OnlineStepCost``), and the
    mean time a request spent outside the runtime (the client's TTFT less the server's,
-   from the JSON access log: HTTP, tokenizing, streaming back);
+   from the JSON access log: HTTP, tokenizing, streaming back). A system with
+   ``step_table`` (Gemma: decode steps not linear in their decodes) has instead the
+   steps its engine ran in that run by decodes and prefill (``/status.json``:
+   ``step_times``, the tally's difference over the run), with the closed-loop fit for
+   the cost of a prompt token beyond a bucket's mean;
 4. for each load factor (0.5, 0.8, 0.95, 1.3 × capacity): one Poisson arrival list
    (seeded), each request with ``x-sluice-deadline-ms``; the real server gets it open
    loop over HTTP, the simulator the same arrivals (prompt token counts from the server's
    ``/tokenize``). Compared: TTFT p95 of completed requests and goodput (the share of
    requests completed by their deadline), with the tolerance (15 %) on each. Each point
-   also records where the real TTFT went (front end, queue wait) and the step model the
+   also records the steps the engine ran (``step_times``), where the real TTFT went
+   (front end, queue wait) and the step model the
    engine had learned by then.
 
 The variant group (``run_onnx``): the profile ``sluice profile`` wrote is the cost model;
@@ -32,7 +37,8 @@ Writes bench/results/sim_validation.json and .png (a system not run keeps its la
 result). Under the heavy lock, one system a hold:
 
     /work/wt/bin/heavy python bench/sim_validation.py --systems synthetic
-    /work/wt/bin/heavy python bench/sim_validation.py --systems gemma --duration 30
+    /work/wt/bin/heavy python bench/sim_validation.py --systems gemma --duration 30 \
+        --calibration-s 60
     /work/wt/bin/heavy python bench/sim_validation.py --systems onnx --duration 30
 """
 
@@ -62,6 +68,7 @@ from bench.loadgen import Sample, closed_loop, stream_completion
 from bench.overload import LLM_PROMPTS, SYNTH_PROMPTS, llm_toml, synthetic_toml
 from bench.servers import free_port, running, sluice_cmd
 from sluice.config import Config
+from sluice.engine.step_times import StepBucket, minus
 from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
 from sluice.sim import Arrival, SimConfig, generate, parse_spec, simulate
 from sluice.sim.costs import read_costs
@@ -110,15 +117,12 @@ async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
     outside the worker (HTTP, tokenization, streaming) plus one prefill step; lone short
     and long prompts give the per-prefill-token seconds (their difference) and then the
     overhead (what the short prompt's TTFT leaves after its step). The spread of the gaps
-    between a request's tokens with every slot busy is the spread of step times (``cv``).
-    A system with ``step_table`` is measured at every concurrency up to its slots: its
-    TPOT there is the cost file's decode-step table."""
+    between a request's tokens with every slot busy is the spread of step times (``cv``)."""
     m, model = system["max_tokens"], system["model"]
     decodes: list[StepSample] = []
     rows: list[dict[str, Any]] = []
     cv = 0.0
-    table = system.get("step_table", False)
-    for c in range(1, system["slots"] + 1) if table else PROFILE_CONCURRENCY:
+    for c in PROFILE_CONCURRENCY:
         got, _ = await closed_loop(base, model, system["prompts"], concurrency=c,
                                    n_requests=max(8, 3 * c), max_tokens=m)
         tpot = statistics.median(s.tpot_s for s in got if s.ok and s.tpot_s is not None)
@@ -185,6 +189,27 @@ def learned_step_cost(status: dict[str, Any], model: str) -> dict[str, Any] | No
             if m["model_id"] == model and m.get("step_cost"):
                 return {"step_cost": m["step_cost"], "steps": m["step_samples"]}
     return None
+
+
+def step_tally(base: str, model: str) -> dict[str, StepBucket]:
+    """The engine's tally of every step it ran since ``model`` loaded, by decodes and
+    whether it fed a prompt (``/status.json``: ``step_times``)."""
+    status = httpx.get(f"{base}/status.json", timeout=30.0).json()
+    for w in status["workers"]:
+        for m in w["models"]:
+            if m["model_id"] == model:
+                return {k: StepBucket(**v) for k, v in (m.get("step_times") or {}).items()}
+    return {}
+
+
+def tally_json(tally: dict[str, StepBucket]) -> dict[str, dict[str, float]]:
+    """A tally (a run's steps: two snapshots' difference) as the cost file holds it, with
+    each bucket's mean for reading."""
+    def order(key: str) -> tuple[int, str]:
+        return int(key.split("+")[0]), key
+    return {k: {"steps": b.steps, "seconds": round(b.seconds, 6),
+                "prefill_tokens": b.prefill_tokens, "mean_ms": round(b.mean_s * 1000, 2)}
+            for k, b in sorted(tally.items(), key=lambda kv: order(kv[0]))}
 
 
 def access_lines(log: Path, tag: str) -> dict[int, dict[str, Any]]:
@@ -287,13 +312,16 @@ def measure_open_loop(base: str, system: dict[str, Any], arrivals: list[Arrival]
                       prompt_of: list[int], deadline_ms: float, tag: str, log: Path
                       ) -> dict[str, Any]:
     """One open-loop run against the real server: the client's summary, where the time
-    went (``front_end``), and the step-time model the engine learned under the load."""
+    went (``front_end``), the step-time model the engine learned under the load, and
+    the steps the engine ran during the run (``step_times``: its tally's difference)."""
+    before = step_tally(base, system["model"])
     samples, lags, learned = asyncio.run(open_loop_arrivals(
         base, system["model"], system["prompts"], arrivals, prompt_of, deadline_ms, tag))
     real = real_summary(samples, system["max_tokens"])
     time.sleep(2.0)  # let the server drain (and write its access lines)
     real["front_end"] = front_end_summary(samples, access_lines(log, tag), lags)
     real["learned_step_cost"] = learned
+    real["step_times"] = tally_json(minus(step_tally(base, system["model"]), before))
     return real
 
 
@@ -349,20 +377,21 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                    "overhead_ms": round(front_mean_s * 1000, 3),
                                    "cv": round(cv, 4)}}
         if system.get("step_table"):
-            # decode steps not linear in their decodes (bench/sim_steps.py: the same
-            # step times closed and open loop, per decode count): the closed loop's TPOT
-            # at each concurrency is the table, its fit the prefill term
-            costs[system["model"]].update(
-                step_cost=fitted.to_json(),
-                decode_step_ms={str(r["concurrency"]): round(r["tpot_s"] * 1000, 3)
-                                for r in rows if "concurrency" in r
-                                and not r.get("long_prompts")})
+            # decode steps not linear in their decodes (bench/sim_steps.py): the steps
+            # the engine ran in the calibration run, by decodes and whether they fed a
+            # prompt, are the tables (sluice.sim.costs.step_tables); the closed-loop fit
+            # gives the cost of a prompt token beyond a table's mean and the line for
+            # steps no table covers
+            costs[system["model"]].update(step_cost=fitted.to_json(),
+                                          step_times=calib["step_times"])
         (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(costs, indent=2) + "\n")
         out["calibration"] = {"factor": CALIBRATION_FACTOR, "seed": args.seed + 1000,
                               "duration_s": args.calibration_s, "requests": len(arrivals),
                               "real": calib, "costs": costs[system["model"]]}
         print(f"[{name}] calibrated at {CALIBRATION_FACTOR}x: learned {learned}, front end "
-              f"{front_mean_s * 1000:.1f} ms", flush=True)
+              f"{front_mean_s * 1000:.1f} ms; steps (count, mean ms) "
+              f"{ {k: (b['steps'], b['mean_ms']) for k, b in calib['step_times'].items()} }",
+              flush=True)
         sims = {"sim": SimConfig.from_config(config, costs),
                 "sim_closed_loop_profile": SimConfig.from_config(config, profile_costs)}
         if name == "synthetic":
@@ -603,17 +632,24 @@ def main() -> int:
     p.add_argument("--capacity-s", type=float, default=8.0,
                    help="onnx: seconds of closed loop per concurrency for its capacity")
     p.add_argument("--out", default=str(RESULTS / "sim_validation.json"))
+    p.add_argument("--keep-previous-as", metavar="LABEL",
+                   help="keep each rerun system's previous result in earlier_runs as "
+                   "<system>_<LABEL>")
     args = p.parse_args()
     out_path = Path(args.out)
     previous = json.loads(out_path.read_text()) if out_path.exists() else {}
     kept = {r["system"]: r for r in previous.get("systems", [])}
+    earlier = dict(previous.get("earlier_runs", {}))
     for name in args.systems.split(","):
+        if args.keep_previous_as and name in kept:
+            earlier[f"{name}_{args.keep_previous_as}"] = kept[name]
         kept[name] = run_onnx(args) if name == "onnx" else run_system(name, args)
     results = [kept[n] for n in (*SYSTEMS, "onnx") if n in kept]
     doc = {"machine": {"python": platform.python_version(), "cores": os.cpu_count(),
-                       "loadavg_at_end": os.getloadavg()},
+                       "loadavg_at_end": os.getloadavg(),
+                       "note": previous.get("machine", {}).get("note")},
            "tolerance": TOLERANCE, "seed": args.seed, "duration_s": args.duration,
-           "systems": results}
+           "systems": results, "earlier_runs": earlier}
     out_path.write_text(json.dumps(doc, indent=2) + "\n")
     plot(results, out_path.with_suffix(".png"))
     bad = [(r["system"], p["factor"]) for r in results for p in r["points"]

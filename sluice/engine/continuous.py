@@ -60,6 +60,7 @@ from sluice.engine.request import (
     expired_what,
 )
 from sluice.engine.sampling import SamplingError, sample_token
+from sluice.engine.step_times import StepTimes
 from sluice.engine.textstream import TextStream
 from sluice.policy.admission import clamp_retry_after
 from sluice.policy.kv_blocks import KVBlockAllocator
@@ -206,6 +207,8 @@ class ContinuousEngine:
         self.step_cost = OnlineStepCost(_step_cost_prior(model.spec.step_cost_path),
                                         window=STEP_COST_WINDOW, refit_every=16)
         """The step-time model, learned from the steps this engine runs."""
+        self.step_times = StepTimes()
+        """Every step's time by its decodes and whether it fed a prompt (cumulative)."""
         self.tpot_target_s = model.spec.tpot_target_s
 
     # -- queue ---------------------------------------------------------------------------
@@ -341,11 +344,13 @@ class ContinuousEngine:
         return TpotBudget(self.step_cost.current(), self.tpot_target_s)
 
     def _learn(self, batch: _Batch, seconds: float) -> None:
-        """Feed one step's measured time to the step-time model: from the end of the
-        previous step (the worker's work between steps included) to the last token of
-        this one streamed, which is what a running sequence waits between tokens."""
+        """Feed one step's measured time to the step-time model and the tally: from the
+        end of the previous step (the worker's work between steps included) to the last
+        token of this one streamed, which is what a running sequence waits between
+        tokens."""
         self.step_cost.observe(StepSample(batch.decode_tokens, batch.prefill_tokens, seconds,
                                           batch.context_tokens))
+        self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, seconds)
 
     def view(self, now: float) -> StepView:
         """The engine as the step planner sees it (ended requests already swept out)."""

@@ -31,6 +31,7 @@ from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.observer import Observer
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request, RequestStatus, end_stopped, is_stopped
+from sluice.engine.step_times import StepBucket
 from sluice.policy.residency import Residency
 from sluice.policy.step_cost import StepCost
 from sluice.policy.types import WorkerView
@@ -114,6 +115,10 @@ class ModelState:
     step_samples: int = 0
     """Generative: the recent steps its engine keeps to fit ``step_cost`` on (until there
     are enough, ``step_cost`` is the prior)."""
+    step_times: Mapping[str, StepBucket] = field(default_factory=dict)
+    """Generative: every step its engine ran since the model loaded, by decodes and
+    whether it fed a prompt (``sluice.engine.step_times``): the measured table beside the
+    learned line, which a simulator's cost file takes as two snapshots' difference."""
 
 
 @dataclass(frozen=True)
@@ -594,6 +599,7 @@ class Worker:
                     prefix_hit_tokens=engine.reused_prefix_tokens if engine else 0,
                     step_cost=engine.step_cost.current() if engine else None,
                     step_samples=engine.step_cost.samples_seen if engine else 0,
+                    step_times=engine.step_times.snapshot() if engine else {},
                 )
             )
         engines = self._engines.values()

@@ -8,17 +8,22 @@ Per model, one ``ModelCost``:
 - generative models: a ``StepCost`` (``sluice.policy.step_cost``: the same linear step-time
   model the engine's TPOT budget uses), from a JSON file fitted by a profiling run; and,
   where a model's decode steps are not linear in the sequences they decode (llama.cpp on
-  a few cores: measured 16 / 31 / 42 / 44 / 54 / 57 ms at 1 to 6 decodes), a measured
-  table of decode-step times (``decode_step_ms``: ``{decodes: ms}``) that the simulator
-  charges instead of the linear decode terms (interpolated like ``batch_ms``; the prompt
-  tokens a step feeds still cost ``per_prefill_token_s`` each);
+  a few cores: measured 16 / 31 / 42 / 44 / 54 / 57 ms at 1 to 6 decodes), measured
+  tables the simulator charges instead of the line: the engine's own tally of its steps
+  (``step_times``, as ``/status.json`` publishes it: ``{"3": {"steps", "seconds",
+  "prefill_tokens"}, "3+prefill": ...}``, see ``sluice.engine.step_times``), read as a
+  decode-step table (steps that fed no prompt, by decodes) and a prefill-step table
+  (steps that fed one: their mean time and mean prompt tokens, by decodes), each bucket
+  of at least ``MIN_BUCKET_STEPS`` steps; or an older ``decode_step_ms`` (``{decodes:
+  ms}``) alone. Both are interpolated like ``batch_ms``; a prefill step's prompt tokens
+  above (below) its bucket's mean cost ``per_prefill_token_s`` each more (less);
 - every model: its load time in seconds, and the latency a request spends outside the
   workers (``overhead_ms``: HTTP, tokenization, streaming; measured by the profile, it adds
   to latency but occupies no worker).
 
 Where they come from, first match wins: a costs file given to the simulator (``--costs``,
-JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost", "overhead_ms",
-"cv"}}``),
+JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost", "step_times" |
+"decode_step_ms", "overhead_ms", "cv"}}``),
 or a ``sluice profile`` result (``variants.*.model`` / ``batch_ms``); then the model's own options
 (``service_ms``, ``step_cost`` as an object or a path to a JSON file, ``load_s``); then the
 synthetic backend's cost options (its own model of time, which is one more such file);
@@ -63,6 +68,11 @@ class ModelCost:
     decode_sizes: tuple[int, ...] = ()
     """Decodes per step of a measured decode-step table, ascending (empty: linear)."""
     decode_times_s: tuple[float, ...] = ()
+    prefill_sizes: tuple[int, ...] = ()
+    """Decodes per step of a measured table of steps that also fed prompt tokens."""
+    prefill_times_s: tuple[float, ...] = ()
+    prefill_mean_tokens: tuple[float, ...] = ()
+    """The prompt tokens those steps fed, on average (the table's time is at these)."""
     cv: float = 0.0
     """Coefficient of variation of a step's (or batch's) time around the model's mean:
     each draws a lognormal factor with mean 1 and this spread (0: every step as
@@ -72,16 +82,23 @@ class ModelCost:
         for name in ("load_s", "overhead_s", "cv"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for what, sizes, times in (("batch", self.batch_sizes, self.batch_times_s),
-                                   ("decode", self.decode_sizes, self.decode_times_s)):
+        for what, sizes, times in (("batch", self.batch_sizes, self.batch_times_s),):
             if len(sizes) != len(times):
                 raise ValueError(f"{what} sizes and times differ in length")
             if list(sizes) != sorted(set(sizes)) or any(b < 1 for b in sizes):
                 raise ValueError(f"{what} sizes must be distinct, >= 1, ascending: {sizes}")
             if any(not t >= 0 for t in times):
                 raise ValueError(f"{what} times must be >= 0: {times}")
-        if self.decode_sizes and self.step is None:
-            raise ValueError("a decode-step table needs a step cost (its prefill term)")
+        for what, sizes, times in (("decode", self.decode_sizes, self.decode_times_s),
+                                   ("prefill", self.prefill_sizes, self.prefill_times_s)):
+            if any(b < 0 for b in sizes) or list(sizes) != sorted(set(sizes)):
+                raise ValueError(f"{what} sizes must be distinct, >= 0, ascending: {sizes}")
+            if len(sizes) != len(times) or any(not t >= 0 for t in times):
+                raise ValueError(f"{what} times must be one >= 0 per size: {times}")
+        if len(self.prefill_mean_tokens) != len(self.prefill_sizes):
+            raise ValueError("prefill_mean_tokens must have one entry per prefill size")
+        if (self.decode_sizes or self.prefill_sizes) and self.step is None:
+            raise ValueError("a step table needs a step cost (its prefill term)")
 
     def batch_s(self, n: int) -> float:
         """Seconds for a one-shot batch of ``n`` (linear between and past profiled sizes)."""
@@ -90,12 +107,22 @@ class ModelCost:
         return _interpolate(self.batch_sizes, self.batch_times_s, n)
 
     def step_s(self, decode_tokens: int, prefill_tokens: int, context_tokens: int) -> float:
-        """Seconds of one engine step: the step cost's prediction, or with a decode-step
-        table, the table's time for ``decode_tokens`` decodes (which includes their
-        context) plus the step cost's seconds for the prompt tokens fed."""
+        """Seconds of one engine step. Measured tables first: a step feeding prompt tokens
+        takes the prefill-step table's time at ``decode_tokens`` decodes, corrected by
+        ``per_prefill_token_s`` for the tokens it feeds beyond that bucket's mean; a step
+        of decodes alone, or with no prefill table, the decode-step table's time (which
+        includes their context) plus ``per_prefill_token_s`` per prompt token fed. Without
+        tables (or a step the decode table does not cover: no decodes), the step cost's
+        line."""
         step = self.step
         if step is None:
             raise ValueError("no step cost: this is not a generative model's cost")
+        if prefill_tokens > 0 and self.prefill_sizes:
+            mean_tokens = _interpolate(self.prefill_sizes, self.prefill_mean_tokens,
+                                       decode_tokens)
+            return max(0.0, _interpolate(self.prefill_sizes, self.prefill_times_s,
+                                         decode_tokens)
+                       + step.per_prefill_token_s * (prefill_tokens - mean_tokens))
         if not self.decode_sizes or decode_tokens == 0:
             return step.predict_s(decode_tokens, prefill_tokens, context_tokens)
         return (_interpolate(self.decode_sizes, self.decode_times_s, decode_tokens)
@@ -109,9 +136,10 @@ class ModelCost:
 
 def _interpolate(sizes: tuple[int, ...], times: tuple[float, ...], n: int) -> float:
     """Time at ``n`` from measured (size, time) points: linear between them, along the
-    last segment past them, proportional to ``n`` from a single point."""
+    nearest end segment past them, proportional to ``n`` from a single point (flat from
+    a single point at size 0)."""
     if len(sizes) == 1:
-        return times[0] * n / sizes[0] if n > sizes[0] else times[0]
+        return times[0] * n / sizes[0] if n > sizes[0] > 0 else times[0]
     i = bisect.bisect_left(sizes, n)
     if i < len(sizes) and sizes[i] == n:
         return times[i]
@@ -136,17 +164,47 @@ def _from_entry(kind: str, entry: Mapping[str, Any], load_s: float,
     cv = float(entry.get("cv", 0.0))
     if kind == "generative":
         if "step_cost" in entry:
-            table = sorted((int(d), float(ms) / 1000.0)
-                           for d, ms in dict(entry.get("decode_step_ms") or {}).items())
+            decode, prefill = step_tables(entry)
             return ModelCost(load_s, step=_step_cost(entry["step_cost"], base_dir),
                              overhead_s=overhead_s, cv=cv,
-                             decode_sizes=tuple(d for d, _ in table),
-                             decode_times_s=tuple(t for _, t in table))
+                             decode_sizes=tuple(d for d, _ in decode),
+                             decode_times_s=tuple(t for _, t in decode),
+                             prefill_sizes=tuple(d for d, _, _ in prefill),
+                             prefill_times_s=tuple(t for _, t, _ in prefill),
+                             prefill_mean_tokens=tuple(n for _, _, n in prefill))
         return None
     for key in ("batch_ms", "service_ms"):
         if entry.get(key):
             return replace(ModelCost.oneshot(entry[key], load_s), overhead_s=overhead_s, cv=cv)
     return None
+
+
+MIN_BUCKET_STEPS = 10
+"""A tally bucket with fewer steps is left out of the tables (interpolated over)."""
+
+
+def step_tables(entry: Mapping[str, Any]
+                ) -> tuple[list[tuple[int, float]], list[tuple[int, float, float]]]:
+    """A cost entry's measured tables: ``(decodes, seconds)`` of steps feeding no prompt
+    and ``(decodes, seconds, mean prompt tokens)`` of steps feeding one, ascending. From
+    ``step_times`` (the engine's tally) when given, else ``decode_step_ms`` alone."""
+    tally = entry.get("step_times")
+    if not tally:
+        return sorted((int(d), float(ms) / 1000.0)
+                      for d, ms in dict(entry.get("decode_step_ms") or {}).items()), []
+    decode: list[tuple[int, float]] = []
+    prefill: list[tuple[int, float, float]] = []
+    for key, bucket in dict(tally).items():
+        steps = int(bucket["steps"])
+        if steps < MIN_BUCKET_STEPS:
+            continue
+        decodes, plus, _ = str(key).partition("+")
+        mean_s = float(bucket["seconds"]) / steps
+        if plus:
+            prefill.append((int(decodes), mean_s, float(bucket["prefill_tokens"]) / steps))
+        elif int(decodes) > 0:
+            decode.append((int(decodes), mean_s))
+    return sorted(decode), sorted(prefill)
 
 
 def synthetic_cost(kind: str, options: Mapping[str, Any]) -> ModelCost:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from sluice.engine.continuous import EngineConfig
@@ -210,3 +211,27 @@ def test_workers_publish_the_step_cost_their_engines_learned(runtime_factory: An
     assert chat.step_cost is not None
     assert chat.step_cost.predict_s(4) >= 0.004
     assert chat.step_cost.predict_s(4) < 0.1
+
+
+def test_workers_publish_every_step_by_its_decodes(runtime_factory: Any) -> None:
+    """The published tally counts every step: every token but a request's first is one
+    decode of one step, and the prompts fed are the prompts' tokens; a step of four
+    decodes takes at least the synthetic model's 4 ms + 4 x 0.2 ms."""
+    rt = runtime_factory([generative("chat", step_fixed_s=0.004)])
+
+    async def go() -> list[Request]:
+        handles = [await rt.generate("chat", "hi there", max_tokens=48) for _ in range(4)]
+        for h in handles:
+            assert (await h.result()).status == RequestStatus.COMPLETED
+        return [h.request for h in handles]
+
+    reqs = asyncio.run(go())
+    (chat,) = [m for m in rt.snapshot().workers[0].models if m.model_id == "chat"]
+    table = chat.step_times
+    decodes = sum(int(k.split("+")[0]) * b.steps for k, b in table.items())
+    assert decodes == 4 * (48 - 1)
+    assert sum(b.prefill_tokens for b in table.values()) == sum(
+        len(r.prompt_tokens) for r in reqs)
+    assert all(b.prefill_tokens == 0 for k, b in table.items() if "+" not in k)
+    assert table["4"].steps > 0 and table["4"].mean_s >= 0.004 + 4 * 0.0002
+    assert asdict(chat)["step_times"]["4"]["steps"] == table["4"].steps  # /status.json

@@ -308,3 +308,38 @@ def test_a_decode_step_table_replaces_the_linear_decode_terms() -> None:
         assert req.first_token_s == pytest.approx(cost.step_s(0, 200, 0))
         decoding_s = (req.end_s or 0) - (req.first_token_s or 0)
         assert decoding_s == pytest.approx(19 * cost.step_s(2, 0, 0))
+
+
+def test_the_engines_step_tally_is_read_as_decode_and_prefill_step_tables() -> None:
+    """A cost entry's ``step_times`` (the engine's tally, as /status.json publishes it):
+    steps of decodes alone give the decode table, steps that fed a prompt the prefill
+    table (their mean time at their mean prompt tokens, corrected by the step cost's
+    ``per_prefill_token_s`` for more or fewer tokens); buckets of fewer than
+    ``MIN_BUCKET_STEPS`` steps are left out and interpolated over. A lone request's TTFT
+    is the prefill table's time at 0 decodes, its decodes the decode table's."""
+    from sluice.sim.costs import MIN_BUCKET_STEPS, model_cost
+
+    def bucket(steps: int, ms: float, tokens: int = 0) -> dict[str, float]:
+        return {"steps": steps, "seconds": steps * ms / 1000, "prefill_tokens": steps * tokens}
+
+    entry = {"step_cost": {"base_s": 0.01, "per_decode_token_s": 0.002,
+                           "per_prefill_token_s": 0.001},
+             "step_times": {"1": bucket(50, 16.0), "2": bucket(MIN_BUCKET_STEPS - 1, 99.0),
+                            "3": bucket(40, 42.0), "0+prefill": bucket(20, 30.0, 18),
+                            "2+prefill": bucket(30, 60.0, 20)},
+             "load_s": 0.0}
+    cost = model_cost("chat", "generative", "llamacpp", {}, 0.0, {"chat": entry})
+    assert cost.decode_sizes == (1, 3) and cost.prefill_sizes == (0, 2)
+    assert cost.step_s(1, 0, 0) == pytest.approx(0.016)
+    assert cost.step_s(2, 0, 0) == pytest.approx(0.029)  # the 9-step bucket is not used
+    assert cost.step_s(0, 18, 0) == pytest.approx(0.030)
+    assert cost.step_s(2, 25, 0) == pytest.approx(0.060 + 5 * 0.001)
+    assert cost.step_s(1, 19, 0) == pytest.approx(0.045)  # between 0 and 2: 19 tokens, 45 ms
+    model = replace(chat(), cost=cost)
+    _, fleet = simulate(SimConfig(models={"chat": model}),
+                        [Arrival(0.0, "chat", prompt_tokens=18, output_tokens=5)],
+                        keep_requests=True)
+    assert fleet.requests is not None
+    (req,) = fleet.requests
+    assert req.first_token_s == pytest.approx(0.030)
+    assert (req.end_s or 0) - req.first_token_s == pytest.approx(4 * 0.016)
