@@ -102,6 +102,7 @@ DECISION_HEADERS = {
     "predicted_wait_ms": "x-sluice-predicted-wait-ms", "queue_wait_ms": "x-sluice-queue-wait-ms",
     "predicted_sojourn_ms": "x-sluice-predicted-sojourn-ms", "sojourn_ms": "x-sluice-sojourn-ms",
     "batch_size": "x-sluice-batch-size", "run_ms": "x-sluice-run-ms",
+    "predicted_run_ms": "x-sluice-predicted-run-ms",
 }
 """Numbers the server reports per request (``plan_headers``): the planner's prediction
 and what happened, in the server's own time."""
@@ -184,7 +185,7 @@ async def closed_loop(url: str, model: str, texts: list[tuple[str, str]], concur
 
 MISS_FIELDS = ("at_s", "chars", "status", "code", "error", "variant", "plan_reason",
                "pool_idle", "batch_size", "predicted_wait_ms", "queue_wait_ms",
-               "predicted_sojourn_ms", "sojourn_ms", "run_ms")
+               "predicted_sojourn_ms", "sojourn_ms", "predicted_run_ms", "run_ms")
 """What a miss's record keeps (``latency_ms`` and ``arrivals_before`` are added)."""
 ONSET_WINDOW_S = 0.5
 """``arrivals_before``: arrivals in this many seconds up to a miss (itself included)."""
@@ -326,6 +327,8 @@ def main() -> int:
     p.add_argument("--capacity-s", type=float, default=8.0,
                    help="seconds of closed loop per concurrency when measuring capacity")
     p.add_argument("--out", default=str(RESULTS / "goodput_sweep.json"))
+    p.add_argument("--samples-dir", metavar="DIR",
+                   help="also write every request's record, one JSONL file per run")
     p.add_argument("--render", metavar="JSON",
                    help="recompute an earlier result's tables from its points, rewrite its "
                         "JSON and PNG, print the tables and exit")
@@ -384,7 +387,8 @@ def main() -> int:
                                           seed=1000 * rep + int(rho * 100),
                                           on_s=args.burst_on_s, off_s=args.burst_off_s)
                 for policy in policies:
-                    point = run_point(manifest, policy, args, profile, texts, offsets)
+                    point = run_point(manifest, policy, args, profile, texts, offsets,
+                                      tag=f"{policy}_{process}_{rho}_{rep}")
                     point = {"repeat": rep, "process": process, "rho": rho,
                              "policy": policy, "offered_per_s": rho * capacity, **point}
                     points.append(point)
@@ -414,8 +418,9 @@ def main() -> int:
 
 def run_point(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
               profile: dict[str, Any] | None, texts: list[tuple[str, str]],
-              offsets: list[float]) -> dict[str, Any]:
-    """One policy against one arrival sequence, in a fresh server."""
+              offsets: list[float], tag: str = "run") -> dict[str, Any]:
+    """One policy against one arrival sequence, in a fresh server (``tag`` names its
+    samples file under ``--samples-dir``)."""
     ctx, url, _ = serve(manifest, policy, args, profile, f"{policy}")
     with ctx as proc:
         warm(url, args.variants)
@@ -424,6 +429,11 @@ def run_point(manifest: dict[str, Any], policy: str, args: argparse.Namespace,
             url, "sentiment", texts, offsets,
             args.deadline_ms if SENDS_DEADLINE[policy] else None))
         cpu = cpu_seconds(proc.pid) - cpu0
+    if args.samples_dir:
+        folder = Path(args.samples_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / f"{tag}.jsonl").open("w") as f:
+            f.writelines(json.dumps(x) + "\n" for x in samples)
     return summarize(samples, args.duration_s, args.deadline_ms, cpu,
                      best=f"sentiment-{args.variants[0]}")
 
@@ -437,7 +447,8 @@ def miss_line(m: dict[str, Any]) -> str:
             f"({g('plan_reason')}, idle {g('pool_idle')}) {g('chars')} chars, batch "
             f"{g('batch_size')}; wait {g('predicted_wait_ms')} predicted / "
             f"{g('queue_wait_ms')} ms; sojourn {g('predicted_sojourn_ms')} predicted / "
-            f"{g('sojourn_ms')} server / {g('latency_ms')} client ms; run {g('run_ms')} ms; "
+            f"{g('sojourn_ms')} server / {g('latency_ms')} client ms; run "
+            f"{g('predicted_run_ms')} predicted / {g('run_ms')} ms; "
             f"{g('arrivals_before')} arrivals in the {ONSET_WINDOW_S} s before")
 
 

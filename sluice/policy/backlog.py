@@ -32,10 +32,10 @@ from dataclasses import dataclass
 BatchCurves = Mapping[str, Mapping[int, float]]
 """Per variant: predicted seconds of one batch by batch size (1..max_batch_size)."""
 
-LengthScale = Callable[[str, int], float]
-"""``(variant, longest input in characters)`` → how many times its curve a batch of that
-variant takes when its longest member is that long (a batch is padded to it; 1.0 at
-the mean length, and for length 0: unknown)."""
+LengthScale = Callable[[str, int, int], float]
+"""``(variant, longest input in characters, batch size)`` → how many times its curve a
+batch of that variant and size takes when its longest member is that long (a batch is
+padded to it; 1.0 at the typical length, and for length 0: unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,7 @@ def _batch_s(members: Sequence[Queued], curves: BatchCurves,
     base = curves[variant][len(members)]
     if scale is None:
         return base
-    return base * scale(variant, max(q.length for q in members))
+    return base * scale(variant, max(q.length for q in members), len(members))
 
 
 def finishes_s(backlog: Backlog, curves: BatchCurves, max_batch_size: int,

@@ -125,20 +125,32 @@ class Ewma:
 @dataclass(frozen=True, slots=True)
 class LengthPrior:
     """A measured start for ``LengthSlope``: from ``sluice profile``, which times batches of
-    real texts of differing lengths (``sluice.prep.profile.length_fit``)."""
+    real texts of differing lengths (``sluice.prep.profile.length_fit``).
 
-    slope_per_char: float
+    A batch's length is its longest input in units of ``typical_longest_chars`` at its
+    size (the profile's mean longest input for batches of that size), so every profiled
+    size is centred at 1 where its profiled time is (batches of 8 have longer longest
+    inputs than batches of 1, at no extra cost over their own curve); with
+    ``typical_longest_chars`` empty (profiles from before) it is in characters."""
+
+    slope: float
     """``d(observed / profiled) / d(length)`` over the profile's batches (>= 0)."""
-    mean_chars: float
-    """The profile batches' mean longest input (characters): where the ratio is 1."""
-    var_chars: float
-    """Their variance (characters²): how much the prior's spread of lengths weighs."""
+    mean: float
+    """The profile batches' mean length: where the ratio is 1."""
+    var: float
+    """Their variance: how much the prior's spread of lengths weighs."""
+    typical_longest_chars: tuple[tuple[int, float], ...] = ()
+    """``(batch size, mean longest input in characters)`` of the profile's batches."""
 
     def __post_init__(self) -> None:
-        for name in ("slope_per_char", "mean_chars", "var_chars"):
+        for name in ("slope", "mean", "var"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        for b, chars in self.typical_longest_chars:
+            if b < 1 or not (math.isfinite(chars) and chars > 0):
+                raise ValueError(f"typical_longest_chars needs batch sizes >= 1 with "
+                                 f"characters > 0, got {(b, chars)!r}")
 
 
 class LengthSlope:
@@ -168,14 +180,15 @@ class LengthSlope:
         self._mean_y = 0.0
         self._var_x = 0.0
         self._cov_xy = 0.0
-        if prior is not None and prior.mean_chars > 0 and prior.var_chars > 0:
+        if prior is not None and prior.mean > 0 and prior.var > 0:
             self.samples = min_samples
-            self.mean_x, self._mean_y = prior.mean_chars, 1.0
-            self._var_x = prior.var_chars
-            self._cov_xy = prior.slope_per_char * prior.var_chars
+            self.mean_x, self._mean_y = prior.mean, 1.0
+            self._var_x = prior.var
+            self._cov_xy = prior.slope * prior.var
 
     def add(self, x: float, y: float) -> None:
-        """One batch: its longest length and its observed / profiled time."""
+        """One batch: its length (``ServiceEstimator.length_of``) and its observed /
+        profiled time."""
         if not (x > 0 and math.isfinite(x) and math.isfinite(y)):
             return
         self.samples += 1
@@ -191,7 +204,7 @@ class LengthSlope:
 
     @property
     def slope(self) -> float:
-        """``d(observed / profiled) / d(length)``, per character (>= 0)."""
+        """``d(observed / profiled) / d(length)`` (>= 0)."""
         if self.samples < self.min_samples or self._var_x <= 0:
             return 0.0
         return max(0.0, self._cov_xy / self._var_x)
@@ -204,10 +217,14 @@ class ServiceEstimator:
     The profile (``{batch_size: seconds}``, from ``sluice profile``) gives the shape; each
     completed batch updates an EWMA of ``observed / profiled`` so the whole curve follows
     drift (a slower machine, a noisy neighbour) while keeping the batching shape. Batches
-    whose longest input is known also fit how that ratio grows with length
-    (``LengthSlope``), so a batch whose longest input is ``L`` characters is predicted at
-    ``drift + slope × (L - mean L)`` (at least a quarter of the drift); with the length
-    unknown (0) it is the drift alone, the curve at the mean length.
+    whose longest input is known also fit how that ratio grows with the batch's length
+    (``length_of``: its longest input over the typical longest at its size, or characters
+    without a profiled ``LengthPrior``; ``LengthSlope``), so a batch of length ``x`` is
+    predicted at ``drift + slope × (x - x_drift)`` (at least a quarter of the drift), where
+    ``x_drift`` is the mean length of the batches the drift averaged (an EWMA at the
+    drift's own rate): the drift is the ratio observed at that length, so the correction
+    starts there — not at the profile's mean, which a server's own traffic need not share.
+    With the length unknown (0) it is the drift alone.
     Between profiled sizes the curve is interpolated linearly; past the largest size it
     grows by the last per-item slope.
     """
@@ -226,6 +243,25 @@ class ServiceEstimator:
         self._points = points
         self.drift = Ewma(alpha, initial=1.0)
         self.length = LengthSlope(prior=length_prior)
+        prior_x = length_prior.mean if length_prior is not None and length_prior.mean > 0 \
+            else None
+        self.drift_length = Ewma(alpha, initial=prior_x)
+        """The mean length of the batches behind ``drift`` (``None``: none known)."""
+        self._typical = sorted(length_prior.typical_longest_chars) if length_prior else []
+
+    def length_of(self, longest: int, batch_size: int) -> float:
+        """A batch's length as the length model measures it: ``longest`` characters over
+        the profile's typical longest input at ``batch_size`` (interpolated between
+        profiled sizes, the nearest beyond them), or ``longest`` itself without one."""
+        pts = self._typical
+        if not pts:
+            return float(longest)
+        if batch_size <= pts[0][0]:
+            return longest / pts[0][1]
+        for (b0, c0), (b1, c1) in itertools.pairwise(pts):
+            if batch_size <= b1:
+                return longest / (c0 + (c1 - c0) * (batch_size - b0) / (b1 - b0))
+        return longest / pts[-1][1]
 
     def profiled_batch_s(self, batch_size: int) -> float:
         """The profile's batch time at ``batch_size`` (no drift)."""
@@ -244,19 +280,22 @@ class ServiceEstimator:
         slope = max((s1 - s0) / (b1 - b0), 0.0)
         return s1 + slope * (batch_size - b1)
 
-    def factor(self, longest: int = 0) -> float:
-        """Observed over profiled time predicted for a batch whose longest input has
-        ``longest`` characters (0: unknown, the drift alone)."""
+    def factor(self, longest: int = 0, batch_size: int = 1) -> float:
+        """Observed over profiled time predicted for a batch of ``batch_size`` whose
+        longest input has ``longest`` characters (0: unknown, the drift alone)."""
         drift = self.drift.value if self.drift.value is not None else 1.0
         if longest <= 0:
             return drift
-        shifted = drift + self.length.slope * (longest - self.length.mean_x)
-        return max(self.MIN_LENGTH_FACTOR * drift, shifted)
+        centre = self.drift_length.value
+        if centre is None:
+            centre = self.length.mean_x
+        x = self.length_of(longest, batch_size)
+        return max(self.MIN_LENGTH_FACTOR * drift, drift + self.length.slope * (x - centre))
 
     def batch_s(self, batch_size: int, longest: int = 0) -> float:
         """Predicted time of one batch of ``batch_size`` whose longest input has
         ``longest`` characters (0: unknown)."""
-        return self.profiled_batch_s(batch_size) * self.factor(longest)
+        return self.profiled_batch_s(batch_size) * self.factor(longest, batch_size)
 
     def per_item_s(self, batch_size: int) -> float:
         """Predicted time per request when batches hold ``batch_size``."""
@@ -268,7 +307,10 @@ class ServiceEstimator:
             return
         ratio = seconds / self.profiled_batch_s(batch_size)
         self.drift.update(ratio)
-        self.length.add(longest, ratio)
+        if longest > 0:
+            x = self.length_of(longest, batch_size)
+            self.drift_length.update(x)
+            self.length.add(x, ratio)
 
 
 # -- the choice ---------------------------------------------------------------------------------

@@ -104,11 +104,11 @@ class VariantTracker:
             ))
         return out
 
-    def scale(self, variant: str, longest: int) -> float:
-        """How many times its curve a batch of ``variant`` whose longest input has
-        ``longest`` characters takes (``sluice.policy.backlog.LengthScale``)."""
+    def scale(self, variant: str, longest: int, batch_size: int = 1) -> float:
+        """How many times its curve a batch of ``variant`` and ``batch_size`` whose longest
+        input has ``longest`` characters takes (``sluice.policy.backlog.LengthScale``)."""
         est = self.service[variant]
-        return est.factor(longest) / est.factor(0)
+        return est.factor(longest, batch_size) / est.factor(0)
 
     def plan(self, name: str, deadline_s: float | None, now: float,
              length: int = 0) -> VariantChoice | None:

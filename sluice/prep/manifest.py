@@ -55,8 +55,8 @@ def config_dict(
             if service:
                 opts["service_ms"] = {str(b): ms for b, ms in service.items()}
             if profiled.get("length"):
-                opts["length_prior"] = {k: profiled["length"][k] for k in
-                                        ("slope_per_char", "mean_chars", "var_chars")}
+                opts["length_prior"] = {k: v for k, v in profiled["length"].items()
+                                        if k != "batches"}
             models.append({
                 "id": f"{prefix}-{name}", "kind": "oneshot", "backend": "onnx", "task": task,
                 "memory_bytes": int(v["bytes"]) * 3 + 50_000_000, "load_cost_s": 0.5,

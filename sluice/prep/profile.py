@@ -127,20 +127,27 @@ def measure(config: RuntimeConfig, backends: dict[str, Backend], models: Sequenc
 
 
 def length_fit(times_s: Mapping[int, Sequence[float]], longest: Mapping[int, Sequence[int]]
-               ) -> dict[str, float] | None:
+               ) -> dict[str, Any] | None:
     """How a variant's batch time grows with its longest input, from the profile's own
     batches: the least-squares slope of ``seconds / mean seconds at that batch size`` on
-    the longest text's characters, pooled over batch sizes (the ratio the server's
-    ``LengthSlope`` fits online), with the lengths' mean and variance. ``slope_per_char``
-    is clipped at 0. None when fewer than 2 batches or their lengths do not differ."""
+    ``longest characters / mean longest at that batch size``, pooled over batch sizes (the
+    ratio and length the server's ``LengthSlope`` fits online), with the lengths' mean
+    and variance, and each size's mean longest input (``typical_longest_chars``). Both
+    ratios are 1 at each size's mean, so the sizes share one line: in characters, batches
+    of 8 (longer longest inputs, at no cost over their own curve) would flatten the slope
+    that batches of 1 show. ``slope`` is clipped at 0. None when fewer than 2 batches or
+    their lengths do not differ."""
     xs: list[float] = []
     ys: list[float] = []
-    for b, samples in times_s.items():
+    typical: dict[str, float] = {}
+    for b, samples in sorted(times_s.items()):
         lengths = longest.get(b, [])
-        if len(lengths) != len(samples) or not samples:
+        if len(lengths) != len(samples) or not samples or not any(lengths):
             continue
         mean_s = statistics.fmean(samples)
-        xs.extend(float(x) for x in lengths)
+        mean_chars = statistics.fmean(lengths)
+        typical[str(b)] = round(mean_chars, 2)
+        xs.extend(x / mean_chars for x in lengths)
         ys.extend(s / mean_s for s in samples)
     if len(xs) < 2:
         return None
@@ -149,8 +156,8 @@ def length_fit(times_s: Mapping[int, Sequence[float]], longest: Mapping[int, Seq
     if var <= 0:
         return None
     cov = statistics.fmean((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
-    return {"slope_per_char": round(max(0.0, cov / var), 6), "mean_chars": round(mx, 2),
-            "var_chars": round(var, 2), "batches": len(xs)}
+    return {"slope": round(max(0.0, cov / var), 6), "mean": round(mx, 6),
+            "var": round(var, 6), "typical_longest_chars": typical, "batches": len(xs)}
 
 
 def cross_check(config: RuntimeConfig, backends: dict[str, Backend], manifest: dict[str, Any],

@@ -278,7 +278,7 @@ def test_replan_keeps_the_margin_for_moves_but_fails_only_sure_misses() -> None:
 
 
 def test_a_batch_takes_the_time_of_its_longest_member() -> None:
-    def scale(variant: str, longest: int) -> float:  # twice the curve at 200 characters
+    def scale(variant: str, longest: int, size: int) -> float:  # twice the curve at 200 characters
         return 1.0 if longest <= 0 else longest / 100
 
     state = Backlog((0.0,), (Queued("acc", length=100), Queued("acc", length=200),
@@ -292,7 +292,7 @@ def test_a_batch_takes_the_time_of_its_longest_member() -> None:
 
 
 def test_a_long_input_on_an_idle_pool_goes_to_a_variant_that_meets_it() -> None:
-    def scale(variant: str, longest: int) -> float:
+    def scale(variant: str, longest: int, size: int) -> float:
         return 1.0 if longest <= 0 else longest / 100
 
     idle = Backlog((0.0,))

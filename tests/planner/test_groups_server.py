@@ -50,6 +50,7 @@ def test_low_load_serves_the_most_accurate_variant(serve: Callable[..., LiveServ
         == ("1", "1")
     assert r.headers["x-sluice-batch-size"] == "1"
     assert float(r.headers["x-sluice-predicted-sojourn-ms"]) >= 60
+    assert float(r.headers["x-sluice-predicted-run-ms"]) >= 60
     assert float(r.headers["x-sluice-sojourn-ms"]) >= float(r.headers["x-sluice-run-ms"]) >= 60
     assert set(r.json()["output"]) == {"negative", "positive"}
     with live.client() as c:

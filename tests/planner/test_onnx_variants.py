@@ -93,7 +93,8 @@ def test_profile_cross_check_passes_and_catches_a_wrong_model_file(
         ms = result["variants"][name]["batch_ms"]
         assert 0 < ms["1"] < ms["4"] * 2
         fit = result["variants"][name]["length"]  # the texts differ in length
-        assert fit["batches"] == 6 and fit["slope_per_char"] >= 0 and fit["var_chars"] > 0
+        assert fit["batches"] == 6 and fit["slope"] >= 0 and fit["var"] > 0
+        assert set(fit["typical_longest_chars"]) == {"1", "4"}
     served = prep.config_dict(small_manifest, variants=names, profile=result)
     assert all("length_prior" in m["options"] for m in served["models"])
     # Serve L3's file under MiniLM's name: the reference session on MiniLM's file disagrees.

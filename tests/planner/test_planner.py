@@ -251,9 +251,22 @@ def test_service_estimator_learns_how_a_batch_grows_with_its_longest_input() -> 
     assert est.length.samples == 90
 
 
+def test_the_length_correction_starts_at_the_length_the_drift_saw() -> None:
+    """The profile's batches averaged 120 characters, this server's traffic 60: the drift
+    learns the ratio at 60, so a 60-character batch is predicted at what it took, not
+    below it (the correction is centred on the drift's own mean length)."""
+    prior = LengthPrior(slope=0.00025 / 0.050, mean=120.0, var=6667.0)
+    est = ServiceEstimator({1: 0.050}, alpha=0.1, length_prior=prior)
+    for length in [40, 60, 80] * 30:  # 20 ms + 0.25 ms a character, as the prior says
+        est.observe(1, 0.020 + 0.00025 * length, longest=length)
+    assert est.drift_length.value == pytest.approx(60.0, abs=5)
+    assert est.batch_s(1, longest=60) == pytest.approx(0.035, rel=0.03)
+    assert est.batch_s(1, longest=200) == pytest.approx(0.070, rel=0.05)
+
+
 def test_a_measured_length_prior_sizes_the_first_batch_and_the_server_takes_over() -> None:
     # the profile measured 0.25 ms a character at 50 ms for the mean of 120 characters
-    prior = LengthPrior(slope_per_char=0.00025 / 0.050, mean_chars=120.0, var_chars=6667.0)
+    prior = LengthPrior(slope=0.00025 / 0.050, mean=120.0, var=6667.0)  # in characters
     est = ServiceEstimator({1: 0.050}, alpha=0.1, length_prior=prior)
     assert est.batch_s(1, longest=400) == pytest.approx(0.120)  # before any batch
     assert est.batch_s(1, longest=120) == pytest.approx(0.050)
@@ -264,4 +277,6 @@ def test_a_measured_length_prior_sizes_the_first_batch_and_the_server_takes_over
         est.observe(1, 0.050, longest=length)
     assert est.batch_s(1, longest=400) == pytest.approx(0.050, rel=0.05)
     with pytest.raises(ValueError):
-        LengthPrior(slope_per_char=-1.0, mean_chars=120.0, var_chars=1.0)
+        LengthPrior(slope=-1.0, mean=120.0, var=1.0)
+    with pytest.raises(ValueError):
+        LengthPrior(slope=0.5, mean=1.0, var=0.1, typical_longest_chars=((1, 0.0),))

@@ -174,7 +174,8 @@ def decision_headers(req: RtRequest) -> dict[str, str]:
 def plan_headers(req: RtRequest) -> dict[str, str]:
     """HTTP only (diagnostics, not in gRPC's ``Decision``): for a one-shot request, the
     batch it ran in and its run time; for one that named a model group, the planner's
-    reason and predicted sojourn (from its arrival) beside the server's own sojourn, and
+    reason, predicted sojourn (from its arrival) and predicted run time of the batch it
+    was placed in, beside the server's own sojourn, and
     whether the pool was idle and the most accurate variant would have met the deadline
     alone (``VariantChoice``). ``plan-reason`` is ``replanned`` when it ran elsewhere."""
     headers: dict[str, str] = {}
@@ -190,6 +191,9 @@ def plan_headers(req: RtRequest) -> dict[str, str]:
     headers["x-sluice-plan-reason"] = "replanned" if moved else plan.reason
     if math.isfinite(plan.predicted_sojourn_s):
         headers["x-sluice-predicted-sojourn-ms"] = f"{plan.predicted_sojourn_s * 1000:.1f}"
+    chosen = next((p for p in plan.predictions if p.variant == plan.variant), None)
+    if chosen is not None:  # its batch's time, before the pessimism factor
+        headers["x-sluice-predicted-run-ms"] = f"{chosen.service_s * 1000:.1f}"
     if t.finished_s is not None:
         headers["x-sluice-sojourn-ms"] = f"{(t.finished_s - req.arrival_s) * 1000:.1f}"
     if plan.pool_idle is not None:
