@@ -10,12 +10,22 @@ graph SVG, to show where the engine's own time goes.
     flock /tmp/sluice-heavy.lock python bench/engine_overhead.py          # about 2 min
     flock /tmp/sluice-heavy.lock python bench/engine_overhead.py --py-spy
 
-Writes bench/results/engine_overhead.json.
+``--closed B`` asks where a plain ``sluice serve`` loses against the bare loop at B
+clients: the packaged model as ``default_config()`` loads it (32 slots of 1024 cells, 4
+retained prefixes, the TPOT target), three ways interleaved twice: the bare loop at batch
+B; the engine in this process with B closed-loop clients (a request replaced the moment
+one ends, 128 new tokens, the benchmark's prompts), recording each decode step's slot
+span (highest slot - lowest + 1: llama.cpp attends over every stream in that range); and
+the server over HTTP with B streaming clients. Writes
+bench/results/engine_overhead_closed.json.
+
+    flock /tmp/sluice-heavy.lock python bench/engine_overhead.py --closed 8
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -23,13 +33,20 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np
+
+from bench.llm_bench import MODEL, PROMPTS
+from bench.loadgen import closed_loop
+from bench.servers import free_port, running
 from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend, LlamaCppGenerative
+from sluice.config import default_config
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Request, SamplingParams
 
@@ -79,14 +96,133 @@ def engine_tokens_per_s(model: LlamaCppGenerative, batch: int, steps: int) -> fl
     return batch * (len(times) - 2) / (times[-2] - times[0])
 
 
+def default_model() -> tuple[LlamaCppGenerative, EngineConfig]:
+    """The packaged model and engine settings exactly as a plain ``sluice serve`` has them."""
+    config = default_config()
+    model = LlamaCppBackend().load(config.models[0].spec())
+    assert isinstance(model, LlamaCppGenerative)
+    return model, config.runtime_config().workers[0].engine
+
+
+def engine_closed_loop(model: LlamaCppGenerative, config: EngineConfig, clients: int,
+                       n_requests: int, max_tokens: int) -> dict[str, Any]:
+    """``clients`` closed-loop clients straight into the engine (no HTTP): tokens/s over
+    the run, and the decode steps' batch sizes, slot spans and seconds."""
+    engine = ContinuousEngine(model, config, time.monotonic, lambda r: None)
+    prompts = [tuple(model.tokenize(p, add_bos=True)) for p in PROMPTS]
+    steps: list[tuple[int, int, float]] = []
+    forward = model.forward
+
+    def traced(chunks: Any) -> Any:
+        t = time.perf_counter()
+        out = forward(chunks)
+        if all(len(c.tokens) == 1 for c in chunks):
+            slots = [c.seq_slot for c in chunks]
+            steps.append((len(slots), max(slots) - min(slots) + 1, time.perf_counter() - t))
+        return out
+
+    model.forward = traced  # type: ignore[method-assign]
+    sent = 0
+    live: list[Request] = []
+
+    def send() -> None:
+        nonlocal sent
+        req = Request(request_id=sent + 1, model_id="g", kind="generative",
+                      arrival_s=time.monotonic(), prompt_tokens=prompts[sent % len(prompts)],
+                      params=SamplingParams(max_tokens=max_tokens, temperature=0.0,
+                                            ignore_eos=True))
+        req.mark_queued(time.monotonic())
+        engine.add(req)
+        live.append(req)
+        sent += 1
+
+    try:
+        t0 = time.perf_counter()
+        for _ in range(min(clients, n_requests)):
+            send()
+        tokens = 0
+        while engine.has_work:
+            engine.step()
+            for req in [r for r in live if r.is_terminal]:
+                live.remove(req)
+                tokens += max_tokens
+                if sent < n_requests:
+                    send()
+        wall = time.perf_counter() - t0
+    finally:
+        del model.forward
+    for s in range(model.n_seq_max):
+        model.release_sequence(s)
+    full = [st for st in steps if st[0] == clients]
+    return {"tokens_per_s": tokens / wall, "decode_steps": len(steps),
+            "full_batch_steps": len(full),
+            "mean_span_full": float(np.mean([st[1] for st in full])) if full else None,
+            "mean_step_ms_full": 1000 * float(np.mean([st[2] for st in full])) if full
+            else None,
+            "span_hist": {str(k): sum(1 for st in full if st[1] == k)
+                          for k in sorted({st[1] for st in full})}}
+
+
+def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
+                       ) -> dict[str, Any]:
+    samples, wall = asyncio.run(closed_loop(base, MODEL, PROMPTS, concurrency=clients,
+                                            n_requests=n_requests, max_tokens=max_tokens))
+    ok = [s for s in samples if s.ok]
+    tpots = sorted(s.tpot_s for s in ok if s.tpot_s is not None)
+    return {"tokens_per_s": sum(s.tokens for s in ok) / wall, "errors": len(samples) - len(ok),
+            "tpot_p50_ms": 1000 * tpots[len(tpots) // 2] if tpots else None}
+
+
+def closed_main(clients: int, n_requests: int, max_tokens: int) -> int:
+    """Bare loop, engine and server at ``clients``, interleaved twice (see the module)."""
+    model, config = default_model()
+    port = free_port()
+    cmd = [sys.executable, "-m", "sluice.cli", "serve", "--port", str(port),
+           "--log-level", "warning"]
+    rounds: list[dict[str, Any]] = []
+    t0 = time.time()
+    with running(cmd, f"http://127.0.0.1:{port}/ready") as _:
+        base = f"http://127.0.0.1:{port}"
+        server_closed_loop(base, 1, 1, 8)  # warm-up
+        for r in range(2):
+            row = {"round": r,
+                   "bare_tokens_per_s": bare_tokens_per_s(model, clients, max_tokens // 2),
+                   "engine": engine_closed_loop(model, config, clients, n_requests,
+                                                max_tokens),
+                   "engine_retain0": engine_closed_loop(
+                       model, replace(config, max_retained_slots=0), clients, n_requests,
+                       max_tokens),
+                   "server": server_closed_loop(base, clients, n_requests, max_tokens)}
+            rounds.append(row)
+            print(json.dumps(row), flush=True)
+    bare = max(r["bare_tokens_per_s"] for r in rounds)
+    eng = max(r["engine"]["tokens_per_s"] for r in rounds)
+    srv = max(r["server"]["tokens_per_s"] for r in rounds)
+    print(f"clients {clients}: bare {bare:.1f}, engine {eng:.1f} ({eng / bare:.3f}x), "
+          f"server {srv:.1f} ({srv / bare:.3f}x) tok/s", flush=True)
+    result = {"benchmark": "engine_overhead_closed", "clients": clients,
+              "n_requests": n_requests, "max_tokens": max_tokens, "rounds": rounds,
+              "engine_vs_bare": round(eng / bare, 3), "server_vs_bare": round(srv / bare, 3),
+              "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+              "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "engine_overhead_closed.json").write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--closed", type=int, help="clients: bare vs engine vs server")
+    parser.add_argument("--requests", type=int, default=16, help="--closed: requests")
+    parser.add_argument("--new-tokens", type=int, default=128, help="--closed: per request")
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--py-spy", action="store_true")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    if args.closed:
+        return closed_main(args.closed, args.requests, args.new_tokens)
     if args.child:
         model = load(max(batches))
         for _ in range(3):

@@ -66,6 +66,11 @@ class ModelConfig(_Strict):
     step_cost_file: str | None = None
     """Generative: a profiled step-time model (JSON from ``bench/kv_layout.py``), the prior
     that the engine refines online."""
+    step_cost_warmup: bool = False
+    """Generative, without ``step_cost_file``: measure that prior when the model loads, from
+    a short warm-up of real steps on this host (about 1 s for the packaged model on 2
+    cores), so that first-token predictions and the TPOT budget hold from the first
+    request; off: a rough default prior, learned past within seconds."""
 
     @model_validator(mode="after")
     def _backend_options(self) -> ModelConfig:
@@ -94,6 +99,7 @@ class ModelConfig(_Strict):
             ttft_deadline_s=None if self.ttft_deadline_ms is None
             else self.ttft_deadline_ms / 1000,
             step_cost_path=self.step_cost_file,
+            step_cost_warmup=self.step_cost_warmup,
         )
 
 
@@ -518,7 +524,8 @@ def default_config() -> Config:
     Concurrency follows the latency target, not a slot count: 32 slots of 1024 KV cells
     each (one stream per sequence, the faster layout at these lengths) under a 150 ms TPOT
     target, so a plain ``sluice serve`` runs as many sequences at once as keep every
-    stream within 150 ms a token, up to 32."""
+    stream within 150 ms a token, up to 32; the step-time model behind that starts from a
+    warm-up of real steps measured when the model loads."""
     n_ctx = DEFAULT_SEQ_SLOTS * DEFAULT_KV_CELLS_PER_SEQ
     return Config.model_validate(
         {
@@ -533,6 +540,8 @@ def default_config() -> Config:
                     "load_cost_s": 1.0,
                     "task": "generation",
                     "tpot_target_ms": DEFAULT_TPOT_TARGET_MS,
+                    # the step-time prior measured on this host at load, not a guess
+                    "step_cost_warmup": True,
                     "options": {"path": "packaged:gemma-3-270m", "n_ctx": n_ctx,
                                 "n_seq_max": DEFAULT_SEQ_SLOTS, "n_threads": 2},
                 }

@@ -47,7 +47,11 @@ class ModelSpec:
     whose tenant sets none); ``None``: no deadline."""
     step_cost_path: str | None = None
     """Generative models: a profiled ``StepCost`` JSON, the prior of the learned step-time
-    model (``None``: a rough default, refined online within seconds)."""
+    model (``None``: ``step_cost_warmup``, else a rough default, refined online within
+    seconds)."""
+    step_cost_warmup: bool = False
+    """Generative models without ``step_cost_path``: measure the prior at load from a short
+    warm-up of real steps (``sluice.engine.step_warmup``)."""
 
 
 class ModelLoadError(RuntimeError):

@@ -61,6 +61,7 @@ from sluice.engine.request import (
 )
 from sluice.engine.sampling import SamplingError, sample_token
 from sluice.engine.step_times import StepTimes
+from sluice.engine.step_warmup import measure_step_cost
 from sluice.engine.textstream import TextStream
 from sluice.policy.admission import clamp_retry_after
 from sluice.policy.kv_blocks import KVBlockAllocator
@@ -204,7 +205,7 @@ class ContinuousEngine:
         """Of those, the tokens kept in place in a retained slot (a counter)."""
         self.forked_prompt_tokens = 0
         """Prompt tokens not recomputed because ``n`` choices shared one prefill."""
-        self.step_cost = OnlineStepCost(_step_cost_prior(model.spec.step_cost_path),
+        self.step_cost = OnlineStepCost(_step_cost_prior(model),
                                         window=STEP_COST_WINDOW, refit_every=16)
         """The step-time model, learned from the steps this engine runs."""
         self.step_times = StepTimes()
@@ -714,10 +715,13 @@ def _urgency(req: Request) -> tuple[int, float]:
     return req.priority, float("inf") if start_by is None else start_by
 
 
-def _step_cost_prior(path: str | None) -> StepCost:
-    """The profiled step-time model a spec names, else the rough default."""
+def _step_cost_prior(model: GenerativeModel) -> StepCost:
+    """The profiled step-time model the spec names, else one measured by a warm-up of real
+    steps when the spec asks for it, else the rough default."""
+    path = model.spec.step_cost_path
     if path is None:
-        return DEFAULT_STEP_COST
+        return (measure_step_cost(model, DEFAULT_STEP_COST) if model.spec.step_cost_warmup
+                else DEFAULT_STEP_COST)
     try:
         return StepCost.load(Path(path).expanduser())
     except (OSError, ValueError, KeyError) as exc:

@@ -6,9 +6,14 @@ step of ``decode_step_s``. A slot frees when its sequence has generated its rema
 tokens (``max_tokens`` less those generated: an upper bound, since EOS or a stop string
 may end it sooner, so the prediction errs towards refusing). The waiting line takes free
 slots in its order; each holds its slot for its prefill plus its whole budget of decode
-steps. The new request takes the slot after them and gets its first token one prefill and
-one step later. This is the event simulation of that (a min-heap of slot release times),
-O(line × log concurrency).
+steps. The new request takes the slot after them and gets its first token at the end of
+the step that feeds its prompt (that step's logits give the first token): one step with
+its prompt beside the decodes of the sequences holding the other slots then (those running
+now if a slot is free now, else every other slot: it starts as one frees), so an idle
+engine answers after one prefill step, not after a full-width decode step too. This is
+the event simulation of that (a min-heap of slot release times), O(line × log
+concurrency). A prompt longer than a step's prefill room is fed over several steps,
+each with the decodes' time: not counted (prompts here are short against the room).
 
 Pure: no clocks; times are seconds from now.
 """
@@ -95,8 +100,13 @@ def predict_ttft(cost: StepCost, *, concurrency: int, context_tokens_per_seq: fl
         for _ in range(min(entry.n, concurrency)):
             heapq.heappush(releases, done_s)
     start_s = max(_take(releases) for _ in range(min(new_n, concurrency)))
-    ttft = start_s + new_prompt_tokens * per_prefill + step_s
-    return TtftPrediction(ttft, start_s, step_s, concurrency)
+    # its prefill step decodes beside it the sequences holding slots then: those running
+    # now when a slot is free at once, else (it starts as a slot frees) a full engine
+    width = concurrency - min(new_n, concurrency)
+    decodes = width if start_s > 0 else min(width, sum(1 for t in releases if t > 0))
+    prefill_step_s = cost.predict_s(decodes, new_prompt_tokens,
+                                    int(decodes * context_tokens_per_seq))
+    return TtftPrediction(start_s + prefill_step_s, start_s, step_s, concurrency)
 
 
 def _take(releases: list[float]) -> float:
