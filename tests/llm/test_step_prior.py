@@ -5,7 +5,6 @@ that the prediction is of the right thing, not the host's speed)."""
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Iterator
 
@@ -22,7 +21,9 @@ pytest.importorskip("llama_cpp", reason="the llm extra is not installed")
 
 BAND = 3.0
 """Predicted / measured must lie within [1/BAND, BAND]: the old prediction of an idle
-engine's first token (a prefill plus a decode step of every slot) was about 5x off."""
+engine's first token (a prefill plus a decode step of every slot) was about 5x off. Both
+sides take the fastest of their repeats (as the warm-up does), so another process's burst
+on a shared host moves neither."""
 
 
 def test_the_default_model_measures_its_prior() -> None:
@@ -64,7 +65,7 @@ def test_an_idle_engines_first_token_is_predicted_close(engine: ContinuousEngine
         measured.append(req.times.first_token_s - req.arrival_s)
         while engine.has_work:
             engine.step()
-    assert _within_band(predicted, statistics.median(measured)), (predicted, measured)
+    assert _within_band(predicted, min(measured)), (predicted, measured)
 
 
 def test_a_decode_step_is_predicted_close(engine: ContinuousEngine) -> None:
@@ -80,4 +81,4 @@ def test_a_decode_step_is_predicted_close(engine: ContinuousEngine) -> None:
     for s in range(batch):
         model.release_sequence(s)
     predicted = prior.predict_s(batch, 0, batch * 6)
-    assert _within_band(predicted, statistics.median(seconds)), (predicted, seconds)
+    assert _within_band(predicted, min(seconds)), (predicted, seconds)
