@@ -114,9 +114,15 @@ class VariantPlanner:
         return self.tracker.group_of[variant]
 
     def _prune(self) -> None:
-        """Tell the tracker which pending requests started or ended. Under the lock."""
-        for rid in [rid for rid, r in self._queued.items()
-                    if r.times.started_s is not None or r.is_terminal]:
+        """Tell the tracker which pending requests started or ended. Under the lock.
+        A request that started counts as queued until its worker's batch is reported
+        (``batch_started``; the worker marks its members running first): in between it
+        would be in neither the queue nor a batch, and the pool would look idle (one with
+        no worker recorded counts as started at once)."""
+        running = self.tracker.running
+        for rid in [rid for rid, r in self._queued.items() if r.is_terminal or (
+                    r.times.started_s is not None
+                    and (r.worker_id is None or r.worker_id in running))]:
             del self._queued[rid]
             self.tracker.started(rid)
 
@@ -166,8 +172,8 @@ class VariantPlanner:
             longest = max((input_length(r) for r in self._queued.values()
                            if r.model_id == model_id and r.times.started_s is not None),
                           default=0)
-            self._prune()
             self.tracker.batch_started(worker_id, model_id, size, self._clock(), longest)
+            self._prune()
 
     def batch_done(self, model_id: str, size: int, seconds: float,
                    worker_id: int | None = None) -> None:

@@ -8,7 +8,8 @@ import asyncio
 from sluice.backends.base import ModelSpec
 from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.runtime import Runtime, RuntimeConfig
-from sluice.engine.variants import GroupSpec
+from sluice.engine.request import Request
+from sluice.engine.variants import GroupSpec, VariantPlanner
 from sluice.engine.worker import WorkerConfig
 from sluice.policy.planner import PlannerConfig
 from tests.server.live import wait_for
@@ -71,6 +72,35 @@ def test_backlog_in_the_system_is_counted_and_released() -> None:
         wait_for(lambda: rt.variants.snapshot()["big"]["in_system"] == 0)
     finally:
         rt.stop(drain_timeout_s=2.0)
+
+
+def test_a_started_request_counts_until_its_batch_is_reported() -> None:
+    """The worker marks a batch's members running before it reports the batch: a request
+    planned in between still sees the first one (queued, then running), never an idle
+    pool — or two requests that arrive together would both take the accurate variant."""
+    models = {m.model_id: m for m in (spec("big", 0.9, 30.0, 0.030),
+                                      spec("small", 0.8, 1.0, 0.001))}
+    planner = VariantPlanner([GroupSpec("g", ("big", "small"), PlannerConfig())], models,
+                             [10**9], clock=lambda: 0.0)
+
+    def arrive(rid: int) -> Request:
+        req = Request(rid, "g", "oneshot", arrival_s=0.0, input="x", deadline_s=1.0)
+        choice = planner.plan(req, 0.0)
+        assert choice is not None
+        req.mark_queued(0.0)
+        planner.admitted(req, "g")
+        return req
+
+    first = arrive(1)
+    assert first.plan is not None and first.plan.pool_idle
+    first.worker_id = 0
+    first.mark_running(0.0)  # the worker took it; its batch is not reported yet
+    second = arrive(2)
+    assert second.plan is not None and second.plan.pool_idle is False
+    planner.batch_started(0, first.model_id, 1)
+    assert 1 not in planner.tracker.pending and 0 in planner.tracker.running
+    third = arrive(3)
+    assert third.plan is not None and third.plan.pool_idle is False
 
 
 def test_fastest_baseline_ranks_by_the_profile_alone() -> None:
