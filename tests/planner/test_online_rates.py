@@ -7,8 +7,8 @@ import asyncio
 
 from sluice.backends.base import ModelSpec
 from sluice.backends.synthetic import SyntheticBackend
-from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.request import Request
+from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.variants import GroupSpec, VariantPlanner
 from sluice.engine.worker import WorkerConfig
 from sluice.policy.planner import PlannerConfig
