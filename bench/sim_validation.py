@@ -30,8 +30,10 @@ The two generative systems (``run_system``):
    (front end, queue wait) and the step model the
    engine had learned by then.
 
-The variant group (``run_onnx``): the profile ``sluice profile`` wrote is the cost model;
-end-to-end p95 and goodput at the same four loads of the accurate variant's capacity.
+The variant group (``run_onnx``): the profile ``sluice profile`` wrote is the cost model
+(batch times by batch size, and how they grow with a batch's longest input: its length
+fit), each arrival carrying the length of the text the real run sends it; end-to-end
+p95 and goodput at the same four loads of the accurate variant's capacity.
 
 Writes bench/results/sim_validation.json and .png (a system not run keeps its last
 result). Under the heavy lock, one system a hold:
@@ -40,6 +42,8 @@ result). Under the heavy lock, one system a hold:
     /work/wt/bin/heavy python bench/sim_validation.py --systems gemma --duration 30 \
         --calibration-s 60
     /work/wt/bin/heavy python bench/sim_validation.py --systems onnx --duration 30
+    (a fresh profile first, beside the prepared one: ``sluice profile --cache DIR
+    --config DIR/sluice.toml --out P``, then ``--onnx-profile P``)
 """
 
 from __future__ import annotations
@@ -299,13 +303,17 @@ def judge(point: dict[str, Any], sim: dict[str, Any], real: dict[str, Any],
 
 def poisson_arrivals(system: dict[str, Any], rate: float, duration_s: float, seed: int,
                      deadline_ms: float, counts: list[int]) -> tuple[list[Arrival], list[int]]:
-    """Seeded Poisson arrivals, prompts in turn (their token counts from the server)."""
+    """Seeded Poisson arrivals, prompts in turn (their token counts from the server).
+    Requests sending the same prompt share it as a prefix (``prefix_id``: the prompt),
+    as they do in the server, whose engine copies a running or retained sequence's KV
+    for it instead of computing it again (the steps that fed a prompt fed 1-8 tokens of
+    the prompts' 14-18 on average)."""
     spec = parse_spec(f"poisson:rate={rate},duration={duration_s},model={system['model']},"
                       f"output={system['max_tokens']},deadline_ms={deadline_ms}")
     arrivals = list(generate(spec, seed=seed))
     prompt_of = [i % len(system["prompts"]) for i in range(len(arrivals))]
-    return ([replace(a, prompt_tokens=counts[i]) for a, i in zip(arrivals, prompt_of,
-                                                                  strict=True)], prompt_of)
+    return ([replace(a, prompt_tokens=counts[i], prefix_id=i, prefix_tokens=counts[i])
+             for a, i in zip(arrivals, prompt_of, strict=True)], prompt_of)
 
 
 def measure_open_loop(base: str, system: dict[str, Any], arrivals: list[Arrival],
@@ -406,12 +414,20 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                      "requests": len(arrivals), "real": real}
             for key, sim_config in sims.items():
                 point[key] = sim_summary(sim_config, arrivals)
+            if system.get("step_table"):
+                # the model's error apart from the calibration's: the steps the engine
+                # ran at this very point as the cost file
+                own = {system["model"]: dict(costs[system["model"]],
+                                             step_times=real["step_times"])}
+                point["sim_own_steps"] = sim_summary(SimConfig.from_config(config, own),
+                                                     arrivals)
             sim = point["sim"]
             judge(point, sim, real, "ttft_p95_s")
             out["points"].append(point)
             print(f"[{name}] {factor}x ({rate:.1f}/s, n={len(arrivals)}): TTFT p95 real "
                   f"{fmt(real['ttft_p95_s'])} sim {fmt(sim['ttft_p95_s'])} (closed-loop "
-                  f"profile {fmt(point['sim_closed_loop_profile']['ttft_p95_s'])}); goodput "
+                  f"profile {fmt(point['sim_closed_loop_profile']['ttft_p95_s'])}, own steps "
+                  f"{fmt(point.get('sim_own_steps', {}).get('ttft_p95_s'))}); goodput "
                   f"real {real['goodput']:.3f} sim {sim['goodput']:.3f}; TPOT p50 real "
                   f"{fmt(real['tpot_p50_s'])} sim {fmt(sim['tpot_p50_s'])}; states real "
                   f"{real['states']} sim {sim['states']}; ok={point['within_tolerance']}",
@@ -561,7 +577,9 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
             rate = factor * capacity
             spec = parse_spec(f"poisson:rate={rate},duration={args.duration},model={GROUP},"
                               f"deadline_ms={deadline_ms}")
-            arrivals = list(generate(spec, seed=args.seed))
+            # each arrival's input length: the text the real run sends it
+            arrivals = [replace(a, input_chars=len(texts[k % len(texts)]))
+                        for k, a in enumerate(generate(spec, seed=args.seed))]
             tag = f"o{factor:g}".replace(".", "_")
             samples = asyncio.run(oneshot_open_loop(base, texts, arrivals, deadline_ms, tag))
             time.sleep(2.0)
@@ -598,7 +616,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             ax = axes[row][col]
             scale = 1000 if key.endswith("_s") else 1
             for who, style in (("real", "o-"), ("sim", "s--"),
-                               ("sim_closed_loop_profile", "^:"), ("sim_declared_cost", "x:")):
+                               ("sim_closed_loop_profile", "^:"), ("sim_declared_cost", "x:"),
+                               ("sim_own_steps", "d-.")):
                 ys = [(p[who][key] or 0) * scale for p in res["points"] if who in p]
                 if ys:
                     ax.plot(f[:len(ys)], ys, style, label=who.replace("_", " "))

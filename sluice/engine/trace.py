@@ -4,7 +4,9 @@ One JSON object per submitted request, one line each, in submission order, in th
 format ``sluice.sim.workload.read_trace`` reads: ``t`` (seconds since the runtime
 started), ``model`` (as the request named it: a group stays a group), ``tenant``,
 ``prompt_tokens``, ``output_tokens`` (its ``max_tokens``), ``priority`` and, when it has
-one, ``deadline_ms`` (relative). No prompt text is written. Thread-safe; each line is
+one, ``deadline_ms`` (relative); a one-shot request with text also ``input_chars`` (its
+longest text's length, ``sluice.engine.variants.input_length``: what its batch's time
+grows with). No prompt text is written. Thread-safe; each line is
 flushed as written, so a trace survives a crash up to its last request.
 """
 
@@ -15,6 +17,7 @@ import threading
 from pathlib import Path
 
 from sluice.engine.request import Request
+from sluice.engine.variants import input_length
 
 
 class TraceWriter:
@@ -38,6 +41,8 @@ class TraceWriter:
         }
         if req.deadline_s is not None:
             line["deadline_ms"] = round((req.deadline_s - req.arrival_s) * 1000.0, 3)
+        if req.kind != "generative" and (chars := input_length(req)) > 0:
+            line["input_chars"] = chars
         text = json.dumps(line) + "\n"
         with self._lock:
             if not self._file.closed:

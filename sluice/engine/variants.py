@@ -217,15 +217,7 @@ def length_prior(spec: ModelSpec) -> LengthPrior | None:
     typical_longest_chars = {batch size: chars}}``, or the older ``{slope_per_char,
     mean_chars, var_chars}`` (lengths in characters); None without one."""
     raw = spec.options.get("length_prior")
-    if not raw:
-        return None
-    d = dict(raw)
-    if "slope_per_char" in d:
-        return LengthPrior(float(d["slope_per_char"]), float(d["mean_chars"]),
-                           float(d["var_chars"]))
-    typical = tuple(sorted((int(b), float(c))
-                           for b, c in dict(d.get("typical_longest_chars") or {}).items()))
-    return LengthPrior(float(d["slope"]), float(d["mean"]), float(d["var"]), typical)
+    return LengthPrior.from_json(raw) if raw else None
 
 
 class PlannerObserver:

@@ -37,7 +37,7 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sluice.policy.backlog import (
     NO_MARGIN,
@@ -151,6 +151,20 @@ class LengthPrior:
             if b < 1 or not (math.isfinite(chars) and chars > 0):
                 raise ValueError(f"typical_longest_chars needs batch sizes >= 1 with "
                                  f"characters > 0, got {(b, chars)!r}")
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> LengthPrior:
+        """``sluice profile``'s length fit (a model's ``options.length_prior``, a profile's
+        ``variants.*.length``): ``{slope, mean, var, typical_longest_chars = {batch size:
+        chars}}``, or the older ``{slope_per_char, mean_chars, var_chars}`` (lengths in
+        characters)."""
+        d = dict(raw)
+        if "slope_per_char" in d:
+            return cls(float(d["slope_per_char"]), float(d["mean_chars"]),
+                       float(d["var_chars"]))
+        typical = tuple(sorted((int(b), float(c))
+                               for b, c in dict(d.get("typical_longest_chars") or {}).items()))
+        return cls(float(d["slope"]), float(d["mean"]), float(d["var"]), typical)
 
 
 class LengthSlope:

@@ -5,6 +5,11 @@ Per model, one ``ModelCost``:
 - one-shot models: seconds per batch of ``n`` (``batch_s``), from a profile of batch sizes
   (``sluice profile``'s ``batch_ms``, or a model's ``options.service_ms``), interpolated
   linearly between profiled sizes and extrapolated along the last segment past them;
+  with a ``length_prior`` (``sluice profile``'s fit of how a batch's time grows with its
+  longest input, the one the variant planner starts from), a batch whose longest input
+  has ``L`` characters takes what the planner's ``ServiceEstimator`` predicts from that
+  prior before it has seen a batch: the curve × its length factor at ``L`` for that
+  batch size (a batch is padded to its longest member);
 - generative models: a ``StepCost`` (``sluice.policy.step_cost``: the same linear step-time
   model the engine's TPOT budget uses), from a JSON file fitted by a profiling run; and,
   where a model's decode steps are not linear in the sequences they decode (llama.cpp on
@@ -12,11 +17,15 @@ Per model, one ``ModelCost``:
   tables the simulator charges instead of the line: the engine's own tally of its steps
   (``step_times``, as ``/status.json`` publishes it: ``{"3": {"steps", "seconds",
   "prefill_tokens"}, "3+prefill": ...}``, see ``sluice.engine.step_times``), read as a
-  decode-step table (steps that fed no prompt, by decodes) and a prefill-step table
-  (steps that fed one: their mean time and mean prompt tokens, by decodes), each bucket
-  of at least ``MIN_BUCKET_STEPS`` steps; or an older ``decode_step_ms`` (``{decodes:
-  ms}``) alone. Both are interpolated like ``batch_ms``; a prefill step's prompt tokens
-  above (below) its bucket's mean cost ``per_prefill_token_s`` each more (less);
+  decode-step table (steps that fed no prompt, by decodes) and a table of what feeding
+  a prompt adds to a step (by decodes: the mean time of steps that fed one less the
+  decode table's time, at their mean prompt tokens; with no decodes, the whole step),
+  each from buckets of at least ``MIN_BUCKET_STEPS`` steps; or an older
+  ``decode_step_ms`` (``{decodes: ms}``) alone. The decode table is interpolated like
+  ``batch_ms``; the prefill table linearly between measured decode counts and flat past
+  them (a few prefill buckets are measured: extrapolating their slope has no ground),
+  and a step's prompt tokens above (below) the table's mean cost ``per_prefill_token_s``
+  each more (less);
 - every model: its load time in seconds, and the latency a request spends outside the
   workers (``overhead_ms``: HTTP, tokenization, streaming; measured by the profile, it adds
   to latency but occupies no worker).
@@ -24,8 +33,9 @@ Per model, one ``ModelCost``:
 Where they come from, first match wins: a costs file given to the simulator (``--costs``,
 JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost", "step_times" |
 "decode_step_ms", "overhead_ms", "cv"}}``),
-or a ``sluice profile`` result (``variants.*.model`` / ``batch_ms``); then the model's own options
-(``service_ms``, ``step_cost`` as an object or a path to a JSON file, ``load_s``); then the
+or a ``sluice profile`` result (``variants.*.model`` / ``batch_ms`` / ``length``); then the
+model's own options (``service_ms``, ``length_prior``, ``step_cost`` as an object or a
+path to a JSON file, ``load_s``); then the
 synthetic backend's cost options (its own model of time, which is one more such file);
 else ``ValueError`` naming the model, since a guess would make every prediction wrong.
 """
@@ -37,10 +47,11 @@ import json
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sluice.policy.planner import LengthPrior, ServiceEstimator
 from sluice.policy.step_cost import StepCost
 
 
@@ -69,10 +80,18 @@ class ModelCost:
     """Decodes per step of a measured decode-step table, ascending (empty: linear)."""
     decode_times_s: tuple[float, ...] = ()
     prefill_sizes: tuple[int, ...] = ()
-    """Decodes per step of a measured table of steps that also fed prompt tokens."""
+    """Decodes per step of a measured table of what feeding prompt tokens adds to a step."""
     prefill_times_s: tuple[float, ...] = ()
+    """Seconds feeding a prompt added to a step of that many decodes (at 0 decodes: the
+    step's whole time)."""
     prefill_mean_tokens: tuple[float, ...] = ()
     """The prompt tokens those steps fed, on average (the table's time is at these)."""
+    length_prior: LengthPrior | None = None
+    """One-shot: how a batch's time grows with its longest input (None: it does not)."""
+    _by_length: ServiceEstimator | None = field(default=None, init=False, repr=False,
+                                                compare=False)
+    """The planner's service model of the profile and the prior, never updated (so a
+    pure function of batch size and length): what ``batch_s`` charges with a prior."""
     cv: float = 0.0
     """Coefficient of variation of a step's (or batch's) time around the model's mean:
     each draws a lognormal factor with mean 1 and this spread (0: every step as
@@ -95,15 +114,24 @@ class ModelCost:
                 raise ValueError(f"{what} sizes must be distinct, >= 0, ascending: {sizes}")
             if len(sizes) != len(times) or any(not t >= 0 for t in times):
                 raise ValueError(f"{what} times must be one >= 0 per size: {times}")
+        if self.length_prior is not None:
+            if not self.batch_sizes:
+                raise ValueError("a length prior needs a one-shot batch profile")
+            object.__setattr__(self, "_by_length", ServiceEstimator(
+                dict(zip(self.batch_sizes, self.batch_times_s, strict=True)),
+                length_prior=self.length_prior))
         if len(self.prefill_mean_tokens) != len(self.prefill_sizes):
             raise ValueError("prefill_mean_tokens must have one entry per prefill size")
         if (self.decode_sizes or self.prefill_sizes) and self.step is None:
             raise ValueError("a step table needs a step cost (its prefill term)")
 
-    def batch_s(self, n: int) -> float:
-        """Seconds for a one-shot batch of ``n`` (linear between and past profiled sizes)."""
+    def batch_s(self, n: int, longest_chars: int = 0) -> float:
+        """Seconds for a one-shot batch of ``n`` (linear between and past profiled sizes)
+        whose longest input has ``longest_chars`` characters (0: unknown, the curve)."""
         if not self.batch_sizes:
             raise ValueError("no batch profile: this is not a one-shot model's cost")
+        if self._by_length is not None and longest_chars > 0:
+            return self._by_length.batch_s(n, longest_chars)
         return _interpolate(self.batch_sizes, self.batch_times_s, n)
 
     def step_s(self, decode_tokens: int, prefill_tokens: int, context_tokens: int) -> float:
@@ -117,16 +145,22 @@ class ModelCost:
         step = self.step
         if step is None:
             raise ValueError("no step cost: this is not a generative model's cost")
-        if prefill_tokens > 0 and self.prefill_sizes:
-            mean_tokens = _interpolate(self.prefill_sizes, self.prefill_mean_tokens,
-                                       decode_tokens)
-            return max(0.0, _interpolate(self.prefill_sizes, self.prefill_times_s,
-                                         decode_tokens)
-                       + step.per_prefill_token_s * (prefill_tokens - mean_tokens))
-        if not self.decode_sizes or decode_tokens == 0:
+        if self.decode_sizes and decode_tokens > 0:
+            decode_s = _interpolate(self.decode_sizes, self.decode_times_s, decode_tokens)
+        elif decode_tokens > 0 or not self.prefill_sizes:
             return step.predict_s(decode_tokens, prefill_tokens, context_tokens)
-        return (_interpolate(self.decode_sizes, self.decode_times_s, decode_tokens)
-                + step.per_prefill_token_s * prefill_tokens)
+        else:
+            decode_s = 0.0
+        if prefill_tokens == 0:
+            return decode_s
+        if not self.prefill_sizes:
+            return decode_s + step.per_prefill_token_s * prefill_tokens
+        sizes = self.prefill_sizes
+        d = min(max(decode_tokens, sizes[0]), sizes[-1])  # flat past the measured counts
+        added_s = _interpolate(sizes, self.prefill_times_s, d)
+        mean_tokens = _interpolate(sizes, self.prefill_mean_tokens, d)
+        return max(decode_s, decode_s + added_s
+                   + step.per_prefill_token_s * (prefill_tokens - mean_tokens))
 
     @classmethod
     def oneshot(cls, batch_ms: Mapping[Any, float], load_s: float) -> ModelCost:
@@ -175,7 +209,10 @@ def _from_entry(kind: str, entry: Mapping[str, Any], load_s: float,
         return None
     for key in ("batch_ms", "service_ms"):
         if entry.get(key):
-            return replace(ModelCost.oneshot(entry[key], load_s), overhead_s=overhead_s, cv=cv)
+            cost = replace(ModelCost.oneshot(entry[key], load_s), overhead_s=overhead_s,
+                           cv=cv)
+            raw = entry.get("length_prior")
+            return replace(cost, length_prior=LengthPrior.from_json(raw)) if raw else cost
     return None
 
 
@@ -186,14 +223,15 @@ MIN_BUCKET_STEPS = 10
 def step_tables(entry: Mapping[str, Any]
                 ) -> tuple[list[tuple[int, float]], list[tuple[int, float, float]]]:
     """A cost entry's measured tables: ``(decodes, seconds)`` of steps feeding no prompt
-    and ``(decodes, seconds, mean prompt tokens)`` of steps feeding one, ascending. From
+    and ``(decodes, seconds added, mean prompt tokens)`` of what feeding one added to a
+    step of that many decodes (its time less the decode table's there), ascending. From
     ``step_times`` (the engine's tally) when given, else ``decode_step_ms`` alone."""
     tally = entry.get("step_times")
     if not tally:
         return sorted((int(d), float(ms) / 1000.0)
                       for d, ms in dict(entry.get("decode_step_ms") or {}).items()), []
     decode: list[tuple[int, float]] = []
-    prefill: list[tuple[int, float, float]] = []
+    with_prefill: list[tuple[int, float, float]] = []
     for key, bucket in dict(tally).items():
         steps = int(bucket["steps"])
         if steps < MIN_BUCKET_STEPS:
@@ -201,10 +239,15 @@ def step_tables(entry: Mapping[str, Any]
         decodes, plus, _ = str(key).partition("+")
         mean_s = float(bucket["seconds"]) / steps
         if plus:
-            prefill.append((int(decodes), mean_s, float(bucket["prefill_tokens"]) / steps))
+            with_prefill.append((int(decodes), mean_s,
+                                 float(bucket["prefill_tokens"]) / steps))
         elif int(decodes) > 0:
             decode.append((int(decodes), mean_s))
-    return sorted(decode), sorted(prefill)
+    decode.sort()
+    sizes, times = tuple(d for d, _ in decode), tuple(t for _, t in decode)
+    added = [(d, max(0.0, t - (_interpolate(sizes, times, d) if d and sizes else 0.0)), n)
+             for d, t, n in sorted(with_prefill) if d == 0 or sizes]
+    return decode, added
 
 
 def synthetic_cost(kind: str, options: Mapping[str, Any]) -> ModelCost:
@@ -250,6 +293,10 @@ def read_costs(path: Path) -> dict[str, dict[str, Any]]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a costs file is a JSON object")
     if "variants" in data and isinstance(data["variants"], dict):
-        return {str(v.get("model", name)): {"batch_ms": v["batch_ms"]}
-                for name, v in data["variants"].items()}
+        out: dict[str, dict[str, Any]] = {}
+        for name, v in data["variants"].items():
+            entry = out[str(v.get("model", name))] = {"batch_ms": v["batch_ms"]}
+            if v.get("length"):
+                entry["length_prior"] = v["length"]
+        return out
     return {str(k): dict(v) for k, v in data.items()}

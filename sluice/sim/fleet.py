@@ -85,7 +85,8 @@ class Fleet:
                          deadline_s=None if arrival.deadline_s is None
                          else arrived_s + arrival.deadline_s,
                          n_prompt=arrival.prompt_tokens, max_tokens=arrival.output_tokens,
-                         prefix_id=arrival.prefix_id, prefix_tokens=arrival.prefix_tokens)
+                         prefix_id=arrival.prefix_id, prefix_tokens=arrival.prefix_tokens,
+                         input_chars=arrival.input_chars)
         model = self.config.models.get(arrival.model)
         if model is not None and model.ttft_deadline_s is not None:  # as the runtime: from
             req.ttft_deadline_s = now + model.ttft_deadline_s      # its arrival there

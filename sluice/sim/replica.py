@@ -43,6 +43,7 @@ def make_tracker(config: SimConfig) -> VariantTracker | None:
                 accuracy=m.accuracy,
                 servers=config.workers if m.memory_bytes <= config.budget_bytes else 1,
                 profile_s=dict(zip(cost.batch_sizes, cost.batch_times_s, strict=True)),
+                length_prior=cost.length_prior,
             )
     return VariantTracker([GroupPlan(g.group_id, g.variants, g.planner) for g in config.groups],
                           variants, workers=config.workers)
@@ -104,9 +105,9 @@ class SimReplica:
         req.waiting_ahead = len(self.scheduler) + sum(w.view().queue_depth for w in self.workers)
         req.status = "queued"
         if self.tracker is not None:
-            planned = self._planned.pop(req.request_id, None)
+            finish, sojourn = self._planned.pop(req.request_id, (None, 0.0))
             self.tracker.admitted(req.request_id, req.model, req.deadline_s, req.group,
-                                  *(planned or (None, 0.0)))
+                                  finish, sojourn, req.input_chars)
         generative = self.config.models[req.model].kind == "generative"
         self.scheduler.push(QueueItem(
             request_id=req.request_id, model_id=req.model, arrival_s=req.arrival_s,
@@ -125,7 +126,7 @@ class SimReplica:
         group = self.groups.get(req.model)
         if group is not None and req.deadline_s is None and group.default_deadline_s:
             req.deadline_s = req.arrival_s + group.default_deadline_s
-        choice = self.tracker.plan(req.model, req.deadline_s, now)
+        choice = self.tracker.plan(req.model, req.deadline_s, now, req.input_chars)
         if choice is None:
             return None
         if req.model in self.groups:
@@ -203,7 +204,8 @@ class SimReplica:
         if self.tracker is not None:
             for r in batch:
                 self.tracker.started(r.request_id)
-            self.tracker.batch_started(worker_id, model_id, len(batch), now)
+            self.tracker.batch_started(worker_id, model_id, len(batch), now,
+                                       max(r.input_chars for r in batch))
 
     def batch_done(self, worker_id: int, model_id: str, size: int, seconds: float) -> None:
         if self.tracker is not None:

@@ -28,6 +28,7 @@ class SimRequest:
         "first_token_s",
         "generated",
         "group",
+        "input_chars",
         "max_tokens",
         "model",
         "n_prompt",
@@ -49,7 +50,7 @@ class SimRequest:
     def __init__(self, request_id: int, model: str, arrival_s: float, *, tenant: str = "default",
                  priority: int = 5, deadline_s: float | None = None, n_prompt: int = 16,
                  max_tokens: int = 16, prefix_id: int | None = None,
-                 prefix_tokens: int = 0) -> None:
+                 prefix_tokens: int = 0, input_chars: int = 0) -> None:
         self.request_id = request_id
         self.model = model
         """The model it runs on (a group request is rewritten to the chosen variant)."""
@@ -65,6 +66,8 @@ class SimRequest:
         self.max_tokens = max(1, max_tokens)
         self.prefix_id = prefix_id
         self.prefix_tokens = prefix_tokens
+        self.input_chars = input_chars
+        """One-shot: the input's length in characters (0: unknown)."""
         self.status = "received"
         self.reason: str | None = None
         """Error code of a terminal state other than ``completed``."""

@@ -227,7 +227,8 @@ class SimWorker:
         self.residency.acquire(model.model_id, now)
         self.oneshot_active = len(batch)
         self.owner.batch_started(self.worker_id, model.model_id, batch, now)
-        seconds = model.cost.batch_s(len(batch)) * model.cost.jitter(self._rng)
+        longest = max(r.input_chars for r in batch)  # padded to its longest member
+        seconds = model.cost.batch_s(len(batch), longest) * model.cost.jitter(self._rng)
         self._busy_until(now + seconds, self._after_batch, (model.model_id, batch, seconds))
 
     def _after_batch(self, now: float, arg: tuple[str, list[SimRequest], float]) -> None:

@@ -12,12 +12,14 @@ with ``random.Random(seed)`` so that one spec and seed always give the same arri
   (a non-homogeneous Poisson process drawn by thinning);
 - ``trace``: JSONL replay (``read_trace``), one object per line with ``t`` (seconds from
   the start), ``model``, and optionally ``tenant``, ``prompt_tokens``, ``output_tokens``,
-  ``deadline_ms``, ``priority``, ``prefix_id``, ``prefix_tokens``.
+  ``deadline_ms``, ``priority``, ``prefix_id``, ``prefix_tokens``, ``input_chars``.
 
 A spec string names a process and its parameters: ``poisson:rate=20,duration=60,
 model=synth-chat,prompt=10,output=16,deadline_ms=2000``. ``model`` and ``tenant`` take a
 weighted mix: ``model=synth-a:3|synth-b:1``. ``requests=N`` bounds the count as well as
-(or instead of) ``duration``.
+(or instead of) ``duration``. ``input_chars=N`` (or ``LO-HI``, uniform) gives one-shot
+inputs their length in characters, which a padded batch's time grows with (drawn from
+a stream of its own: the same seed gives the same arrivals with or without it).
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class Arrival:
     prefix_id: int | None = None
     """Requests with the same ``prefix_id`` share their first ``prefix_tokens`` tokens."""
     prefix_tokens: int = 0
+    input_chars: int = 0
+    """One-shot: the input's length in characters (its longest text; 0: unknown), what
+    its batch's time grows with (``ModelCost.batch_s``) and the variant planner plans
+    with, as the server's ``input_length``."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"t": round(self.time_s, 6), "model": self.model,
@@ -61,6 +67,8 @@ class Arrival:
         if self.prefix_id is not None:
             out["prefix_id"] = self.prefix_id
             out["prefix_tokens"] = self.prefix_tokens
+        if self.input_chars > 0:
+            out["input_chars"] = self.input_chars
         return out
 
     @classmethod
@@ -77,6 +85,7 @@ class Arrival:
             priority=int(data.get("priority", 5)),
             prefix_id=None if prefix_id is None else int(prefix_id),
             prefix_tokens=int(data.get("prefix_tokens", 0)),
+            input_chars=int(data.get("input_chars", 0)),
         )
 
 
@@ -102,6 +111,8 @@ class WorkloadSpec:
     prefixes: int = 0
     """Distinct shared prefixes (0: prompts share nothing)."""
     prefix_tokens: int = 0
+    input_chars: tuple[int, int] = (0, 0)
+    """One-shot input length in characters, uniform in ``[lo, hi]`` ((0, 0): unknown)."""
 
     def __post_init__(self) -> None:
         if self.process not in PROCESSES:
@@ -112,6 +123,10 @@ class WorkloadSpec:
             raise ValueError("workload needs duration= or requests= (it must end)")
         if not 0.0 <= self.trough <= 1.0:
             raise ValueError(f"workload trough must lie in [0, 1], got {self.trough}")
+        lo, hi = self.input_chars
+        if not 0 <= lo <= hi:
+            raise ValueError(f"workload input_chars must be N or LO-HI with 0 <= LO <= HI, "
+                             f"got {lo}-{hi}")
 
     def scaled(self, factor: float) -> WorkloadSpec:
         """The same workload at ``factor`` × the rate (both states of an on/off process)."""
@@ -165,6 +180,13 @@ def parse_spec(spec: str) -> WorkloadSpec:
             fields["tenants"] = parse_mix(value)
         elif key == "deadline_ms":
             fields["deadline_s"] = float(value) / 1000.0
+        elif key == "input_chars":
+            lo, _, hi = value.partition("-")
+            try:
+                fields["input_chars"] = (int(lo), int(hi or lo))
+            except ValueError:
+                raise ValueError(f"workload spec: input_chars={value!r} is not N or "
+                                 f"LO-HI") from None
         elif key in _KEYS:
             name = _KEYS[key]
             try:
@@ -173,7 +195,7 @@ def parse_spec(spec: str) -> WorkloadSpec:
                 raise ValueError(f"workload spec: {key}={value!r} is not a number") from None
         else:
             raise ValueError(f"workload spec: unknown key {key!r} (known: model, tenant, "
-                             f"deadline_ms, {', '.join(_KEYS)})")
+                             f"deadline_ms, input_chars, {', '.join(_KEYS)})")
     if "rate_per_s" not in fields:
         raise ValueError("workload spec: rate= is required")
     return WorkloadSpec(**fields)
@@ -225,6 +247,8 @@ def generate(spec: WorkloadSpec, seed: int = 0) -> Iterator[Arrival]:
     models = _picker(spec.models, random.Random(rng.random()))
     tenants = _picker(spec.tenants, random.Random(rng.random()))
     prefix_rng = random.Random(rng.random())
+    chars_rng = random.Random(f"{seed}:input_chars")  # its own: draws nothing from rng
+    lo, hi = spec.input_chars
     limit = spec.requests if spec.requests is not None else math.inf
     for count, t in enumerate(arrival_times(spec, rng)):
         if t > spec.duration_s or count >= limit:
@@ -232,7 +256,8 @@ def generate(spec: WorkloadSpec, seed: int = 0) -> Iterator[Arrival]:
         prefix = prefix_rng.randrange(spec.prefixes) if spec.prefixes else None
         yield Arrival(t, next(models), next(tenants), spec.prompt_tokens, spec.output_tokens,
                       spec.deadline_s, spec.priority, prefix,
-                      spec.prefix_tokens if prefix is not None else 0)
+                      spec.prefix_tokens if prefix is not None else 0,
+                      chars_rng.randint(lo, hi) if hi > lo else lo)
 
 
 def read_trace(path: Path) -> Iterator[Arrival]:

@@ -99,6 +99,8 @@ def test_replayed_trace_makes_the_same_decisions(tmp_path: Path, router: str,
     decisions, ends, loads = run_server(cfg, sequential)
     arrivals = list(read_trace(tmp_path / "trace.jsonl"))
     assert [a.model for a in arrivals] == MODELS
+    assert [a.input_chars for a in arrivals] == [  # one-shot inputs' lengths, none for LLM
+        0 if m == "chat" else len(f"text {i}") for i, m in enumerate(MODELS)]
     assert all(a.time_s >= 0 for a in arrivals)
     # A bare runtime loads nothing at start (the HTTP server preloads its default model).
     sim_config = dataclasses.replace(SimConfig.from_config(cfg), preload=())

@@ -312,11 +312,12 @@ def test_a_decode_step_table_replaces_the_linear_decode_terms() -> None:
 
 def test_the_engines_step_tally_is_read_as_decode_and_prefill_step_tables() -> None:
     """A cost entry's ``step_times`` (the engine's tally, as /status.json publishes it):
-    steps of decodes alone give the decode table, steps that fed a prompt the prefill
-    table (their mean time at their mean prompt tokens, corrected by the step cost's
-    ``per_prefill_token_s`` for more or fewer tokens); buckets of fewer than
-    ``MIN_BUCKET_STEPS`` steps are left out and interpolated over. A lone request's TTFT
-    is the prefill table's time at 0 decodes, its decodes the decode table's."""
+    steps of decodes alone give the decode table; steps that fed a prompt what feeding
+    it added (their mean time less the decode table's at their decodes; at 0 decodes
+    the whole step), interpolated between measured decode counts and flat past them,
+    corrected by ``per_prefill_token_s`` for more or fewer tokens than their mean;
+    buckets of fewer than ``MIN_BUCKET_STEPS`` steps are left out and interpolated
+    over. A lone request's TTFT is the 0-decode prefill step, its decodes the table's."""
     from sluice.sim.costs import MIN_BUCKET_STEPS, model_cost
 
     def bucket(steps: int, ms: float, tokens: int = 0) -> dict[str, float]:
@@ -333,8 +334,10 @@ def test_the_engines_step_tally_is_read_as_decode_and_prefill_step_tables() -> N
     assert cost.step_s(1, 0, 0) == pytest.approx(0.016)
     assert cost.step_s(2, 0, 0) == pytest.approx(0.029)  # the 9-step bucket is not used
     assert cost.step_s(0, 18, 0) == pytest.approx(0.030)
-    assert cost.step_s(2, 25, 0) == pytest.approx(0.060 + 5 * 0.001)
-    assert cost.step_s(1, 19, 0) == pytest.approx(0.045)  # between 0 and 2: 19 tokens, 45 ms
+    assert cost.step_s(2, 25, 0) == pytest.approx(0.029 + 0.031 + 5 * 0.001)
+    assert cost.step_s(1, 19, 0) == pytest.approx(0.016 + 0.0305)  # added: between 0 and 2
+    assert cost.step_s(3, 20, 0) == pytest.approx(0.042 + 0.031)  # flat past 2 decodes
+    assert cost.step_s(3, 1, 0) == pytest.approx(0.042 + 0.031 - 19 * 0.001)
     model = replace(chat(), cost=cost)
     _, fleet = simulate(SimConfig(models={"chat": model}),
                         [Arrival(0.0, "chat", prompt_tokens=18, output_tokens=5)],
@@ -343,3 +346,32 @@ def test_the_engines_step_tally_is_read_as_decode_and_prefill_step_tables() -> N
     (req,) = fleet.requests
     assert req.first_token_s == pytest.approx(0.030)
     assert (req.end_s or 0) - req.first_token_s == pytest.approx(4 * 0.016)
+
+
+def test_inputs_lengths_reach_the_batch_cost_and_the_planner() -> None:
+    """A one-shot request's ``input_chars`` sets its batch's time (the profile's length
+    fit) and is what the simulated planner plans with, as the server's: on an idle pool
+    a short text goes to the accurate variant, a long one that would miss its deadline
+    there to the fast one; each lone request takes its variant's batch of one at its
+    length."""
+    from sluice.policy.planner import LengthPrior
+
+    prior = LengthPrior(slope=1.0, mean=1.0, var=0.25, typical_longest_chars=((1, 100.0),))
+    models = {
+        "big": SimModel("big", "oneshot", 100 * MB, 0.0, ModelCost(
+            0.0, (1, 2), (0.040, 0.070), length_prior=prior), accuracy=0.9),
+        "small": SimModel("small", "oneshot", 100 * MB, 0.0, ModelCost(
+            0.0, (1, 2), (0.005, 0.008), length_prior=prior), accuracy=0.8)}
+    config = SimConfig(models=models, groups=(SimGroup("g", ("big", "small")),),
+                       preload=("big", "small"), budget_bytes=1000 * MB)
+    lengths = [50, 300, 100, 300]
+    arrivals = [Arrival(float(i), "g", deadline_s=0.1, input_chars=n)
+                for i, n in enumerate(lengths)]
+    _, fleet = simulate(config, arrivals, keep_requests=True)
+    assert fleet.requests is not None
+    assert [r.model for r in fleet.requests] == ["big", "small", "big", "small"]
+    for r, n in zip(fleet.requests, lengths, strict=True):
+        assert r.status == "completed"
+        batch_s = models[r.model].cost.batch_s(1, n)
+        assert (r.end_s or 0) - r.arrival_s == pytest.approx(batch_s, abs=0.0051)
+    assert models["big"].cost.batch_s(1, 300) == pytest.approx(0.120)

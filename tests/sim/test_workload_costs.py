@@ -94,3 +94,68 @@ def test_cost_sources_in_order(tmp_path: Path) -> None:
     profile.write_text(json.dumps({"variants": {"int8": {"model": "cls-int8",
                                                           "batch_ms": {"1": 3.0, "8": 9.0}}}}))
     assert read_costs(profile) == {"cls-int8": {"batch_ms": {"1": 3.0, "8": 9.0}}}
+
+
+def test_input_lengths_come_from_their_own_stream() -> None:
+    """``input_chars`` draws lengths without changing the arrivals a seed gives; a trace
+    keeps them."""
+    plain = list(generate(parse_spec("poisson:rate=50,requests=500,model=m"), 3))
+    sized = list(generate(parse_spec("poisson:rate=50,requests=500,model=m,"
+                                     "input_chars=20-300"), 3))
+    assert [a.time_s for a in sized] == [a.time_s for a in plain]
+    assert all(a.input_chars == 0 for a in plain)
+    lengths = [a.input_chars for a in sized]
+    assert min(lengths) >= 20 and max(lengths) <= 300 and len(set(lengths)) > 100
+    assert lengths == [a.input_chars for a in generate(parse_spec(
+        "poisson:rate=50,requests=500,model=m,input_chars=20-300"), 3)]
+    fixed = list(generate(parse_spec("poisson:rate=5,requests=3,model=m,input_chars=80"), 0))
+    assert [a.input_chars for a in fixed] == [80, 80, 80]
+    buf = io.StringIO()
+    write_trace(sized[:5], buf)
+    assert [json.loads(line)["input_chars"] for line in buf.getvalue().splitlines()] == \
+        lengths[:5]
+    for bad in ("input_chars=300-20", "input_chars=x"):
+        with pytest.raises(ValueError, match="input_chars"):
+            parse_spec(f"poisson:rate=1,requests=1,{bad}")
+
+
+def test_a_batch_takes_longer_with_a_longer_longest_input() -> None:
+    """With the profile's length fit, a batch's time is what the planner's service model
+    predicts from it before it has seen a batch: its size's curve × the length factor of
+    its longest input over the typical longest at that size (between sizes
+    interpolated); 0 characters (unknown) is the curve. The older fit in characters is
+    read too."""
+    from sluice.policy.planner import LengthPrior, ServiceEstimator
+
+    fit = {"slope": 0.5, "mean": 1.0, "var": 0.2, "typical_longest_chars": {"1": 100.0,
+                                                                            "8": 240.0}}
+    entry = {"batch_ms": {"1": 40.0, "8": 200.0}, "length_prior": fit}
+    cost = model_cost("m", "oneshot", "onnx", {}, 0.0, {"m": entry})
+    assert cost.batch_s(1) == pytest.approx(0.040)
+    assert cost.batch_s(1, 100) == pytest.approx(0.040)
+    assert cost.batch_s(1, 300) == pytest.approx(0.040 * 2.0)
+    assert cost.batch_s(8, 240) == pytest.approx(0.200)
+    assert cost.batch_s(8, 120) == pytest.approx(0.200 * 0.75)
+    planner = ServiceEstimator({1: 0.040, 8: 0.200}, length_prior=LengthPrior.from_json(fit))
+    for n, chars in ((1, 37), (3, 180), (8, 400), (12, 500)):
+        assert cost.batch_s(n, chars) == pytest.approx(planner.batch_s(n, chars))
+    old = {"slope_per_char": 0.005, "mean_chars": 150.0, "var_chars": 4000.0}
+    in_chars = model_cost("m", "oneshot", "onnx", {}, 0.0,
+                          {"m": {"batch_ms": {"1": 40.0}, "length_prior": old}})
+    assert in_chars.batch_s(1, 250) == pytest.approx(0.040 * 1.5)
+    # a profile result's fit is read with its batch times; a model's options also carry it
+    assert read_costs_of({"variants": {"fp32": {"model": "cls-fp32", **entry,
+                                                "length": fit}}}) == \
+        {"cls-fp32": {"batch_ms": entry["batch_ms"], "length_prior": fit}}
+    from_options = model_cost("m", "oneshot", "onnx", {"service_ms": entry["batch_ms"],
+                                                       "length_prior": fit}, 0.0)
+    assert from_options.batch_s(1, 300) == pytest.approx(0.080)
+
+
+def read_costs_of(profile: dict[str, object]) -> dict[str, dict[str, object]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "profile.json"
+        path.write_text(json.dumps(profile))
+        return read_costs(path)
