@@ -39,6 +39,8 @@ from bench.goodput_sweep import (  # noqa: E402
     arrival_offsets,
     closed_loop,
     load_texts,
+    miss_line,
+    misses,
     open_loop,
     serve,
     setup,
@@ -145,6 +147,7 @@ def summarize_run(samples: list[dict[str, Any]], phases: list[tuple[float, float
         "failures": {k: sum(1 for s in samples if f"{s['status']}:{s.get('code')}" == k)
                      for k in {f"{s['status']}:{s.get('code')}" for s in samples
                                if s["status"] != 200}},
+        "misses": misses(samples, deadline_ms),
     }
 
 
@@ -199,6 +202,8 @@ def main() -> int:
                   f"{run['share_on_best_before_step']:.0%}, back on it "
                   f"{run['back_on_best_after_step_down_s']} s after the step down; "
                   f"failures {run['failures']}", flush=True)
+            for m in run["misses"]:
+                print(f"    miss {miss_line(m)}", flush=True)
     write({"variants": {v: manifest["variants"][v]["accuracy"] for v in args.variants},
            "capacity_per_s": capacity, "phases": phases, "deadline_ms": args.deadline_ms,
            "repeats": args.repeats, "pessimism": args.pessimism, "runs": runs},
