@@ -155,6 +155,7 @@ def engine_closed_loop(model: LlamaCppGenerative, config: EngineConfig, clients:
         model.release_sequence(s)
     full = [st for st in steps if st[0] == clients]
     return {"tokens_per_s": tokens / wall, "decode_steps": len(steps),
+            "slot_moves": engine.slot_moves,
             "full_batch_steps": len(full),
             "mean_span_full": float(np.mean([st[1] for st in full])) if full else None,
             "mean_step_ms_full": 1000 * float(np.mean([st[2] for st in full])) if full

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.backends.base import ForwardChunk, GenerativeModel, ModelLoadError
+from sluice.backends.base import BackendError, ForwardChunk, GenerativeModel, ModelLoadError
 from sluice.engine.chooser import BatchRows, Pick, TokenChooser
 from sluice.engine.constraints import ConstraintError, GrammarFailure, start_grammar
 from sluice.engine.logprobs import prompt_token_logprobs
@@ -65,6 +65,7 @@ from sluice.engine.step_warmup import measure_step_cost
 from sluice.engine.textstream import TextStream
 from sluice.policy.admission import clamp_retry_after
 from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.slot_layout import compaction_moves
 from sluice.policy.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost, StepSample
 from sluice.policy.step_planner import (
     TOKENS_ONLY,
@@ -90,6 +91,9 @@ from sluice.policy.ttft import LineEntry, TtftPrediction, predict_engine_ttft
 STEP_COST_WINDOW = 192
 """Steps the step-time model is fitted on (about 25 s of 130 ms steps): a host that slows
 down (other jobs on its cores) is followed within seconds, not minutes."""
+MAX_SLOT_MOVES_PER_STEP = 2
+"""KV stream copies the engine makes before a step to keep its running sequences on the
+lowest slots (``policy/slot_layout.py``): about 3 ms each on the packaged model."""
 DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
 sequences is estimated for a TTFT prediction that names no budget."""
@@ -205,6 +209,8 @@ class ContinuousEngine:
         """Of those, the tokens kept in place in a retained slot (a counter)."""
         self.forked_prompt_tokens = 0
         """Prompt tokens not recomputed because ``n`` choices shared one prefill."""
+        self.slot_moves = 0
+        """KV streams copied to keep running sequences on the lowest slots (a counter)."""
         self.step_cost = OnlineStepCost(_step_cost_prior(model),
                                         window=STEP_COST_WINDOW, refit_every=16)
         """The step-time model, learned from the steps this engine runs."""
@@ -323,6 +329,7 @@ class ContinuousEngine:
         """One engine step; False when there was nothing to run."""
         now = self._clock()
         self._retire_stopped(now)
+        self._compact()
         plan = plan_step(self.config, self.view(now), self.budget())  # decide
         batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes
         if not batch.chunks:
@@ -336,6 +343,51 @@ class ContinuousEngine:
             self._last_step_end_s = end
             self._learn(batch, cycle_s)
         return True
+
+    def _compact(self) -> None:
+        """Move running sequences down into the holes ended ones left (and retained prefixes
+        out of their way), so that a decode step spans as few KV streams as it feeds
+        (``sluice.policy.slot_layout``). Only with one stream per slot: a unified cache
+        has no streams to span. A failed copy ends the moved sequence's request (or
+        forgets the retained prefix)."""
+        if self.model.kv_unified or not self.running:
+            return
+        for action in compaction_moves(self.running.keys(), self._retained.keys(),
+                                       self._free_slots, MAX_SLOT_MOVES_PER_STEP):
+            if action.src in self.running:
+                seq = self.running[action.src]
+                if not self._barrier(seq.group, partial(self._move_sequence, seq, action.dst)):
+                    return  # its request failed and freed its slots: the rest is stale
+            else:
+                self._move_retained(action.src, action.dst)
+            self.slot_moves += 1
+
+    def _move_sequence(self, seq: _Sequence, dst: int) -> bool:
+        src = seq.slot
+        self.model.copy_sequence(src, dst, seq.n_fed)
+        self.model.release_sequence(src)
+        self.kv.rename(src, dst)
+        self._free_slots.remove(dst)
+        self._free_slots.append(src)
+        del self.running[src]
+        seq.slot = dst
+        self.running[dst] = seq
+        return True
+
+    def _move_retained(self, src: int, dst: int) -> None:
+        tokens = self._retained[src]
+        try:
+            self.model.copy_sequence(src, dst, len(tokens))
+        except BackendError:
+            del self._retained[src]
+            self._free_slot(src)
+            self.model.release_sequence(dst)
+            return
+        self.model.release_sequence(src)
+        self._free_slots.remove(dst)
+        self._free_slots.append(src)
+        # same place in the least-recently-used order, new slot
+        self._retained = {dst if s == src else s: t for s, t in self._retained.items()}
 
     def budget(self) -> StepBudget:
         """The step budget for the next plan: the TPOT target against the step-time model

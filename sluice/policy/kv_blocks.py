@@ -151,6 +151,15 @@ class KVBlockAllocator:
         self._free.extend(reversed(table))
         return len(table)
 
+    def rename(self, seq_id: int, new_seq_id: int) -> None:
+        """Hand ``seq_id``'s reservation (if any) to ``new_seq_id``, which must hold none
+        (``ValueError``): a sequence moved to another slot keeps its blocks."""
+        if new_seq_id in self._tables:
+            raise ValueError(f"seq_id {new_seq_id} already holds blocks")
+        if seq_id in self._tables:
+            self._tables[new_seq_id] = self._tables.pop(seq_id)
+            self._tokens[new_seq_id] = self._tokens.pop(seq_id)
+
     def block_table(self, seq_id: int) -> tuple[int, ...]:
         """The blocks ``seq_id`` owns, in order (empty if none)."""
         return self._tables.get(seq_id, ())

@@ -338,3 +338,46 @@ def test_a_new_sequence_takes_the_lowest_free_slot() -> None:
     eng.add(request(max_tokens=3))
     eng.step()
     assert set(eng.running) == {0, 1}
+
+
+def test_running_sequences_move_down_into_the_holes_ended_ones_leave() -> None:
+    """Three requests on slots 0-2; the one on slot 0 ends first: the one on slot 2 moves
+    to slot 0 (one KV stream copy) and every request's text is what it gets alone."""
+    m = model(n_seq_max=4, n_ctx_per_seq=64)
+    eng, _ = engine(m, retain_prefixes=False)
+    reqs = [request(max_tokens=t) for t in (3, 12, 12)]
+    for r in reqs:
+        eng.add(r)
+    while not reqs[0].is_terminal:
+        eng.step()
+    eng.step()
+    assert set(eng.running) == {0, 1} and eng.slot_moves == 1
+    assert eng.running[0].req is reqs[2]
+    run_to_idle(eng)
+    eng.kv.check_integrity()
+    for r in reqs:
+        alone_eng, _ = engine(model(n_seq_max=4, n_ctx_per_seq=64), retain_prefixes=False)
+        alone = request(max_tokens=r.params.max_tokens)
+        alone_eng.add(alone)
+        run_to_idle(alone_eng)
+        assert r.final and alone.final and r.final.text == alone.final.text
+
+
+def test_a_retained_prefix_moves_up_out_of_the_running_ones_way() -> None:
+    m = model(n_seq_max=4, n_ctx_per_seq=64)
+    eng, _ = engine(m, min_prefix_tokens=4)
+    short, long_ = _prompted(tuple(range(100, 110)), 2), _prompted(tuple(range(200, 210)), 12)
+    eng.add(short)
+    eng.add(long_)
+    while not short.is_terminal:
+        eng.step()
+    eng.step()
+    # short's prefix (10 prompt + 1 token fed) moved from slot 0 to the top free slot 3,
+    # and the long request down from slot 1 to slot 0
+    assert [r.slot for r in eng.view(0.0).retained] == [3] and set(eng.running) == {0}
+    assert m.slot_len[3] == 11 and 1 not in m.slot_len
+    again = _prompted((*range(100, 110), 7), 2)  # reuses the moved prefix
+    eng.add(again)
+    run_to_idle(eng)
+    assert eng.reused_prefix_tokens >= 10 and again.final is not None
+    eng.kv.check_integrity()
