@@ -59,6 +59,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -456,7 +457,9 @@ async def infer(client: httpx.AsyncClient, base: str, text: str, deadline_ms: fl
         return {"status": 0, "latency_s": time.perf_counter() - t0,
                 "error": type(exc).__name__}
     out: dict[str, Any] = {"status": r.status_code, "latency_s": time.perf_counter() - t0,
-                           "variant": r.headers.get("x-sluice-variant")}
+                           "variant": r.headers.get("x-sluice-variant"),
+                           "batch_size": int(r.headers.get("x-sluice-batch-size") or 0),
+                           "run_ms": float(r.headers.get("x-sluice-run-ms") or 0.0)}
     if r.status_code != 200:
         try:
             out["error"] = r.json()["error"]["code"]
@@ -511,17 +514,34 @@ def oneshot_real_summary(samples: list[dict[str, Any]], deadline_s: float) -> di
             "goodput": good / len(samples) if samples else None,
             "e2e_p95_s": p95(lat), "e2e_p50_s": pct(lat, 50), "e2e_p99_s": pct(lat, 99),
             "variant_mix": dict(mix.most_common()),
+            "batches": batch_summary((s["variant"], s["batch_size"], s["run_ms"] / 1000.0)
+                                     for s in ok),
             "other_kinds": dict(Counter(str(s.get("error")) for s in samples
                                         if s["status"] != 200).most_common(5))}
 
 
 def oneshot_sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str, Any]:
-    report, _ = simulate(config, arrivals)
+    report, fleet = simulate(config, arrivals, keep_requests=True)
     o = report["overall"]
+    done = [r for r in fleet.requests or () if r.status == "completed"]
     return {"offered": o["offered"], "states": o["states"], "goodput": o["goodput"],
             "e2e_p95_s": o["e2e_s"]["p95"], "e2e_p50_s": o["e2e_s"]["p50"],
             "e2e_p99_s": o["e2e_s"]["p99"],
-            "variant_mix": report["variant_mix"].get(GROUP, {})}
+            "variant_mix": report["variant_mix"].get(GROUP, {}),
+            "batches": batch_summary((r.model, r.batch_size,
+                                      (r.end_s or 0.0) - (r.started_s or 0.0)) for r in done)}
+
+
+def batch_summary(runs: Iterable[tuple[str, int, float]]) -> dict[str, dict[str, Any]]:
+    """Per variant, from each completed request's (variant, batch size, run seconds):
+    how many requests ran in batches of each size, and their run time's mean and p95."""
+    by: dict[str, list[tuple[int, float]]] = {}
+    for variant, size, seconds in runs:
+        by.setdefault(variant, []).append((size, seconds))
+    return {v: {"requests_by_batch_size": dict(sorted(Counter(b for b, _ in xs).items())),
+                "run_mean_ms": round(statistics.fmean(s for _, s in xs) * 1000, 1),
+                "run_p95_ms": round(float(np.percentile([s for _, s in xs], 95)) * 1000, 1)}
+            for v, xs in sorted(by.items())}
 
 
 def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
@@ -593,7 +613,8 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
                   f"{fmt(real['e2e_p95_s'])} sim {fmt(sim['e2e_p95_s'])}; goodput real "
                   f"{real['goodput']:.3f} sim {sim['goodput']:.3f}; mix real "
                   f"{real['variant_mix']} sim {sim['variant_mix']}; ok="
-                  f"{point['within_tolerance']}", flush=True)
+                  f"{point['within_tolerance']}; batches real {real['batches']} sim "
+                  f"{sim['batches']}", flush=True)
     return out
 
 

@@ -22,6 +22,7 @@ class SimRequest:
     __slots__ = (
         "_prompt",
         "arrival_s",
+        "batch_size",
         "deadline_s",
         "end_s",
         "enqueued_s",
@@ -68,6 +69,8 @@ class SimRequest:
         self.prefix_tokens = prefix_tokens
         self.input_chars = input_chars
         """One-shot: the input's length in characters (0: unknown)."""
+        self.batch_size = 0
+        """One-shot: the size of the batch it ran in (0: it did not run)."""
         self.status = "received"
         self.reason: str | None = None
         """Error code of a terminal state other than ``completed``."""

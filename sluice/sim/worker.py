@@ -224,6 +224,7 @@ class SimWorker:
         for r in batch:
             r.status = "running"
             r.started_s = now
+            r.batch_size = len(batch)
         self.residency.acquire(model.model_id, now)
         self.oneshot_active = len(batch)
         self.owner.batch_started(self.worker_id, model.model_id, batch, now)
