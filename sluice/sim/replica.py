@@ -143,11 +143,13 @@ class SimReplica:
     def dispatch(self, now: float) -> None:
         """Route queued requests while some inbox has room (re-entry is a no-op: offers
         wake workers through events, never synchronously)."""
-        if self._dispatching or not len(self.scheduler):
+        if self._dispatching:
             return
         self._dispatching = True
         try:
-            self._replan_queued(now)
+            self._replan_queued(now)  # as the server's dispatcher: every pass, queue or not
+            if not len(self.scheduler):
+                return
             workers = self.workers
             while True:
                 d = self.dispatcher.next(now, [w.view() for w in workers],
@@ -168,20 +170,40 @@ class SimReplica:
     def _replan_queued(self, now: float) -> None:
         """As the server's dispatcher does: queued group requests predicted to miss their
         deadline move to a faster variant (keeping their place) or are rejected
-        ``deadline_infeasible`` now."""
+        ``deadline_infeasible`` now. Queued means in the scheduler *or waiting in a
+        worker's inbox* (``Runtime._movable``): a move there changes the request's model
+        in place, which splits the inbox's same-variant run, so it caps the batch the
+        worker forms next as the server's worker does between batches."""
         if self.tracker is None:
             return
-        for rid, variant in self.tracker.replan(now, self.scheduler.__contains__):
-            item = self.scheduler.remove(rid)
-            if item is None:
+        for rid, variant in self.tracker.replan(now, self._movable):
+            req = self.live.get(rid)
+            if req is None:
                 continue
-            req = self.live[rid]
+            item = self.scheduler.remove(rid)
+            if item is None and not self._in_inbox(req):
+                continue
             if variant is None:
+                if item is None:
+                    self.workers[req.worker].withdraw(req)
                 self.ended(req, "rejected", now, "deadline_infeasible")
                 continue
             self.tracker.moved(rid, variant)
             req.model = variant
-            self.scheduler.push(dataclasses.replace(item, model_id=variant))
+            if item is not None:
+                self.scheduler.push(dataclasses.replace(item, model_id=variant))
+
+    def _movable(self, request_id: int) -> bool:
+        """Queued: in the scheduler, or waiting in a worker's inbox (the server's rule)."""
+        if request_id in self.scheduler:
+            return True
+        req = self.live.get(request_id)
+        return req is not None and self._in_inbox(req)
+
+    @staticmethod
+    def _in_inbox(req: SimRequest) -> bool:
+        """Offered to a worker and not yet in a batch (one-shot: group variants are)."""
+        return req.worker >= 0 and req.status == "queued"
 
     def _is_live(self, request_id: int) -> bool:
         return request_id in self.live

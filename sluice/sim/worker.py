@@ -98,6 +98,12 @@ class SimWorker:
         self.wake(now)
         return True
 
+    def withdraw(self, req: SimRequest) -> None:
+        """Take ``req`` out of the inbox (the replica ends it: a replan found no variant
+        that meets its deadline)."""
+        self.inbox = deque(i for i in self.inbox if i[0] is not req)
+        self._view = None
+
     def wake(self, now: float) -> None:
         """Run the loop at ``now`` unless busy (it runs when the work in hand ends)."""
         if not self.busy and (self._wake_at is None or self._wake_at > now):

@@ -375,3 +375,35 @@ def test_inputs_lengths_reach_the_batch_cost_and_the_planner() -> None:
         batch_s = models[r.model].cost.batch_s(1, n)
         assert (r.end_s or 0) - r.arrival_s == pytest.approx(batch_s, abs=0.0051)
     assert models["big"].cost.batch_s(1, 300) == pytest.approx(0.120)
+
+
+def test_a_replan_reaches_requests_waiting_in_an_inbox_and_caps_their_batch() -> None:
+    """The server's dispatcher replans queued group requests in the scheduler *and* in a
+    worker's inbox (``Runtime._movable``); so does the simulated replica. Eight requests
+    wait in the inbox for the accurate variant while the worker runs another model (a
+    batch the group's planner does not see, so it admitted them as if the worker were
+    idle). When the next arrival makes the dispatcher look again, a batch of eight on
+    ``big`` would end past their deadline: the replan moves members to ``small`` in
+    place, which splits the inbox's run, so no batch of eight forms and they finish in
+    time. (Before, the simulator replanned only the scheduler's queue, here empty: all
+    eight ran as one ``big`` batch and expired.)"""
+    models = {
+        "slow": SimModel("slow", "oneshot", 100 * MB, 0.0, ModelCost(0.0, (1,), (0.200,))),
+        "big": SimModel("big", "oneshot", 100 * MB, 0.0, ModelCost(
+            0.0, (1, 8), (0.040, 0.110)), accuracy=0.9),
+        "small": SimModel("small", "oneshot", 100 * MB, 0.0, ModelCost(
+            0.0, (1, 8), (0.005, 0.012)), accuracy=0.8),
+    }
+    config = SimConfig(models=models, groups=(SimGroup("g", ("big", "small")),),
+                       preload=("slow", "big", "small"), budget_bytes=1000 * MB,
+                       inbox_capacity=16, max_wait_s=0.005)
+    arrivals = [Arrival(0.0, "slow")]
+    arrivals += [Arrival(0.010 + 0.001 * i, "g", deadline_s=0.3) for i in range(8)]
+    arrivals += [Arrival(0.195, "g", deadline_s=1.0)]
+    _, fleet = simulate(config, arrivals, keep_requests=True)
+    assert fleet.requests is not None
+    waiting = fleet.requests[1:9]
+    assert all(r.worker == 0 for r in waiting)
+    assert max(r.batch_size for r in waiting if r.model == "big") < 8
+    assert {r.model for r in waiting} == {"big", "small"}
+    assert [r.status for r in waiting] == ["completed"] * 8
