@@ -407,3 +407,16 @@ def test_a_replan_reaches_requests_waiting_in_an_inbox_and_caps_their_batch() ->
     assert max(r.batch_size for r in waiting if r.model == "big") < 8
     assert {r.model for r in waiting} == {"big", "small"}
     assert [r.status for r in waiting] == ["completed"] * 8
+
+    # Deadlines so close (0.203 s) that when the worker frees at 0.2 s no variant can
+    # finish them: rejected ``deadline_infeasible`` out of the inbox (as the server ends
+    # them), never run.
+    arrivals[1:9] = [replace(a, deadline_s=0.203 - a.time_s) for a in arrivals[1:9]]
+    arrivals[-1] = Arrival(0.25, "g", deadline_s=1.0)
+    _, fleet = simulate(config, arrivals, keep_requests=True)
+    assert fleet.requests is not None
+    waiting = fleet.requests[1:9]
+    assert [(r.status, r.reason, r.started_s) for r in waiting] == [
+        ("rejected", "deadline_infeasible", None)] * 8
+    assert fleet.requests[9].status == "completed"
+    assert all(not w.inbox for rep in fleet.replicas for w in rep.workers)
