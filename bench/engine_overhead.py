@@ -174,6 +174,37 @@ def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
             "tpot_p50_ms": 1000 * tpots[len(tpots) // 2] if tpots else None}
 
 
+def plot_closed(result: dict[str, Any], path: Path) -> None:
+    """Tokens/s of the bare loop, the engine (retaining prefixes, and not) and the server,
+    each round side by side, with each system's best round over the bare loop's best."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = {"bare loop": lambda r: r["bare_tokens_per_s"],
+               "engine": lambda r: r["engine"]["tokens_per_s"],
+               "engine, no retained": lambda r: r["engine_retain0"]["tokens_per_s"],
+               "server (HTTP)": lambda r: r["server"]["tokens_per_s"]}
+    rounds = result["rounds"]
+    bare = max(r["bare_tokens_per_s"] for r in rounds)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / len(rounds)
+    for i, row in enumerate(rounds):
+        ax.bar([k + (i - (len(rounds) - 1) / 2) * width for k in range(len(systems))],
+               [f(row) for f in systems.values()], width=width, label=f"round {row['round']}")
+    ax.set_xticks(range(len(systems)),
+                  [f"{name}\n{max(f(r) for r in rounds) / bare:.2f}x bare"
+                   for name, f in systems.items()])
+    ax.set_ylabel("tokens/s")
+    ax.set_title(f"{result['clients']} closed-loop clients, {result['max_tokens']} tokens a "
+                 "request (interleaved rounds)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def closed_main(clients: int, n_requests: int, max_tokens: int) -> int:
     """Bare loop, engine and server at ``clients``, interleaved twice (see the module)."""
     model, config = default_model()
@@ -208,6 +239,7 @@ def closed_main(clients: int, n_requests: int, max_tokens: int) -> int:
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "engine_overhead_closed.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_closed(result, RESULTS / "engine_overhead_closed.png")
     return 0
 
 
@@ -219,9 +251,15 @@ def main() -> int:
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--py-spy", action="store_true")
+    parser.add_argument("--replot-closed", action="store_true",
+                        help="redraw engine_overhead_closed.png from its JSON")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
+    if args.replot_closed:
+        closed = json.loads((RESULTS / "engine_overhead_closed.json").read_text())
+        plot_closed(closed, RESULTS / "engine_overhead_closed.png")
+        return 0
     if args.closed:
         return closed_main(args.closed, args.requests, args.new_tokens)
     if args.child:
