@@ -365,10 +365,8 @@ class ContinuousEngine:
     def _move_sequence(self, seq: _Sequence, dst: int) -> bool:
         src = seq.slot
         self.model.copy_sequence(src, dst, seq.n_fed)
-        self.model.release_sequence(src)
+        self._vacate(src, dst)
         self.kv.rename(src, dst)
-        self._free_slots.remove(dst)
-        self._free_slots.append(src)
         del self.running[src]
         seq.slot = dst
         self.running[dst] = seq
@@ -383,11 +381,16 @@ class ContinuousEngine:
             self._free_slot(src)
             self.model.release_sequence(dst)
             return
+        self._vacate(src, dst)
+        # same place in the least-recently-used order, new slot
+        self._retained = {dst if s == src else s: t for s, t in self._retained.items()}
+
+    def _vacate(self, src: int, dst: int) -> None:
+        """After ``src``'s KV was copied to the free ``dst``: ``src`` is emptied and free,
+        ``dst`` no longer free."""
         self.model.release_sequence(src)
         self._free_slots.remove(dst)
         self._free_slots.append(src)
-        # same place in the least-recently-used order, new slot
-        self._retained = {dst if s == src else s: t for s, t in self._retained.items()}
 
     def budget(self) -> StepBudget:
         """The step budget for the next plan: the TPOT target against the step-time model

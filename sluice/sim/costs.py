@@ -101,17 +101,14 @@ class ModelCost:
         for name in ("load_s", "overhead_s", "cv"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for what, sizes, times in (("batch", self.batch_sizes, self.batch_times_s),):
-            if len(sizes) != len(times):
-                raise ValueError(f"{what} sizes and times differ in length")
-            if list(sizes) != sorted(set(sizes)) or any(b < 1 for b in sizes):
-                raise ValueError(f"{what} sizes must be distinct, >= 1, ascending: {sizes}")
-            if any(not t >= 0 for t in times):
-                raise ValueError(f"{what} times must be >= 0: {times}")
-        for what, sizes, times in (("decode", self.decode_sizes, self.decode_times_s),
-                                   ("prefill", self.prefill_sizes, self.prefill_times_s)):
-            if any(b < 0 for b in sizes) or list(sizes) != sorted(set(sizes)):
-                raise ValueError(f"{what} sizes must be distinct, >= 0, ascending: {sizes}")
+        # batches hold at least one request; a step table may have a 0-decode entry
+        for what, sizes, times, least in (
+                ("batch", self.batch_sizes, self.batch_times_s, 1),
+                ("decode", self.decode_sizes, self.decode_times_s, 0),
+                ("prefill", self.prefill_sizes, self.prefill_times_s, 0)):
+            if list(sizes) != sorted(set(sizes)) or any(b < least for b in sizes):
+                raise ValueError(f"{what} sizes must be distinct, >= {least}, ascending: "
+                                 f"{sizes}")
             if len(sizes) != len(times) or any(not t >= 0 for t in times):
                 raise ValueError(f"{what} times must be one >= 0 per size: {times}")
         if self.length_prior is not None:
