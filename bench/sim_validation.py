@@ -28,7 +28,15 @@ The two generative systems (``run_system``):
    requests completed by their deadline), with the tolerance (15 %) on each. Each point
    also records the steps the engine ran (``step_times``), where the real TTFT went
    (front end, queue wait) and the step model the
-   engine had learned by then.
+   engine had learned by then. A system with ``step_table`` is predicted *ahead of*
+   each point (``sim``, judged): before its arrivals start, from a rolling table of the
+   steps the engine ran just before it (``sluice.engine.step_times.recent``: per
+   bucket, the newest runs' steps until it holds ``--rolling-min-steps``; the
+   calibration for the first point, then each point's steps over it), since the
+   machine's step speed moves between runs minutes apart; ``sim_calibration`` is the
+   calibration's cost file alone, ``sim_own_steps`` the point's own steps (after the
+   fact: the model's error apart from any calibration's). Each run also records its
+   steps every 10 s (``step_times_series``).
 
 The variant group (``run_onnx``): the profile ``sluice profile`` wrote is the cost model
 (batch times by batch size, and how they grow with a batch's longest input: its length
@@ -50,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -59,10 +68,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
@@ -73,17 +82,22 @@ from bench.loadgen import Sample, closed_loop, stream_completion
 from bench.overload import LLM_PROMPTS, SYNTH_PROMPTS, llm_toml, synthetic_toml
 from bench.servers import free_port, running, sluice_cmd
 from sluice.config import Config
-from sluice.engine.step_times import StepBucket, minus
+from sluice.costs_cli import model_tallies
+from sluice.engine.step_times import StepBucket, from_json, minus, recent, to_json
 from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
 from sluice.sim import Arrival, SimConfig, generate, parse_spec, simulate
 from sluice.sim.costs import read_costs
 
+T = TypeVar("T")
 RESULTS = Path(__file__).resolve().parent / "results"
 FACTORS = (0.5, 0.8, 0.95, 1.3)
 TOLERANCE = 0.15
 CALIBRATION_FACTOR = 0.8
 """Load of the calibration run the cost file is measured in (its own seed)."""
 PROFILE_CONCURRENCY = (1, 2, 4, 8)
+ROLLING_MIN_STEPS = 30
+"""A bucket of the rolling table (``sluice.engine.step_times.recent``) sums the newest
+runs' steps until it holds this many (chosen before the runs, not fitted to them)."""
 
 SYSTEMS: dict[str, dict[str, Any]] = {
     "synthetic": {"toml": synthetic_toml, "model": "synth-chat", "prompts": SYNTH_PROMPTS,
@@ -200,21 +214,7 @@ def step_tally(base: str, model: str) -> dict[str, StepBucket]:
     """The engine's tally of every step it ran since ``model`` loaded, by decodes and
     whether it fed a prompt (``/status.json``: ``step_times``)."""
     status = httpx.get(f"{base}/status.json", timeout=30.0).json()
-    for w in status["workers"]:
-        for m in w["models"]:
-            if m["model_id"] == model:
-                return {k: StepBucket(**v) for k, v in (m.get("step_times") or {}).items()}
-    return {}
-
-
-def tally_json(tally: dict[str, StepBucket]) -> dict[str, dict[str, float]]:
-    """A tally (a run's steps: two snapshots' difference) as the cost file holds it, with
-    each bucket's mean for reading."""
-    def order(key: str) -> tuple[int, str]:
-        return int(key.split("+")[0]), key
-    return {k: {"steps": b.steps, "seconds": round(b.seconds, 6),
-                "prefill_tokens": b.prefill_tokens, "mean_ms": round(b.mean_s * 1000, 2)}
-            for k, b in sorted(tally.items(), key=lambda kv: order(kv[0]))}
+    return model_tallies(status).get(model, {})
 
 
 def access_lines(log: Path, tag: str) -> dict[int, dict[str, Any]]:
@@ -324,14 +324,52 @@ def measure_open_loop(base: str, system: dict[str, Any], arrivals: list[Arrival]
     went (``front_end``), the step-time model the engine learned under the load, and
     the steps the engine ran during the run (``step_times``: its tally's difference)."""
     before = step_tally(base, system["model"])
-    samples, lags, learned = asyncio.run(open_loop_arrivals(
-        base, system["model"], system["prompts"], arrivals, prompt_of, deadline_ms, tag))
+    (samples, lags, learned), series = asyncio.run(with_tally_series(
+        base, system["model"], open_loop_arrivals(
+            base, system["model"], system["prompts"], arrivals, prompt_of, deadline_ms, tag)))
     real = real_summary(samples, system["max_tokens"])
     time.sleep(2.0)  # let the server drain (and write its access lines)
     real["front_end"] = front_end_summary(samples, access_lines(log, tag), lags)
     real["learned_step_cost"] = learned
-    real["step_times"] = tally_json(minus(step_tally(base, system["model"]), before))
+    real["step_times"] = to_json(minus(step_tally(base, system["model"]), before))
+    real["step_times_series"] = [
+        {"t_s": t, "step_times": to_json(minus(snap, prev))}
+        for (t, snap), prev in zip(series, [before, *(snap for _, snap in series[:-1])],
+                                   strict=True)]
     return real
+
+
+SERIES_EVERY_S = 10.0
+"""How often a run's steps are read while it runs (``step_times_series``: how the
+machine's step speed moves within and between runs)."""
+
+
+async def with_tally_series(base: str, model: str, run: Awaitable[T]
+                            ) -> tuple[T, list[tuple[float, dict[str, StepBucket]]]]:
+    """``run``'s result, and the engine's tally read every ``SERIES_EVERY_S`` while it
+    ran (and once at its end): ``(seconds since the start, cumulative tally)``."""
+    series: list[tuple[float, dict[str, StepBucket]]] = []
+    done = asyncio.Event()
+
+    async def poll() -> None:
+        t0 = time.perf_counter()
+        async with httpx.AsyncClient(timeout=30.0) as client:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), SERIES_EVERY_S)
+                status = (await client.get(f"{base}/status.json")).json()
+                series.append((round(time.perf_counter() - t0, 2),
+                               model_tallies(status).get(model, {})))
+                if done.is_set():
+                    return
+
+    poller = asyncio.create_task(poll())
+    try:
+        result = await run
+    finally:
+        done.set()
+        await poller
+    return result, series
 
 
 def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -405,14 +443,28 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
                 "sim_closed_loop_profile": SimConfig.from_config(config, profile_costs)}
         if name == "synthetic":
             sims["sim_declared_cost"] = SimConfig.from_config(config)
+        if system.get("step_table"):  # judged: the rolling table below
+            sims = {"sim_calibration": sims["sim"],
+                    "sim_closed_loop_profile": sims["sim_closed_loop_profile"]}
+        windows = [from_json(calib["step_times"])]  # each run's steps so far, oldest first
         for factor in args.factors:
             rate = factor * capacity
             arrivals, prompt_of = poisson_arrivals(system, rate, args.duration, args.seed,
                                                    deadline_ms, counts)
             tag = f"x{factor:g}".replace(".", "_")
-            real = measure_open_loop(base, system, arrivals, prompt_of, deadline_ms, tag, log)
             point: dict[str, Any] = {"factor": factor, "rate_per_s": round(rate, 3),
-                                     "requests": len(arrivals), "real": real}
+                                     "requests": len(arrivals)}
+            if system.get("step_table"):
+                # predicted before the point's arrivals start, from the steps the engine
+                # ran just before it: the calibration, then each point's steps over it
+                rolling = recent(windows, args.rolling_min_steps)
+                point["rolling_step_times"] = to_json(rolling)
+                point["sim"] = sim_summary(SimConfig.from_config(config, {
+                    system["model"]: dict(costs[system["model"]],
+                                          step_times=point["rolling_step_times"])}), arrivals)
+            real = measure_open_loop(base, system, arrivals, prompt_of, deadline_ms, tag, log)
+            point["real"] = real
+            windows.append(from_json(real["step_times"]))
             for key, sim_config in sims.items():
                 point[key] = sim_summary(sim_config, arrivals)
             if system.get("step_table"):
@@ -427,7 +479,9 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
             out["points"].append(point)
             print(f"[{name}] {factor}x ({rate:.1f}/s, n={len(arrivals)}): TTFT p95 real "
                   f"{fmt(real['ttft_p95_s'])} sim {fmt(sim['ttft_p95_s'])} (closed-loop "
-                  f"profile {fmt(point['sim_closed_loop_profile']['ttft_p95_s'])}, own steps "
+                  f"profile {fmt(point['sim_closed_loop_profile']['ttft_p95_s'])}, "
+                  f"calibration alone "
+                  f"{fmt(point.get('sim_calibration', {}).get('ttft_p95_s'))}, own steps "
                   f"{fmt(point.get('sim_own_steps', {}).get('ttft_p95_s'))}); goodput "
                   f"real {real['goodput']:.3f} sim {sim['goodput']:.3f}; TPOT p50 real "
                   f"{fmt(real['tpot_p50_s'])} sim {fmt(sim['tpot_p50_s'])}; states real "
@@ -638,7 +692,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             scale = 1000 if key.endswith("_s") else 1
             for who, style in (("real", "o-"), ("sim", "s--"),
                                ("sim_closed_loop_profile", "^:"), ("sim_declared_cost", "x:"),
-                               ("sim_own_steps", "d-.")):
+                               ("sim_calibration", "v:"), ("sim_own_steps", "d-.")):
                 ys = [(p[who][key] or 0) * scale for p in res["points"] if who in p]
                 if ys:
                     ax.plot(f[:len(ys)], ys, style, label=who.replace("_", " "))
@@ -660,6 +714,8 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=40.0, help="seconds of arrivals per point")
     p.add_argument("--calibration-s", type=float, default=20.0,
                    help="seconds of arrivals of the calibration run")
+    p.add_argument("--rolling-min-steps", type=int, default=ROLLING_MIN_STEPS,
+                   help="steps a bucket of the rolling table takes from the newest runs")
     p.add_argument("--rounds", type=int, default=4, help="closed-loop rounds for capacity")
     p.add_argument("--deadline-factor", type=float, default=4.0,
                    help="deadline = this × the median latency with every slot busy")

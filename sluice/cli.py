@@ -330,9 +330,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     prof.add_argument("--out", help="where to write the profile JSON")
     prof.add_argument("--log-level", default="warning")
     prof.set_defaults(func=cmd_profile)
+    from sluice.costs_cli import add_parser as add_costs
     from sluice.simulate_cli import add_parser as add_simulate
 
     add_simulate(sub)
+    add_costs(sub)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, getattr(args, "log_format", "text"))
     try:

@@ -13,14 +13,19 @@ taken around a run give exactly that run's steps by difference (``minus``).
 A step's seconds are the engine's cycle (``ContinuousEngine._learn``): from the end of
 the previous step to the end of this one, what a running sequence waits between tokens.
 
+A simulator's cost file holds such a difference (``to_json``): a window of the engine's
+recent steps is what a prediction of the next minutes is made from (``recent``), since
+a shared machine's step speed moves by 10-20 % between runs minutes apart.
+
 Invariant: at most ``2 * (slots + 1)`` buckets (decodes never exceed the sequence
 slots); ``observe`` is a dict lookup and three additions (it runs every step).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +39,9 @@ class StepBucket:
     @property
     def mean_s(self) -> float:
         return self.seconds / self.steps if self.steps else 0.0
+
+
+_EMPTY = StepBucket(0, 0.0, 0)
 
 
 def bucket_key(decode_tokens: int, prefill_tokens: int) -> str:
@@ -68,8 +76,56 @@ def minus(after: Mapping[str, StepBucket], before: Mapping[str, StepBucket]
     tally), buckets that gained none left out."""
     out = {}
     for key, a in after.items():
-        b = before.get(key, StepBucket(0, 0.0, 0))
+        b = before.get(key, _EMPTY)
         if a.steps > b.steps:
             out[key] = StepBucket(a.steps - b.steps, a.seconds - b.seconds,
                                   a.prefill_tokens - b.prefill_tokens)
     return out
+
+
+def plus(a: Mapping[str, StepBucket], b: Mapping[str, StepBucket]) -> dict[str, StepBucket]:
+    """Two windows' steps together (buckets summed)."""
+    out = dict(a)
+    for key, y in b.items():
+        out[key] = _add(out.get(key, _EMPTY), y)
+    return out
+
+
+def _add(x: StepBucket, y: StepBucket) -> StepBucket:
+    return StepBucket(x.steps + y.steps, x.seconds + y.seconds,
+                      x.prefill_tokens + y.prefill_tokens)
+
+
+def recent(windows: Sequence[Mapping[str, StepBucket]], min_steps: int
+           ) -> dict[str, StepBucket]:
+    """A rolling table from consecutive windows of steps, oldest first: each bucket sums
+    the newest windows, going back one window at a time while it holds fewer than
+    ``min_steps`` steps (all windows if it never does). A bucket the machine ran often
+    lately is its latest speed; a rare one borrows older steps rather than being left
+    out."""
+    out: dict[str, StepBucket] = {}
+    for key in {k for w in windows for k in w}:
+        total = _EMPTY
+        for window in reversed(windows):
+            if key in window:
+                total = _add(total, window[key])
+                if total.steps >= min_steps:
+                    break
+        out[key] = total
+    return out
+
+
+def to_json(tally: Mapping[str, StepBucket]) -> dict[str, dict[str, Any]]:
+    """A tally as ``/status.json`` and cost files hold it (``{key: {steps, seconds,
+    prefill_tokens}}``), ordered by decodes, each bucket's mean added for reading."""
+    def order(key: str) -> tuple[int, str]:
+        return int(key.split("+")[0]), key
+    return {k: {"steps": b.steps, "seconds": round(b.seconds, 6),
+                "prefill_tokens": b.prefill_tokens, "mean_ms": round(b.mean_s * 1000, 2)}
+            for k, b in sorted(tally.items(), key=lambda kv: order(kv[0]))}
+
+
+def from_json(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, StepBucket]:
+    """The inverse of ``to_json`` (extra keys such as ``mean_ms`` ignored)."""
+    return {str(k): StepBucket(int(v["steps"]), float(v["seconds"]),
+                               int(v.get("prefill_tokens", 0))) for k, v in raw.items()}

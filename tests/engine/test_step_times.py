@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import math
 
-from sluice.engine.step_times import StepBucket, StepTimes, bucket_key, minus
+from sluice.engine.step_times import (
+    StepBucket,
+    StepTimes,
+    bucket_key,
+    from_json,
+    minus,
+    plus,
+    recent,
+    to_json,
+)
 
 
 def test_steps_are_tallied_by_decodes_and_whether_they_fed_a_prompt() -> None:
@@ -38,3 +47,32 @@ def test_a_snapshot_is_a_copy_and_two_differ_by_the_steps_between() -> None:
     assert window["2"].steps == 1 and math.isclose(window["2"].seconds, 0.034)
     assert window["2+prefill"] == StepBucket(1, 0.050, 8)
     assert minus(after, {}) == after
+
+
+def b(steps: int, ms: float, tokens: int = 0) -> StepBucket:
+    return StepBucket(steps, steps * ms / 1000.0, tokens)
+
+
+def test_windows_add_and_survive_their_json() -> None:
+    both = plus({"2": b(3, 30.0), "1": b(1, 15.0)}, {"2": b(1, 34.0), "2+prefill": b(2, 50.0, 9)})
+    assert both["2"].steps == 4 and math.isclose(both["2"].seconds, 0.124)
+    assert both["1"] == b(1, 15.0) and both["2+prefill"] == b(2, 50.0, 9)
+    raw = to_json(both)
+    assert list(raw) == ["1", "2", "2+prefill"] and raw["2"]["mean_ms"] == 31.0
+    back = from_json(raw)
+    assert back.keys() == both.keys()
+    assert all(back[k].steps == both[k].steps and math.isclose(back[k].seconds, both[k].seconds)
+               and back[k].prefill_tokens == both[k].prefill_tokens for k in both)
+
+
+def test_a_rolling_table_takes_each_bucket_from_the_newest_windows_that_hold_enough() -> None:
+    old = {"8": b(600, 47.0), "1": b(60, 14.0), "3": b(5, 37.0)}
+    mid = {"8": b(170, 56.0), "1": b(8, 17.0)}
+    new = {"8": b(40, 55.0), "1": b(3, 18.0), "7+prefill": b(2, 90.0, 20)}
+    table = recent([old, mid, new], min_steps=30)
+    assert table["8"] == b(40, 55.0)  # the newest window alone holds enough
+    assert table["1"].steps == 3 + 8 + 60  # back to the oldest: the newer two hold 11
+    assert table["3"] == b(5, 37.0)  # never enough: all there is
+    assert table["7+prefill"] == b(2, 90.0, 20)
+    assert recent([old, mid, new], min_steps=1)["1"] == b(3, 18.0)
+    assert recent([], min_steps=10) == {}
