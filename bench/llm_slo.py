@@ -12,6 +12,18 @@ ratios against the issue's targets and writes the PNG.
     flock /tmp/sluice-heavy.lock python bench/llm_slo.py --part open-b   # 1.3, 2.0 x capacity
     python bench/llm_slo.py --report
 
+Longer points (``--seconds 60``): one 128-token request takes 10-20 s here, so 15 s of
+arrivals ends before a queue can form (at 1.3x, -np 32 simply holds the whole window's 30
+arrivals at once). With ``--seconds S`` (S != 15) the open parts write their rows to
+bench/results/llm_slo_open{S}s.json instead (the capacity is llm_slo.json's), each point
+bounded at S + ``DRAIN_S`` seconds (requests still open then are cut: closed, counted as
+misses) and summarized twice: all arrivals, and those after the first ``WARMUP_S`` s
+(``steady_*``: the system with its queue formed).
+
+    flock /tmp/sluice-heavy.lock python bench/llm_slo.py --part open-b --seconds 60 \
+        --levels 2.0 --peers 16,32
+    python bench/llm_slo.py --report --seconds 60
+
 Capacity is the peer's: llama-server -np 32's closed-loop request rate at 32 clients.
 Goodput counts requests with TTFT <= 2 s and TPOT <= 150 ms; a refused request is a miss.
 Open-loop levels run the systems back to back (interleaved), so drift of this shared host
@@ -43,7 +55,7 @@ from bench.llm_bench import (
     plot_open_loop,
     raw_ceiling,
 )
-from bench.loadgen import Sample, closed_loop, open_loop, summarize
+from bench.loadgen import CUT_ERROR, Sample, closed_loop, open_loop, summarize
 from bench.servers import free_port, llama_server_cmd, process_cpu_s, running
 from sluice.backends.packaged import default_gguf_path
 
@@ -61,7 +73,16 @@ would only make them spin."""
 PEER_SLOTS = (8, 16, 32)
 LEVELS = {"open-a": (0.5, 0.8, 1.0), "open-b": (1.3, 2.0)}
 OPEN_SECONDS = 15.0
-"""Arrivals span about this long at each level (at least 12 requests)."""
+"""Arrivals span about this long at each level (at least 12 requests); ``--seconds``."""
+DRAIN_S = 90.0
+"""A point with ``--seconds`` ends at most this long after its arrivals' span."""
+WARMUP_S = 20.0
+"""``steady_*`` summaries count the arrivals after this many seconds of a point."""
+
+
+def results_path(seconds: float) -> Path:
+    """The JSON a run with ``seconds`` of arrivals per point merges its rows into."""
+    return OUT if seconds == OPEN_SECONDS else RESULTS / f"llm_slo_open{seconds:g}s.json"
 
 
 def sluice_plain_cmd(port: int) -> list[str]:
@@ -99,11 +120,28 @@ def summary(name: str, plan: dict[str, Any], samples: list[Sample], wall_s: floa
         1 for s in samples
         if (s.ttft_s if s.ttft_s is not None else s.latency_s) > TTFT_SLO_S + ANSWER_SLACK_S)
     row["goodput_share"] = row["goodput_requests"] / max(1, row["requests"])
+    row["cut"] = sum(1 for s in samples if s.error == CUT_ERROR)
+    if samples:
+        t0 = min(s.start_s for s in samples)
+        steady = [s for s in samples if s.start_s - t0 >= WARMUP_S]
+        if steady:
+            st = summarize(steady, wall_s, ttft_slo_s=TTFT_SLO_S, tpot_slo_s=TPOT_SLO_S)
+            row.update({"steady_requests": st["requests"],
+                        "steady_goodput_requests": st["goodput_requests"],
+                        "steady_goodput_share": st["goodput_requests"] / st["requests"],
+                        "steady_ttft_p95_s": st["ttft_p95_s"],
+                        "steady_tpot_p95_s": st["tpot_p95_s"],
+                        "steady_rejected": sum(1 for s in steady if s.status in (429, 503))})
     print(f"  {name:20s} {plan['label']:>8s}: {row['tokens_per_s']:6.1f} tok/s  "
           f"goodput {row['goodput_requests']:3d}/{row['requests']:<3d} "
           f"({row['goodput_per_s']:.2f}/s)  ttft p95 {_ms(row['ttft_p95_s'])}  "
           f"tpot p95 {_ms(row['tpot_p95_s'])}  rejected {row['rejected']}  "
-          f"late {row['answered_late']}", flush=True)
+          f"late {row['answered_late']}  cut {row['cut']}", flush=True)
+    if "steady_requests" in row:
+        print(f"  {'':20s} {'steady':>8s}: goodput {row['steady_goodput_requests']:3d}/"
+              f"{row['steady_requests']:<3d}  ttft p95 {_ms(row['steady_ttft_p95_s'])}  "
+              f"tpot p95 {_ms(row['steady_tpot_p95_s'])}  rejected {row['steady_rejected']}",
+              flush=True)
     return row
 
 
@@ -124,13 +162,13 @@ def wait_idle(pid: int, timeout_s: float = 180.0) -> float:
     return time.monotonic() - t0
 
 
-def load() -> dict[str, Any]:
-    return json.loads(OUT.read_text()) if OUT.exists() else {"rows": [], "ceilings": {}}
+def load(path: Path = OUT) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {"rows": [], "ceilings": {}}
 
 
-def save(result: dict[str, Any]) -> None:
+def save(result: dict[str, Any], path: Path = OUT) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def part_closed(gguf: Path, server_bin: Path, quick: bool) -> None:
@@ -165,18 +203,23 @@ def part_closed(gguf: Path, server_bin: Path, quick: bool) -> None:
 
 
 def part_open(gguf: Path, server_bin: Path, levels: tuple[float, ...], quick: bool,
-              only: set[str] | None = None) -> None:
+              only: set[str] | None = None, seconds: float = OPEN_SECONDS,
+              peers: tuple[int, ...] = PEER_SLOTS) -> None:
     """Open-loop levels; ``only`` reruns those systems (their rows are replaced)."""
-    result = load()
-    cap = result.get("capacity_requests_per_s")
+    path = results_path(seconds)
+    result = load(path)
+    cap = load().get("capacity_requests_per_s")
     if not cap:
         raise SystemExit("run --part closed first (it measures the capacity)")
+    result["capacity_requests_per_s"] = cap
+    result["open_seconds"] = seconds
+    max_wall_s = None if seconds == OPEN_SECONDS else seconds + DRAIN_S
     print(f"open loop, capacity {cap:.3f} req/s", flush=True)
     rows = [r for r in result["rows"]
             if not (r["kind"] == "open" and r["load_factor"] in levels
                     and (only is None or r["system"] in only))]
     with contextlib.ExitStack() as stack:
-        servers = systems(gguf, server_bin, PEER_SLOTS)
+        servers = systems(gguf, server_bin, peers)
         if only is not None:
             servers = {k: v for k, v in servers.items() if k in only}
         pids: dict[str, int] = {}
@@ -188,23 +231,25 @@ def part_open(gguf: Path, server_bin: Path, levels: tuple[float, ...], quick: bo
                                     max_tokens=8))
         for factor in levels:
             rate = factor * cap
-            n = 8 if quick else max(12, round(rate * OPEN_SECONDS))
+            n = 8 if quick else max(12, round(rate * seconds))
             plan = {"kind": "open", "label": f"{factor}x", "load_factor": factor,
-                    "rate_per_s": rate, "n_requests": n, "seed": 7}
+                    "rate_per_s": rate, "n_requests": n, "seed": 7,
+                    "max_wall_s": max_wall_s}
             for name, (_, _, base) in servers.items():
                 samples, wall = asyncio.run(open_loop(base, MODEL, PROMPTS, rate_per_s=rate,
                                                       n_requests=n, max_tokens=MAX_TOKENS,
-                                                      seed=7, headers=DEADLINE_HEADER))
+                                                      seed=7, headers=DEADLINE_HEADER,
+                                                      max_wall_s=max_wall_s))
                 row = summary(name, plan, samples, wall)
                 row["busy_after_s"] = round(wait_idle(pids[name]), 1)
                 rows.append(row)
     result["rows"] = rows
-    save(result)
+    save(result, path)
 
 
-def report() -> dict[str, Any]:
+def report(path: Path = OUT) -> dict[str, Any]:
     """Ratios against the issue's targets, from the merged rows."""
-    result = load()
+    result = load(path)
     rows = result["rows"]
 
     def row(system: str, label: str) -> dict[str, Any] | None:
@@ -232,7 +277,11 @@ def report() -> dict[str, Any]:
         if s and p:
             out[f"goodput_at_{label}_vs_best_peer"] = {
                 "ratio": round(s["goodput_per_s"] / p["goodput_per_s"], 3)
-                if p["goodput_per_s"] else None, "target": ">= 1.5", "peer": p["system"]}
+                if p["goodput_per_s"] else None, "target": ">= 1.5", "peer": p["system"],
+                # per request offered, not per second of each system's own wall time (a
+                # system that drains a long queue has a longer wall): the same arrivals
+                "share_ratio": round(s["goodput_share"] / p["goodput_share"], 3)
+                if p["goodput_share"] else None}
     ceilings = result.get("ceilings", {})
     for clients in (8, 32):
         s = row("sluice", f"c={clients}")
@@ -247,6 +296,25 @@ def report() -> dict[str, Any]:
     # only open-loop clients state a first-token deadline
     out["sluice_answered_late"] = sum(r["answered_late"] for r in rows
                                       if r["system"] == "sluice" and r["kind"] == "open")
+    for label in ("0.8x", "1.3x", "2.0x"):
+        # with the queue formed (points run with --seconds): the same ratios past warm-up
+        s = row("sluice", label)
+        if s is None or "steady_requests" not in s:
+            continue
+        peers = [r for r in rows if r["label"] == label and r["system"].startswith("llama")]
+        best = max(peers, key=lambda r: r["steady_goodput_share"], default=None)
+        if best is None:
+            continue
+        entry: dict[str, Any] = {"peer": best["system"],
+                                 "sluice_share": round(s["steady_goodput_share"], 3),
+                                 "peer_share": round(best["steady_goodput_share"], 3)}
+        if best["steady_goodput_share"]:
+            entry["goodput_ratio"] = round(
+                s["steady_goodput_share"] / best["steady_goodput_share"], 3)
+        if s["steady_ttft_p95_s"] and best["steady_ttft_p95_s"]:
+            entry["ttft_p95_ratio"] = round(s["steady_ttft_p95_s"] / best["steady_ttft_p95_s"],
+                                            3)
+        out[f"steady_{label}_vs_best_peer"] = entry
     result["targets"] = out
     result.update({
         "benchmark": "llm_slo", "model": f"{MODEL} (Gemma 3 270M Q4_K_M)", "n_ctx": N_CTX,
@@ -255,9 +323,9 @@ def report() -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "reported": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     })
-    save(result)
+    save(result, path)
     print(json.dumps(out, indent=2))
-    plot(result, RESULTS / "llm_slo.png")
+    plot(result, path.with_suffix(".png"))
     return result
 
 
@@ -271,30 +339,44 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     plot_open_loop(rows, {"goodput_per_s": axes[0], "ttft_p95_ms": axes[1],
                           "rejected": axes[2]})
-    for system in sorted({r["system"] for r in rows}):
-        closed = [r for r in rows if r["system"] == system and r["kind"] == "closed"]
-        if closed:
-            axes[3].bar([f"{system.replace('llama-server-', 'ls ')}\n{r['label']}"
-                         for r in closed],
-                        [r["tokens_per_s"] for r in closed])
-    for b, v in result.get("ceilings", {}).items():
-        axes[3].axhline(v, ls=":", color="grey")
-        axes[3].text(0, v, f" bare batch {b}", fontsize=7, va="bottom")
+    if any(r["kind"] == "closed" for r in rows):
+        plot_closed(result, axes[3])
+    else:  # a --seconds run: its points past warm-up instead
+        plot_open_loop(rows, {"steady_goodput_share": axes[3]})
+        axes[3].set(xlabel="offered load (x capacity)", ylim=(0, 1.05),
+                    ylabel=f"share of arrivals after {WARMUP_S:g} s meeting both SLOs",
+                    title="With the queue formed")
+        axes[3].grid(alpha=0.3)
+        axes[3].legend(fontsize=7)
     axes[0].set(xlabel="offered load (x capacity)", ylabel="requests/s meeting both SLOs",
                 title=GOODPUT_TITLE)
     axes[1].set(xlabel="offered load (x capacity)", ylabel="TTFT p95 of the served (ms)",
                 title="TTFT p95", yscale="log")
     axes[2].set(xlabel="offered load (x capacity)", ylabel="requests refused",
                 title="Refused at once (503)")
-    axes[3].set(ylabel="generated tokens/s", title="Closed loop")
-    axes[3].tick_params(axis="x", labelsize=6)
     for ax in axes[:3]:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    seconds = result.get("open_seconds", OPEN_SECONDS)
     fig.suptitle(f"{result['model']}, {result['threads']} threads, {result['n_ctx']} KV cells, "
-                 f"{result['max_tokens']} new tokens")
+                 f"{result['max_tokens']} new tokens, open-loop points of {seconds:g} s")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def plot_closed(result: dict[str, Any], ax: Any) -> None:
+    """Closed-loop tokens/s, a bar per system and client count, the bare ceilings as lines."""
+    rows = result["rows"]
+    for system in sorted({r["system"] for r in rows}):
+        closed = [r for r in rows if r["system"] == system and r["kind"] == "closed"]
+        if closed:
+            ax.bar([f"{system.replace('llama-server-', 'ls ')}\n{r['label']}"
+                    for r in closed], [r["tokens_per_s"] for r in closed])
+    for b, v in result.get("ceilings", {}).items():
+        ax.axhline(v, ls=":", color="grey")
+        ax.text(0, v, f" bare batch {b}", fontsize=7, va="bottom")
+    ax.set(ylabel="generated tokens/s", title="Closed loop")
+    ax.tick_params(axis="x", labelsize=6)
 
 
 def main() -> int:
@@ -304,6 +386,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--levels", help="open parts: these load factors (e.g. 2.0)")
     parser.add_argument("--only", help="open parts: rerun only these systems (comma list)")
+    parser.add_argument("--seconds", type=float, default=OPEN_SECONDS,
+                        help="open parts: seconds of arrivals a point (see the module)")
+    parser.add_argument("--peers", default=",".join(map(str, PEER_SLOTS)),
+                        help="open parts: llama-server -np values (comma list)")
     args = parser.parse_args()
     if args.part:
         gguf = default_gguf_path()
@@ -315,10 +401,11 @@ def main() -> int:
             levels = (tuple(float(x) for x in args.levels.split(",")) if args.levels
                       else LEVELS[args.part])
             only = set(args.only.split(",")) if args.only else None
-            part_open(gguf, server_bin, levels, args.quick, only)
+            part_open(gguf, server_bin, levels, args.quick, only, args.seconds,
+                      tuple(int(x) for x in args.peers.split(",")))
         print(f"part {args.part}: {time.time() - t0:.0f} s", flush=True)
     if args.report:
-        report()
+        report(results_path(args.seconds))
     return 0
 
 

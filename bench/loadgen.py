@@ -110,23 +110,42 @@ async def closed_loop(
         return samples, time.perf_counter() - t0
 
 
+CUT_ERROR = "cut: unfinished at the run's wall bound"
+"""``Sample.error`` of a request still open when an open-loop run hit ``max_wall_s``."""
+
+
 async def open_loop(
     base_url: str, model: str, prompts: Sequence[str], *, rate_per_s: float, n_requests: int,
-    max_tokens: int, seed: int = 0, **kw: Any,
+    max_tokens: int, seed: int = 0, max_wall_s: float | None = None, **kw: Any,
 ) -> tuple[list[Sample], float]:
-    """Poisson arrivals at ``rate_per_s`` (seeded), ``n_requests`` in all."""
+    """Poisson arrivals at ``rate_per_s`` (seeded), ``n_requests`` in all.
+
+    With ``max_wall_s`` the run ends by then: requests still open are cancelled (their
+    connection closed, as a client giving up) and returned as failed samples with
+    ``CUT_ERROR``; every request yields exactly one sample either way."""
     rng = random.Random(seed)
     gaps = [rng.expovariate(rate_per_s) for _ in range(n_requests)]
     limits = httpx.Limits(max_connections=n_requests + 4)
     async with httpx.AsyncClient(limits=limits) as client:
-        tasks = []
+        tasks: list[asyncio.Task[Sample]] = []
+        starts: list[float] = []
         t0 = time.perf_counter()
         for i, gap in enumerate(gaps):
             await asyncio.sleep(gap)
+            starts.append(time.perf_counter())
             tasks.append(asyncio.create_task(stream_completion(
                 client, base_url, model, prompts[i % len(prompts)], max_tokens, **kw)))
-        samples = await asyncio.gather(*tasks)
-        return list(samples), time.perf_counter() - t0
+        timeout = (None if max_wall_s is None
+                   else max(0.0, max_wall_s - (time.perf_counter() - t0)))
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        end = time.perf_counter()
+        samples = [task.result() if task not in pending
+                   else Sample(status=0, start_s=start, latency_s=end - start, error=CUT_ERROR)
+                   for task, start in zip(tasks, starts, strict=True)]
+        return samples, end - t0
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
