@@ -12,14 +12,17 @@ graph SVG, to show where the engine's own time goes.
 
 ``--closed B`` asks where a plain ``sluice serve`` loses against the bare loop at B
 clients: the packaged model as ``default_config()`` loads it (32 slots of 1024 cells, 4
-retained prefixes, the TPOT target), three ways interleaved twice: the bare loop at batch
-B; the engine in this process with B closed-loop clients (a request replaced the moment
-one ends, 128 new tokens, the benchmark's prompts), recording each decode step's slot
-span (highest slot - lowest + 1: llama.cpp attends over every stream in that range); and
-the server over HTTP with B streaming clients. Writes
+retained prefixes, the TPOT target), three ways interleaved ``--rounds`` times (the order
+rotated each round): the bare loop doing the same work (``bare_closed_tokens_per_s``: the
+same prompts, prefill, new tokens and refills, on slots 0..B-1; the older short-context
+loop without prefill is kept beside it as ``bare_short_tokens_per_s``); the engine in
+this process with B closed-loop clients (a request replaced the moment one ends, 128 new
+tokens, the benchmark's prompts), recording each decode step's slot span (highest slot -
+lowest + 1: llama.cpp attends over every stream in that range); and the server over HTTP
+with B streaming clients, with the CPU it and its event loop spent a token. Writes
 bench/results/engine_overhead_closed.json.
 
-    flock /tmp/sluice-heavy.lock python bench/engine_overhead.py --closed 8
+    flock /tmp/sluice-heavy.lock python bench/engine_overhead.py --closed 8 --requests 24
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +48,7 @@ import numpy as np
 
 from bench.llm_bench import MODEL, PROMPTS
 from bench.loadgen import closed_loop
-from bench.servers import free_port, running
+from bench.servers import free_port, process_cpu_s, running, thread_cpu_s
 from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend, LlamaCppGenerative
 from sluice.config import default_config
@@ -74,6 +79,53 @@ def bare_tokens_per_s(model: LlamaCppGenerative, batch: int, steps: int) -> floa
     for s in range(batch):
         model.release_sequence(s)
     return batch * steps / elapsed
+
+
+def bare_closed_tokens_per_s(model: LlamaCppGenerative, clients: int, n_requests: int,
+                             max_tokens: int) -> float:
+    """The engine's closed-loop work with no engine: ``forward`` calls only.
+
+    Slots 0 .. clients-1 each run a request of the benchmark's prompts (in the engine
+    run's order): one step prefills its prompt (that step's logits give the first token),
+    then one-token decodes until ``max_tokens``; a slot whose request ends takes the next
+    request at once, its prefill in the same ``forward`` as the others' decodes. So the
+    contexts, prefill and batch shapes are the engine run's; what is missing is only the
+    Python around the passes (planning, choosing and streaming tokens). The fed token is
+    the prompt's last (the decode's cost does not depend on which token it is; no argmax).
+    Tokens/s over the whole run, prefill steps included, as ``engine_closed_loop``."""
+    prompts = [tuple(model.tokenize(p, add_bos=True)) for p in PROMPTS]
+    for slot in range(model.n_seq_max):
+        model.release_sequence(slot)
+    # per slot: [prompt, tokens generated, KV length] (None: idle)
+    state: list[list[Any] | None] = [None] * clients
+    sent = done_tokens = 0
+    t0 = time.perf_counter()
+    for slot in range(min(clients, n_requests)):
+        state[slot] = [prompts[sent % len(prompts)], 0, 0]
+        sent += 1
+    while any(st is not None for st in state):
+        chunks = []
+        for slot, st in enumerate(state):
+            if st is None:
+                continue
+            prompt, _, kv_len = st
+            chunks.append(ForwardChunk(slot, prompt, 0, True) if kv_len == 0
+                          else ForwardChunk(slot, (prompt[-1],), kv_len, True))
+        model.forward(chunks)
+        for chunk in chunks:
+            st = state[chunk.seq_slot]
+            assert st is not None
+            st[1] += 1
+            st[2] += len(chunk.tokens)
+            if st[1] == max_tokens:
+                done_tokens += max_tokens
+                model.release_sequence(chunk.seq_slot)
+                if sent < n_requests:
+                    state[chunk.seq_slot] = [prompts[sent % len(prompts)], 0, 0]
+                    sent += 1
+                else:
+                    state[chunk.seq_slot] = None
+    return done_tokens / (time.perf_counter() - t0)
 
 
 def engine_tokens_per_s(model: LlamaCppGenerative, batch: int, steps: int) -> float:
@@ -164,14 +216,44 @@ def engine_closed_loop(model: LlamaCppGenerative, config: EngineConfig, clients:
                           for k in sorted({st[1] for st in full})}}
 
 
-def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
-                       ) -> dict[str, Any]:
+def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int,
+                       server_pid: int | None = None) -> dict[str, Any]:
+    """Tokens/s of ``clients`` streaming clients; with ``server_pid`` also the CPU
+    milliseconds a token of the server process (all its threads) and of the clients (this
+    process: the load generator)."""
+    server_cpu = process_cpu_s(server_pid) if server_pid is not None else 0.0
+    threads = thread_cpu_s(server_pid) if server_pid is not None else {}
+    client_cpu = time.process_time()
     samples, wall = asyncio.run(closed_loop(base, MODEL, PROMPTS, concurrency=clients,
                                             n_requests=n_requests, max_tokens=max_tokens))
+    client_cpu = time.process_time() - client_cpu
     ok = [s for s in samples if s.ok]
+    tokens = sum(s.tokens for s in ok)
     tpots = sorted(s.tpot_s for s in ok if s.tpot_s is not None)
-    return {"tokens_per_s": sum(s.tokens for s in ok) / wall, "errors": len(samples) - len(ok),
-            "tpot_p50_ms": 1000 * tpots[len(tpots) // 2] if tpots else None}
+    out: dict[str, Any] = {
+        "tokens_per_s": tokens / wall, "errors": len(samples) - len(ok),
+        "tpot_p50_ms": 1000 * tpots[len(tpots) // 2] if tpots else None,
+        "client_cpu_ms_per_token": 1000 * client_cpu / max(1, tokens)}
+    if server_pid is not None:
+        out["cpu_ms_per_token"] = 1000 * (process_cpu_s(server_pid) - server_cpu) / max(1, tokens)
+        # the main thread is uvicorn's event loop (HTTP, SSE framing); the other threads,
+        # busiest first: the worker (the engine's Python and its share of each pass) and
+        # llama.cpp's compute threads
+        after = thread_cpu_s(server_pid)
+        used = {tid: 1000 * (after[tid] - threads.get(tid, 0.0)) / max(1, tokens)
+                for tid in after}
+        out["event_loop_cpu_ms_per_token"] = round(used.pop(server_pid, 0.0), 3)
+        out["other_threads_cpu_ms_per_token"] = sorted(
+            (round(v, 3) for v in used.values() if v > 0), reverse=True)
+    return out
+
+
+def with_cpu(run: Callable[[], Any], tokens: int) -> tuple[Any, float]:
+    """``run()``'s result and the CPU milliseconds a token this process spent on it (every
+    thread: llama.cpp's compute threads included)."""
+    cpu = time.process_time()
+    out = run()
+    return out, 1000 * (time.process_time() - cpu) / tokens
 
 
 def plot_closed(result: dict[str, Any], path: Path) -> None:
@@ -182,13 +264,17 @@ def plot_closed(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    systems = {"bare loop": lambda r: r["bare_tokens_per_s"],
-               "engine": lambda r: r["engine"]["tokens_per_s"],
-               "engine, no retained": lambda r: r["engine_retain0"]["tokens_per_s"],
-               "server (HTTP)": lambda r: r["server"]["tokens_per_s"]}
     rounds = result["rounds"]
+    systems: dict[str, Callable[[dict[str, Any]], float]] = {
+               "bare loop": lambda r: r["bare_tokens_per_s"],
+               **({"bare, short (old)": lambda r: r["bare_short_tokens_per_s"]}
+                  if "bare_short_tokens_per_s" in rounds[0] else {}),
+               "engine": lambda r: r["engine"]["tokens_per_s"],
+               **({"engine, no retained": lambda r: r["engine_retain0"]["tokens_per_s"]}
+                  if "engine_retain0" in rounds[0] else {}),
+               "server (HTTP)": lambda r: r["server"]["tokens_per_s"]}
     bare = max(r["bare_tokens_per_s"] for r in rounds)
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     width = 0.8 / len(rounds)
     for i, row in enumerate(rounds):
         ax.bar([k + (i - (len(rounds) - 1) / 2) * width for k in range(len(systems))],
@@ -205,36 +291,87 @@ def plot_closed(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def closed_main(clients: int, n_requests: int, max_tokens: int) -> int:
-    """Bare loop, engine and server at ``clients``, interleaved twice (see the module)."""
+def closed_main(clients: int, n_requests: int, max_tokens: int, retain0: bool = False,
+                spy_path: Path | None = None, n_rounds: int = 3) -> int:
+    """Bare loop, engine and server at ``clients``, interleaved ``n_rounds`` times, the
+    order rotated each round (see the module); each with its CPU milliseconds a token.
+    ``retain0`` adds the engine with no retained prefixes; ``spy_path`` then runs the
+    server's load once more under ``py-spy record`` (raw collapsed stacks, 50 Hz, one
+    stack a thread) attached to the server's process."""
     model, config = default_model()
     port = free_port()
     cmd = [sys.executable, "-m", "sluice.cli", "serve", "--port", str(port),
            "--log-level", "warning"]
     rounds: list[dict[str, Any]] = []
     t0 = time.time()
-    with running(cmd, f"http://127.0.0.1:{port}/ready") as _:
+    with running(cmd, f"http://127.0.0.1:{port}/ready") as server:
         base = f"http://127.0.0.1:{port}"
         server_closed_loop(base, 1, 1, 8)  # warm-up
-        for r in range(2):
-            row = {"round": r,
-                   "bare_tokens_per_s": bare_tokens_per_s(model, clients, max_tokens // 2),
-                   "engine": engine_closed_loop(model, config, clients, n_requests,
-                                                max_tokens),
-                   "engine_retain0": engine_closed_loop(
-                       model, replace(config, max_retained_slots=0), clients, n_requests,
-                       max_tokens),
-                   "server": server_closed_loop(base, clients, n_requests, max_tokens)}
+        tokens = n_requests * max_tokens
+        for r in range(n_rounds):
+            row: dict[str, Any] = {"round": r}
+
+            def bare(row: dict[str, Any]) -> None:
+                row["bare_tokens_per_s"], row["bare_cpu_ms_per_token"] = with_cpu(
+                    lambda: bare_closed_tokens_per_s(model, clients, n_requests, max_tokens),
+                    tokens)
+                row["bare_short_tokens_per_s"] = bare_tokens_per_s(model, clients,
+                                                                   max_tokens // 2)
+
+            def engine(row: dict[str, Any]) -> None:
+                row["engine"], cpu = with_cpu(
+                    lambda: engine_closed_loop(model, config, clients, n_requests, max_tokens),
+                    tokens)
+                row["engine"]["cpu_ms_per_token"] = cpu
+
+            def serve(row: dict[str, Any]) -> None:
+                row["server"] = server_closed_loop(base, clients, n_requests, max_tokens,
+                                                   server.pid)
+
+            order = [bare, engine, serve]
+            for run in order[r % 3:] + order[: r % 3]:  # rotated: no system always first
+                run(row)
+            row["order"] = [f.__name__ for f in order[r % 3:] + order[: r % 3]]
+            if retain0:
+                row["engine_retain0"] = engine_closed_loop(
+                    model, replace(config, max_retained_slots=0), clients, n_requests,
+                    max_tokens)
             rounds.append(row)
             print(json.dumps(row), flush=True)
+        if spy_path is not None:
+            spy = shutil.which("py-spy")
+            if spy is None:
+                raise SystemExit("py-spy is not installed")
+            with subprocess.Popen([spy, "record", "-r", "50", "-f", "raw", "--threads",
+                                   "-o", str(spy_path), "-p", str(server.pid)]) as recorder:
+                time.sleep(1.0)  # attached
+                spied = server_closed_loop(base, clients, n_requests, max_tokens)
+                recorder.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            print(f"server under py-spy: {spied['tokens_per_s']:.1f} tok/s -> {spy_path}",
+                  flush=True)
     bare = max(r["bare_tokens_per_s"] for r in rounds)
+    short = max(r["bare_short_tokens_per_s"] for r in rounds)
     eng = max(r["engine"]["tokens_per_s"] for r in rounds)
     srv = max(r["server"]["tokens_per_s"] for r in rounds)
-    print(f"clients {clients}: bare {bare:.1f}, engine {eng:.1f} ({eng / bare:.3f}x), "
-          f"server {srv:.1f} ({srv / bare:.3f}x) tok/s", flush=True)
+    per_round = {name: [round(r[name]["tokens_per_s"] / r["bare_tokens_per_s"], 3)
+                        for r in rounds] for name in ("engine", "server")}
+    cpu = {"bare": float(np.median([r["bare_cpu_ms_per_token"] for r in rounds])),
+           "engine": float(np.median([r["engine"]["cpu_ms_per_token"] for r in rounds])),
+           "server": float(np.median([r["server"]["cpu_ms_per_token"] for r in rounds])),
+           "client": float(np.median([r["server"]["client_cpu_ms_per_token"]
+                                      for r in rounds])),
+           "event_loop": float(np.median([r["server"].get("event_loop_cpu_ms_per_token", 0.0)
+                                          for r in rounds]))}
+    print(f"clients {clients}: bare {bare:.1f} (short, old: {short:.1f}), engine {eng:.1f} "
+          f"({eng / bare:.3f}x), server {srv:.1f} ({srv / bare:.3f}x; {srv / short:.3f}x the "
+          f"old short loop) tok/s; per round over bare: {per_round}; median CPU ms a token: "
+          f"{ {k: round(v, 2) for k, v in cpu.items()} }", flush=True)
     result = {"benchmark": "engine_overhead_closed", "clients": clients,
               "n_requests": n_requests, "max_tokens": max_tokens, "rounds": rounds,
+              "bare": "bare_closed_tokens_per_s: the engine run's prompts, prefill and refills",
               "engine_vs_bare": round(eng / bare, 3), "server_vs_bare": round(srv / bare, 3),
+              "server_vs_bare_short": round(srv / short, 3),
+              "per_round_vs_bare": per_round, "median_cpu_ms_per_token": cpu,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))}
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -248,6 +385,11 @@ def main() -> int:
     parser.add_argument("--closed", type=int, help="clients: bare vs engine vs server")
     parser.add_argument("--requests", type=int, default=16, help="--closed: requests")
     parser.add_argument("--new-tokens", type=int, default=128, help="--closed: per request")
+    parser.add_argument("--rounds", type=int, default=3, help="--closed: rounds")
+    parser.add_argument("--retain0", action="store_true",
+                        help="--closed: also the engine with no retained prefixes")
+    parser.add_argument("--spy-server", type=Path,
+                        help="--closed: py-spy the server's load once more, raw stacks here")
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--py-spy", action="store_true")
@@ -261,7 +403,8 @@ def main() -> int:
         plot_closed(closed, RESULTS / "engine_overhead_closed.png")
         return 0
     if args.closed:
-        return closed_main(args.closed, args.requests, args.new_tokens)
+        return closed_main(args.closed, args.requests, args.new_tokens, args.retain0,
+                           args.spy_server, args.rounds)
     if args.child:
         model = load(max(batches))
         for _ in range(3):

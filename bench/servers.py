@@ -23,6 +23,20 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """User + system CPU seconds so far of each live thread of process ``pid``, by thread id
+    (the main thread's id is ``pid``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that just ended
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
 def process_schedstat(pid: int) -> tuple[float, float]:
     """(seconds on a CPU, seconds runnable but waiting for one) summed over the threads of
     process ``pid``, from /proc/<pid>/task/*/schedstat. The second is what contention from
