@@ -41,7 +41,11 @@ The two generative systems (``run_system``):
 The variant group (``run_onnx``): the profile ``sluice profile`` wrote is the cost model
 (batch times by batch size, and how they grow with a batch's longest input: its length
 fit), each arrival carrying the length of the text the real run sends it; end-to-end
-p95 and goodput at the same four loads of the accurate variant's capacity.
+p95 and goodput at the same four loads of the accurate variant's capacity. Predicted
+(``sim``, judged) before each point's arrivals start, with what the server's planner
+had learned by then of each variant's speed (``/status.json``'s ``estimate``: the
+profile × its drift, faster or slower); ``sim_profile`` charges the profile as
+measured (a slower machine only as ``overhead_ms``).
 
 Writes bench/results/sim_validation.json and .png (a system not run keeps its last
 result). Under the heavy lock, one system a hold:
@@ -82,7 +86,7 @@ from bench.loadgen import Sample, closed_loop, stream_completion
 from bench.overload import LLM_PROMPTS, SYNTH_PROMPTS, llm_toml, synthetic_toml
 from bench.servers import free_port, running, sluice_cmd
 from sluice.config import Config
-from sluice.costs_cli import model_tallies
+from sluice.costs_cli import live_costs, model_tallies
 from sluice.engine.step_times import StepBucket, from_json, minus, recent, to_json
 from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
 from sluice.sim import Arrival, SimConfig, generate, parse_spec, simulate
@@ -639,14 +643,23 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
         capacity = asyncio.run(oneshot_closed_loop(base, variants[0], texts, 1,
                                                    args.capacity_s))
         # one request at a time: what a request spends outside its batch of one (HTTP,
-        # parsing, tokenizing) is its time less the profiled batch
+        # parsing, tokenizing) is its time less the profiled batch (``sim_profile``), or
+        # less the batch of one the server's planner now predicts (``sim``: its estimate
+        # learned from the capacity run's batches, faster or slower than the profile)
         overhead_s = max(0.0, 1.0 / capacity - float(accurate_ms["1"]) / 1000.0)
         for entry in costs.values():
             entry["overhead_ms"] = round(overhead_s * 1000.0, 3)
         sim_config = replace(SimConfig.from_config(config, costs), preload=tuple(variants))
-        out.update(capacity_per_s=round(capacity, 3), overhead_ms=round(overhead_s * 1000, 3))
+        live = live_costs(None, httpx.get(f"{base}/status.json", timeout=30).json(), costs)
+        live_batch1_s = SimConfig.from_config(config, live).models[variants[0]].cost.batch_s(1)
+        live_overhead_ms = round(max(0.0, 1.0 / capacity - live_batch1_s) * 1000.0, 3)
+        out.update(capacity_per_s=round(capacity, 3), overhead_ms=round(overhead_s * 1000, 3),
+                   live_overhead_ms=live_overhead_ms,
+                   live_batch1_ms=round(live_batch1_s * 1000, 3))
         print(f"[onnx] capacity {capacity:.2f}/s ({variants[0]} alone), {overhead_s * 1000:.1f}"
-              f" ms a request outside the batch; deadline {deadline_ms} ms", flush=True)
+              f" ms a request outside the profiled batch ({live_overhead_ms:.1f} outside the "
+              f"live estimate's {live_batch1_s * 1000:.1f} ms); deadline {deadline_ms} ms",
+              flush=True)
         for factor in args.factors:
             rate = factor * capacity
             spec = parse_spec(f"poisson:rate={rate},duration={args.duration},model={GROUP},"
@@ -655,16 +668,27 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
             arrivals = [replace(a, input_chars=len(texts[k % len(texts)]))
                         for k, a in enumerate(generate(spec, seed=args.seed))]
             tag = f"o{factor:g}".replace(".", "_")
+            # predicted before the arrivals start, from what the server's planner has
+            # learned of each variant's speed by now (its recent batches: the run before)
+            live = live_costs(None, httpx.get(f"{base}/status.json", timeout=30).json(), costs)
+            for entry in live.values():
+                entry["overhead_ms"] = live_overhead_ms
+            sim = oneshot_sim_summary(replace(SimConfig.from_config(config, live),
+                                              preload=tuple(variants)), arrivals)
             samples = asyncio.run(oneshot_open_loop(base, texts, arrivals, deadline_ms, tag))
             time.sleep(2.0)
             real = oneshot_real_summary(samples, deadline_ms / 1000.0)
-            sim = oneshot_sim_summary(sim_config, arrivals)
             point = {"factor": factor, "rate_per_s": round(rate, 3), "requests": len(arrivals),
-                     "real": real, "sim": sim}
+                     "estimates": {v: live[v].get("estimate") for v in variants},
+                     "real": real, "sim": sim,
+                     "sim_profile": oneshot_sim_summary(sim_config, arrivals)}
             judge(point, sim, real, "e2e_p95_s")
             out["points"].append(point)
             print(f"[onnx] {factor}x ({rate:.1f}/s, n={len(arrivals)}): e2e p95 real "
-                  f"{fmt(real['e2e_p95_s'])} sim {fmt(sim['e2e_p95_s'])}; goodput real "
+                  f"{fmt(real['e2e_p95_s'])} sim {fmt(sim['e2e_p95_s'])} (profile "
+                  f"{fmt(point['sim_profile']['e2e_p95_s'])}); drift "
+                  f"{ {v: round(e['drift'] or 1, 3) for v, e in point['estimates'].items() if e} }"
+                  f"; goodput real "
                   f"{real['goodput']:.3f} sim {sim['goodput']:.3f}; mix real "
                   f"{real['variant_mix']} sim {sim['variant_mix']}; ok="
                   f"{point['within_tolerance']}; batches real {real['batches']} sim "
@@ -692,7 +716,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
             scale = 1000 if key.endswith("_s") else 1
             for who, style in (("real", "o-"), ("sim", "s--"),
                                ("sim_closed_loop_profile", "^:"), ("sim_declared_cost", "x:"),
-                               ("sim_calibration", "v:"), ("sim_own_steps", "d-.")):
+                               ("sim_calibration", "v:"), ("sim_profile", "v:"),
+                               ("sim_own_steps", "d-.")):
                 ys = [(p[who][key] or 0) * scale for p in res["points"] if who in p]
                 if ys:
                     ax.plot(f[:len(ys)], ys, style, label=who.replace("_", " "))

@@ -12,8 +12,11 @@ ran just now. So, as an operator would before asking "what if":
 reads ``/status.json`` twice, ``--window-s`` apart, and writes per generative model the
 steps its engine ran in between (``step_times``: the tally's difference,
 ``sluice.engine.step_times.minus``) over the ``--base`` file's entry (its ``step_cost``,
-``overhead_ms``, ``cv`` kept; without one, the engine's learned ``step_cost``). With
-``--window-s 0``, one read: every step since the model loaded.
+``overhead_ms``, ``cv`` kept; without one, the engine's learned ``step_cost``), and per
+variant of a model group what its planner's service estimator learned by the second
+read (``estimate``: the drift from the profile in either direction, and the length
+fit), over the profile the base or the config gives. With ``--window-s 0``, one read:
+every step since the model loaded.
 """
 
 from __future__ import annotations
@@ -56,7 +59,10 @@ def live_costs(before: Mapping[str, Any] | None, after: Mapping[str, Any],
     """A cost file (``sluice.sim.costs``) from two ``/status.json`` reads: the ``base``
     file's entries, each generative model that stepped in between given those steps
     (``before`` None: every step since it loaded) and, where the base has none, the
-    engine's learned step cost. Models with no step in the window keep the base entry."""
+    engine's learned step cost; each variant of a group its planner's service estimate
+    as of the second read (``estimate``: what the estimator learned of this machine's
+    speed from its recent batches; the profile stays the base's or the model's). Models
+    with no step in the window keep the base entry."""
     out = {k: dict(v) for k, v in (base or {}).items()}
     earlier = model_tallies(before) if before is not None else {}
     learned = learned_step_costs(after)
@@ -68,6 +74,9 @@ def live_costs(before: Mapping[str, Any] | None, after: Mapping[str, Any],
         entry["step_times"] = to_json(window)
         if "step_cost" not in entry and model_id in learned:
             entry["step_cost"] = learned[model_id]
+    for variant, state in after.get("variants", {}).items():
+        if state.get("estimate"):
+            out.setdefault(variant, {})["estimate"] = dict(state["estimate"])
     return out
 
 

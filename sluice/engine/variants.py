@@ -181,12 +181,15 @@ class VariantPlanner:
             self.tracker.batch_done(model_id, size, seconds, worker_id)
 
     def snapshot(self) -> dict[str, Any]:
-        """Per variant: in system, estimated batch-1 time, drift factor."""
+        """Per variant: in system, estimated batch-1 time, drift factor, and everything
+        its service estimator learned (``estimate``: ``ServiceEstimator.state``, what a
+        simulation of the next minutes charges; ``sluice costs``)."""
         with self._lock:
             return {
                 v: {"in_system": self.tracker.in_system[v],
                     "batch1_ms": round(self.service[v].batch_s(1) * 1000, 3),
-                    "drift": round(self.service[v].drift.value or 1.0, 4)}
+                    "drift": round(self.service[v].drift.value or 1.0, 4),
+                    "estimate": self.service[v].state()}
                 for v in self.tracker.group_of
             }
 

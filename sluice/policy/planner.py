@@ -216,6 +216,17 @@ class LengthSlope:
         self._var_x = (1 - a) * (self._var_x + a * dx * dx)
         self._cov_xy = (1 - a) * (self._cov_xy + a * dx * dy)
 
+    def state(self) -> dict[str, float]:
+        """What it has fitted (plain JSON; ``restore`` takes it back)."""
+        return {"samples": self.samples, "mean_x": self.mean_x, "mean_y": self._mean_y,
+                "var_x": self._var_x, "cov_xy": self._cov_xy}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from another fit's ``state`` (a live server's, for a simulation)."""
+        self.samples = int(state["samples"])
+        self.mean_x, self._mean_y = float(state["mean_x"]), float(state["mean_y"])
+        self._var_x, self._cov_xy = float(state["var_x"]), float(state["cov_xy"])
+
     @property
     def slope(self) -> float:
         """``d(observed / profiled) / d(length)`` (>= 0)."""
@@ -314,6 +325,23 @@ class ServiceEstimator:
     def per_item_s(self, batch_size: int) -> float:
         """Predicted time per request when batches hold ``batch_size``."""
         return self.batch_s(batch_size) / batch_size
+
+    def state(self) -> dict[str, Any]:
+        """What it has learned, as plain JSON (``/status.json`` publishes it per variant; a
+        simulator's cost file takes it as ``estimate``): the drift, the batches behind
+        it, the mean length they had, and the length fit."""
+        return {"drift": self.drift.value, "drift_samples": self.drift.samples,
+                "drift_length": self.drift_length.value, "length": self.length.state()}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from another estimator's ``state`` (same profile and prior): predicts
+        what that one predicts, and keeps learning from there."""
+        drift, length = state.get("drift"), state.get("drift_length")
+        self.drift.value = None if drift is None else float(drift)
+        self.drift.samples = int(state.get("drift_samples", 0))
+        self.drift_length.value = None if length is None else float(length)
+        if state.get("length"):
+            self.length.restore(state["length"])
 
     def observe(self, batch_size: int, seconds: float, longest: int = 0) -> None:
         """Fold in one completed batch (``longest``: its longest input, 0 unknown)."""

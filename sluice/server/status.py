@@ -35,6 +35,7 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
         "scheduler": runtime.config.scheduler,
         "router": runtime.config.router,
         "workers": workers,
+        "variants": runtime.variants.snapshot(),
         "recoveries": [asdict(r) for r in runtime.recoveries()],
     }
 

@@ -26,6 +26,10 @@ Per model, one ``ModelCost``:
   them (a few prefill buckets are measured: extrapolating their slope has no ground),
   and a step's prompt tokens above (below) the table's mean cost ``per_prefill_token_s``
   each more (less);
+- one-shot models with an ``estimate`` (``sluice costs`` takes it from a live server's
+  ``/status.json``: ``ServiceEstimator.state`` per variant): the batch times that
+  server's planner predicted, the profile × its learned drift (faster or slower than
+  the profile) with its length fit: the estimator's own code, restored;
 - every model: its load time in seconds, and the latency a request spends outside the
   workers (``overhead_ms``: HTTP, tokenization, streaming; measured by the profile, it adds
   to latency but occupies no worker).
@@ -88,10 +92,15 @@ class ModelCost:
     """The prompt tokens those steps fed, on average (the table's time is at these)."""
     length_prior: LengthPrior | None = None
     """One-shot: how a batch's time grows with its longest input (None: it does not)."""
+    estimate: Mapping[str, Any] | None = field(default=None, compare=False)
+    """One-shot: what a live server's service estimator had learned
+    (``ServiceEstimator.state``: its drift from the profile, faster or slower, and its
+    length fit), so batches take what that server's planner predicted for them."""
     _by_length: ServiceEstimator | None = field(default=None, init=False, repr=False,
                                                 compare=False)
-    """The planner's service model of the profile and the prior, never updated (so a
-    pure function of batch size and length): what ``batch_s`` charges with a prior."""
+    """The planner's service model of the profile, the prior and the ``estimate``, never
+    updated (so a pure function of batch size and length): what ``batch_s`` charges
+    with a prior or an estimate."""
     cv: float = 0.0
     """Coefficient of variation of a step's (or batch's) time around the model's mean:
     each draws a lognormal factor with mean 1 and this spread (0: every step as
@@ -111,12 +120,15 @@ class ModelCost:
                                  f"{sizes}")
             if len(sizes) != len(times) or any(not t >= 0 for t in times):
                 raise ValueError(f"{what} times must be one >= 0 per size: {times}")
-        if self.length_prior is not None:
+        if self.length_prior is not None or self.estimate is not None:
             if not self.batch_sizes:
-                raise ValueError("a length prior needs a one-shot batch profile")
-            object.__setattr__(self, "_by_length", ServiceEstimator(
+                raise ValueError("a length prior or estimate needs a one-shot batch profile")
+            estimator = ServiceEstimator(
                 dict(zip(self.batch_sizes, self.batch_times_s, strict=True)),
-                length_prior=self.length_prior))
+                length_prior=self.length_prior)
+            if self.estimate is not None:
+                estimator.restore(self.estimate)
+            object.__setattr__(self, "_by_length", estimator)
         if len(self.prefill_mean_tokens) != len(self.prefill_sizes):
             raise ValueError("prefill_mean_tokens must have one entry per prefill size")
         if (self.decode_sizes or self.prefill_sizes) and self.step is None:
@@ -127,7 +139,7 @@ class ModelCost:
         whose longest input has ``longest_chars`` characters (0: unknown, the curve)."""
         if not self.batch_sizes:
             raise ValueError("no batch profile: this is not a one-shot model's cost")
-        if self._by_length is not None and longest_chars > 0:
+        if self._by_length is not None and (longest_chars > 0 or self.estimate is not None):
             return self._by_length.batch_s(n, longest_chars)
         return _interpolate(self.batch_sizes, self.batch_times_s, n)
 
@@ -269,18 +281,20 @@ def model_cost(model_id: str, kind: str, backend: str, options: Mapping[str, Any
                base_dir: Path | None = None) -> ModelCost:
     """The cost of one model (see the module docstring for the order of sources)."""
     load_s = float(options.get("load_s", load_cost_s))
-    if files and model_id in files:
-        cost = _from_entry(kind, files[model_id], load_s, base_dir)
-        if cost is not None:
-            return cost
-    cost = _from_entry(kind, options, load_s, base_dir)
-    if cost is not None:
-        return cost
-    if backend == "synthetic":
-        return synthetic_cost(kind, options)
-    what = "a step_cost (StepCost JSON)" if kind == "generative" else "service_ms / batch_ms"
-    raise ValueError(f"models[{model_id!r}]: no cost model: give {what} in a costs file "
-                     f"(--costs) or in the model's options")
+    entry = files.get(model_id, {}) if files else {}
+    cost = _from_entry(kind, entry, load_s, base_dir) if entry else None
+    if cost is None:
+        cost = _from_entry(kind, options, load_s, base_dir)
+    if cost is None and backend == "synthetic":
+        cost = synthetic_cost(kind, options)
+    if cost is None:
+        what = ("a step_cost (StepCost JSON)" if kind == "generative"
+                else "service_ms / batch_ms")
+        raise ValueError(f"models[{model_id!r}]: no cost model: give {what} in a costs file "
+                         f"(--costs) or in the model's options")
+    if entry.get("estimate") and cost.batch_sizes:  # a live server's, over any profile
+        cost = replace(cost, estimate=dict(entry["estimate"]))
+    return cost
 
 
 def read_costs(path: Path) -> dict[str, dict[str, Any]]:

@@ -31,7 +31,9 @@ from sluice.sim.worker import SimWorker
 
 
 def make_tracker(config: SimConfig) -> VariantTracker | None:
-    """The variant planner's measurements for the config's groups (``None`` without)."""
+    """The variant planner's measurements for the config's groups (``None`` without),
+    each variant's service estimator starting from a live server's ``estimate`` where
+    its cost has one."""
     if not config.groups:
         return None
     variants = {}
@@ -45,8 +47,13 @@ def make_tracker(config: SimConfig) -> VariantTracker | None:
                 profile_s=dict(zip(cost.batch_sizes, cost.batch_times_s, strict=True)),
                 length_prior=cost.length_prior,
             )
-    return VariantTracker([GroupPlan(g.group_id, g.variants, g.planner) for g in config.groups],
-                          variants, workers=config.workers)
+    tracker = VariantTracker(
+        [GroupPlan(g.group_id, g.variants, g.planner) for g in config.groups], variants,
+        workers=config.workers)
+    for v, estimator in tracker.service.items():  # a live server's: its planner's start
+        if (estimate := config.models[v].cost.estimate) is not None:
+            estimator.restore(estimate)
+    return tracker
 
 
 class SimReplica:

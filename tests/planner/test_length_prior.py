@@ -3,6 +3,8 @@ served config, and the server's service estimate sizes its first batches by it."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sluice.backends.base import ModelSpec
@@ -67,3 +69,24 @@ def test_the_served_config_carries_the_prior_to_the_planner() -> None:
     bare = ModelSpec(model_id="m", kind="oneshot", backend="onnx", memory_bytes=1,
                      options={"service_ms": {"1": 50.0}})
     assert length_prior(bare) is None
+
+
+def test_an_estimator_restored_from_anothers_state_predicts_what_it_predicts() -> None:
+    """``state`` is plain JSON; a fresh estimator with the same profile and prior that
+    ``restore``s it gives the same batch times at every size and length, in either
+    direction from the profile, and keeps learning from there."""
+    prior = LengthPrior(0.4, 1.0, 0.3, ((1, 100.0), (8, 240.0)))
+    for speed in (0.8, 1.3):  # a machine faster, then slower, than the profile
+        live = ServiceEstimator({1: 0.04, 8: 0.2}, length_prior=prior)
+        for i in range(40):
+            chars = 50 + 10 * (i % 20)
+            live.observe(1 + i % 8, speed * live.profiled_batch_s(1 + i % 8) * chars / 150,
+                         chars)
+        copy = ServiceEstimator({1: 0.04, 8: 0.2}, length_prior=prior)
+        copy.restore(json.loads(json.dumps(live.state())))
+        for n, chars in ((1, 0), (1, 80), (4, 200), (8, 400), (11, 30)):
+            assert copy.batch_s(n, chars) == pytest.approx(live.batch_s(n, chars))
+        assert (copy.batch_s(1) < 0.04) == (speed < 1)
+        live.observe(2, 0.5, 120)
+        copy.observe(2, 0.5, 120)
+        assert copy.batch_s(3, 150) == pytest.approx(live.batch_s(3, 150))

@@ -101,3 +101,47 @@ def test_a_server_that_is_not_there_is_an_error(tmp_path: Path) -> None:
 
     with pytest.raises(httpx.HTTPError):
         main(["costs", "--from", f"http://127.0.0.1:{free_port()}", "--window-s", "0"])
+
+
+def test_a_live_planners_estimate_is_the_cost_of_a_machine_faster_than_its_profile(
+        tmp_path: Path) -> None:
+    """A variant profiled at 120 ms that runs in about 60 (the synthetic model's own
+    time): the server's planner learns a drift near 0.5; ``sluice costs`` carries it,
+    and the simulator charges batches what that planner predicts (the profile × the
+    drift: faster than the profile, which ``overhead_ms`` could never say), its simulated
+    planner starting from the same estimate."""
+    from sluice.sim import SimConfig, generate, parse_spec, simulate
+    from sluice.sim.costs import model_cost
+    from sluice.sim.replica import make_tracker
+    from tests.server.live import config_with
+
+    options = {"accuracy": 0.9, "batch_fixed_s": 0.06, "per_item_s": 0.0005, "load_s": 0.0,
+               "dim": 8, "labels": ["a", "b"], "service_ms": {"1": 120.0, "8": 130.0}}
+    config = config_with(
+        models=[{"id": "slow", "kind": "oneshot", "backend": "synthetic",
+                 "task": "classification", "memory_bytes": 10_000_000, "load_cost_s": 0.1,
+                 "options": options}],
+        groups=[{"id": "g", "variants": ["slow"]}], workers={"count": 1, "budget_bytes": 10**9})
+    server = start_server(config)
+    try:
+        with server.client() as http:
+            for _ in range(30):
+                assert http.post("/v1/infer", json={"model": "g", "input": "a b"}
+                                 ).status_code == 200
+            costs = live_costs(None, http.get("/status.json").json())
+    finally:
+        server.stop()
+    estimate = costs["slow"]["estimate"]
+    assert estimate["drift_samples"] == 30 and 0.45 < estimate["drift"] < 0.6
+    cost = model_cost("slow", "oneshot", "synthetic", options, 0.0, costs)
+    assert cost.batch_s(1) == pytest.approx(0.120 * estimate["drift"])
+    assert model_cost("slow", "oneshot", "synthetic", options, 0.0).batch_s(1) == \
+        pytest.approx(0.120)  # without it: the profile
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs))
+    sim = SimConfig.from_config(config, read_costs(path))
+    tracker = make_tracker(sim)
+    assert tracker is not None
+    assert tracker.service["slow"].batch_s(1) == pytest.approx(cost.batch_s(1))
+    report, _ = simulate(sim, generate(parse_spec("poisson:rate=5,requests=50,model=g"), 1))
+    assert report["overall"]["states"] == {"completed": 50}
