@@ -406,7 +406,8 @@ class ContinuousEngine:
         tokens."""
         self.step_cost.observe(StepSample(batch.decode_tokens, batch.prefill_tokens, seconds,
                                           batch.context_tokens))
-        self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, seconds)
+        self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, seconds,
+                                batch.context_tokens)
 
     def view(self, now: float) -> StepView:
         """The engine as the step planner sees it (ended requests already swept out)."""

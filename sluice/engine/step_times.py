@@ -7,8 +7,10 @@ steps are not linear in their decodes on a few cores (Gemma 3 270M on 2 cores: 1
 open-loop load runs. Steps are grouped by their decodes and whether they fed prompt
 tokens: key ``"3"`` is a step of three decodes and nothing else, ``"3+prefill"`` three
 decodes beside a prefill chunk (``"0+prefill"``: a prefill alone). Each bucket keeps
-its step count, total seconds and total prompt tokens, never a window, so two snapshots
-taken around a run give exactly that run's steps by difference (``minus``).
+its step count, total seconds, total prompt tokens and total context (the KV positions
+its decodes attended to: whether a bucket's time moves with its context can be read
+off), never a window, so two snapshots taken around a run give exactly that run's steps
+by difference (``minus``).
 
 A step's seconds are the engine's cycle (``ContinuousEngine._learn``): from the end of
 the previous step to the end of this one, what a running sequence waits between tokens.
@@ -35,13 +37,14 @@ class StepBucket:
     steps: int
     seconds: float
     prefill_tokens: int = 0
+    context_tokens: int = 0
 
     @property
     def mean_s(self) -> float:
         return self.seconds / self.steps if self.steps else 0.0
 
 
-_EMPTY = StepBucket(0, 0.0, 0)
+_EMPTY = StepBucket(0, 0.0, 0, 0)
 
 
 def bucket_key(decode_tokens: int, prefill_tokens: int) -> str:
@@ -55,19 +58,22 @@ class StepTimes:
     def __init__(self) -> None:
         self._buckets: dict[str, list[float]] = {}
 
-    def observe(self, decode_tokens: int, prefill_tokens: int, seconds: float) -> None:
+    def observe(self, decode_tokens: int, prefill_tokens: int, seconds: float,
+                context_tokens: int = 0) -> None:
         """One step (non-finite or non-positive times are ignored, as the step model's)."""
         if not 0.0 < seconds < float("inf"):
             return
         b = self._buckets.get(key := bucket_key(decode_tokens, prefill_tokens))
         if b is None:
-            b = self._buckets[key] = [0, 0.0, 0]
+            b = self._buckets[key] = [0, 0.0, 0, 0]
         b[0] += 1
         b[1] += seconds
         b[2] += prefill_tokens
+        b[3] += context_tokens
 
     def snapshot(self) -> dict[str, StepBucket]:
-        return {k: StepBucket(int(b[0]), b[1], int(b[2])) for k, b in self._buckets.items()}
+        return {k: StepBucket(int(b[0]), b[1], int(b[2]), int(b[3]))
+                for k, b in self._buckets.items()}
 
 
 def minus(after: Mapping[str, StepBucket], before: Mapping[str, StepBucket]
@@ -79,7 +85,8 @@ def minus(after: Mapping[str, StepBucket], before: Mapping[str, StepBucket]
         b = before.get(key, _EMPTY)
         if a.steps > b.steps:
             out[key] = StepBucket(a.steps - b.steps, a.seconds - b.seconds,
-                                  a.prefill_tokens - b.prefill_tokens)
+                                  a.prefill_tokens - b.prefill_tokens,
+                                  a.context_tokens - b.context_tokens)
     return out
 
 
@@ -93,7 +100,7 @@ def plus(a: Mapping[str, StepBucket], b: Mapping[str, StepBucket]) -> dict[str, 
 
 def _add(x: StepBucket, y: StepBucket) -> StepBucket:
     return StepBucket(x.steps + y.steps, x.seconds + y.seconds,
-                      x.prefill_tokens + y.prefill_tokens)
+                      x.prefill_tokens + y.prefill_tokens, x.context_tokens + y.context_tokens)
 
 
 def recent(windows: Sequence[Mapping[str, StepBucket]], min_steps: int
@@ -117,15 +124,18 @@ def recent(windows: Sequence[Mapping[str, StepBucket]], min_steps: int
 
 def to_json(tally: Mapping[str, StepBucket]) -> dict[str, dict[str, Any]]:
     """A tally as ``/status.json`` and cost files hold it (``{key: {steps, seconds,
-    prefill_tokens}}``), ordered by decodes, each bucket's mean added for reading."""
+    prefill_tokens, context_tokens}}``), ordered by decodes, each bucket's mean added for
+    reading."""
     def order(key: str) -> tuple[int, str]:
         return int(key.split("+")[0]), key
     return {k: {"steps": b.steps, "seconds": round(b.seconds, 6),
-                "prefill_tokens": b.prefill_tokens, "mean_ms": round(b.mean_s * 1000, 2)}
+                "prefill_tokens": b.prefill_tokens, "context_tokens": b.context_tokens,
+                "mean_ms": round(b.mean_s * 1000, 2)}
             for k, b in sorted(tally.items(), key=lambda kv: order(kv[0]))}
 
 
 def from_json(raw: Mapping[str, Mapping[str, Any]]) -> dict[str, StepBucket]:
     """The inverse of ``to_json`` (extra keys such as ``mean_ms`` ignored)."""
     return {str(k): StepBucket(int(v["steps"]), float(v["seconds"]),
-                               int(v.get("prefill_tokens", 0))) for k, v in raw.items()}
+                               int(v.get("prefill_tokens", 0)), int(v.get("context_tokens", 0)))
+            for k, v in raw.items()}

@@ -241,5 +241,9 @@ def test_workers_publish_every_step_by_its_decodes(runtime_factory: Any) -> None
     assert sum(b.prefill_tokens for b in table.values()) == sum(
         len(r.prompt_tokens) for r in reqs)
     assert all(b.prefill_tokens == 0 for k, b in table.items() if "+" not in k)
+    # each decode attends to the positions before the token it feeds: the first
+    # generated token's at the prompt's length, the last's 46 further
+    assert sum(b.context_tokens for b in table.values()) == sum(
+        sum(len(r.prompt_tokens) + i for i in range(48 - 1)) for r in reqs)
     assert table["4"].steps > 0 and table["4"].mean_s >= 0.004 + 4 * 0.0002
     assert asdict(chat)["step_times"]["4"]["steps"] == table["4"].steps  # /status.json

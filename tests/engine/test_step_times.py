@@ -19,8 +19,8 @@ from sluice.engine.step_times import (
 
 def test_steps_are_tallied_by_decodes_and_whether_they_fed_a_prompt() -> None:
     t = StepTimes()
-    t.observe(3, 0, 0.040)
-    t.observe(3, 0, 0.050)
+    t.observe(3, 0, 0.040, 30)
+    t.observe(3, 0, 0.050, 36)
     t.observe(3, 12, 0.070)
     t.observe(0, 20, 0.030)
     t.observe(3, 0, 0.0)  # not a time: ignored
@@ -28,6 +28,7 @@ def test_steps_are_tallied_by_decodes_and_whether_they_fed_a_prompt() -> None:
     snap = t.snapshot()
     assert set(snap) == {"3", "3+prefill", "0+prefill"}
     assert snap["3"].steps == 2 and math.isclose(snap["3"].mean_s, 0.045)
+    assert snap["3"].context_tokens == 66
     assert snap["3+prefill"] == StepBucket(1, 0.070, 12)
     assert snap["0+prefill"].prefill_tokens == 20
     assert bucket_key(5, 0) == "5" and bucket_key(5, 1) == "5+prefill"
