@@ -20,7 +20,7 @@ this process with B closed-loop clients (a request replaced the moment one ends,
 tokens, the benchmark's prompts), recording each decode step's slot span (highest slot -
 lowest + 1: llama.cpp attends over every stream in that range); and the server over HTTP
 with B streaming clients, with the CPU it and its event loop spent a token. Writes
-bench/results/engine_overhead_closed.json.
+bench/results/engine_overhead_closed.json (``_c{B}`` in the name when B is not 8).
 
     flock /tmp/sluice-heavy.lock python bench/engine_overhead.py --closed 8 --requests 24
 """
@@ -213,7 +213,11 @@ def engine_closed_loop(model: LlamaCppGenerative, config: EngineConfig, clients:
             "mean_step_ms_full": 1000 * float(np.mean([st[2] for st in full])) if full
             else None,
             "span_hist": {str(k): sum(1 for st in full if st[1] == k)
-                          for k in sorted({st[1] for st in full})}}
+                          for k in sorted({st[1] for st in full})},
+            # decode steps by batch size: how many, and their median forward ms
+            "decode_batches": {str(b): [sum(1 for st in steps if st[0] == b), round(
+                1000 * float(np.median([st[2] for st in steps if st[0] == b])), 1)]
+                for b in sorted({st[0] for st in steps})}}
 
 
 def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int,
@@ -375,8 +379,9 @@ def closed_main(clients: int, n_requests: int, max_tokens: int, retain0: bool = 
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "engine_overhead_closed.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot_closed(result, RESULTS / "engine_overhead_closed.png")
+    stem = "engine_overhead_closed" + ("" if clients == 8 else f"_c{clients}")
+    (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot_closed(result, RESULTS / f"{stem}.png")
     return 0
 
 
