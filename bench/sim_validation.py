@@ -516,6 +516,7 @@ async def infer(client: httpx.AsyncClient, base: str, text: str, deadline_ms: fl
                 "error": type(exc).__name__}
     out: dict[str, Any] = {"status": r.status_code, "latency_s": time.perf_counter() - t0,
                            "variant": r.headers.get("x-sluice-variant"),
+                           "plan_reason": r.headers.get("x-sluice-plan-reason"),
                            "batch_size": int(r.headers.get("x-sluice-batch-size") or 0),
                            "run_ms": float(r.headers.get("x-sluice-run-ms") or 0.0)}
     if r.status_code != 200:
@@ -572,6 +573,7 @@ def oneshot_real_summary(samples: list[dict[str, Any]], deadline_s: float) -> di
             "goodput": good / len(samples) if samples else None,
             "e2e_p95_s": p95(lat), "e2e_p50_s": pct(lat, 50), "e2e_p99_s": pct(lat, 99),
             "variant_mix": dict(mix.most_common()),
+            "plan_reasons": plan_reasons((s["variant"], s.get("plan_reason")) for s in ok),
             "batches": batch_summary((s["variant"], s["batch_size"], s["run_ms"] / 1000.0)
                                      for s in ok),
             "other_kinds": dict(Counter(str(s.get("error")) for s in samples
@@ -586,8 +588,19 @@ def oneshot_sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str,
             "e2e_p95_s": o["e2e_s"]["p95"], "e2e_p50_s": o["e2e_s"]["p50"],
             "e2e_p99_s": o["e2e_s"]["p99"],
             "variant_mix": report["variant_mix"].get(GROUP, {}),
+            "plan_reasons": plan_reasons((r.model, r.plan_reason) for r in done),
             "batches": batch_summary((r.model, r.batch_size,
                                       (r.end_s or 0.0) - (r.started_s or 0.0)) for r in done)}
+
+
+def plan_reasons(choices: Iterable[tuple[str, str | None]]) -> dict[str, dict[str, int]]:
+    """Per planner reason (``x-sluice-plan-reason``; ``replanned``: moved while queued),
+    the completed requests each variant got for it: where the server's and the
+    simulator's planners decided differently."""
+    by: dict[str, Counter[str]] = {}
+    for variant, reason in choices:
+        by.setdefault(str(reason), Counter())[variant] += 1
+    return {r: dict(c.most_common()) for r, c in sorted(by.items())}
 
 
 def batch_summary(runs: Iterable[tuple[str, int, float]]) -> dict[str, dict[str, Any]]:
@@ -690,7 +703,8 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
                   f"{ {v: round(e['drift'] or 1, 3) for v, e in point['estimates'].items() if e} }"
                   f"; goodput real "
                   f"{real['goodput']:.3f} sim {sim['goodput']:.3f}; mix real "
-                  f"{real['variant_mix']} sim {sim['variant_mix']}; ok="
+                  f"{real['variant_mix']} sim {sim['variant_mix']}; reasons real "
+                  f"{real['plan_reasons']} sim {sim['plan_reasons']}; ok="
                   f"{point['within_tolerance']}; batches real {real['batches']} sim "
                   f"{sim['batches']}", flush=True)
     return out

@@ -141,6 +141,7 @@ class SimReplica:
             if choice.variant is None:
                 return "deadline_infeasible"
             req.model = choice.variant
+            req.plan_reason = choice.reason
             sojourn = choice.predicted_sojourn_s
             self._planned[req.request_id] = (now + sojourn, sojourn)
         return None
@@ -197,6 +198,7 @@ class SimReplica:
                 continue
             self.tracker.moved(rid, variant)
             req.model = variant
+            req.plan_reason = "replanned"
             if item is not None:
                 self.scheduler.push(dataclasses.replace(item, model_id=variant))
 

@@ -33,6 +33,7 @@ class SimRequest:
         "max_tokens",
         "model",
         "n_prompt",
+        "plan_reason",
         "prefix_id",
         "prefix_tokens",
         "priority",
@@ -71,6 +72,9 @@ class SimRequest:
         """One-shot: the input's length in characters (0: unknown)."""
         self.batch_size = 0
         """One-shot: the size of the batch it ran in (0: it did not run)."""
+        self.plan_reason: str | None = None
+        """A group request: why the planner chose its variant (``VariantChoice.reason``,
+        ``replanned`` once moved), as the server's ``x-sluice-plan-reason``."""
         self.status = "received"
         self.reason: str | None = None
         """Error code of a terminal state other than ``completed``."""

@@ -407,6 +407,11 @@ def test_a_replan_reaches_requests_waiting_in_an_inbox_and_caps_their_batch() ->
     assert max(r.batch_size for r in waiting if r.model == "big") < 8
     assert {r.model for r in waiting} == {"big", "small"}
     assert [r.status for r in waiting] == ["completed"] * 8
+    # why each ran where it did, as the server's x-sluice-plan-reason: the moved ones
+    # "replanned", those left on big the planner's first choice
+    assert {r.plan_reason for r in waiting if r.model == "small"} == {"replanned"}
+    assert all(r.plan_reason not in (None, "replanned") for r in waiting if r.model == "big")
+    assert fleet.requests[0].plan_reason is None  # not a group request
 
     # Deadlines so close (0.203 s) that when the worker frees at 0.2 s no variant can
     # finish them: rejected ``deadline_infeasible`` out of the inbox (as the server ends
