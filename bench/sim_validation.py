@@ -517,6 +517,7 @@ async def infer(client: httpx.AsyncClient, base: str, text: str, deadline_ms: fl
     out: dict[str, Any] = {"status": r.status_code, "latency_s": time.perf_counter() - t0,
                            "variant": r.headers.get("x-sluice-variant"),
                            "plan_reason": r.headers.get("x-sluice-plan-reason"),
+                           "plan_arrival": r.headers.get("x-sluice-plan-arrival"),
                            "batch_size": int(r.headers.get("x-sluice-batch-size") or 0),
                            "run_ms": float(r.headers.get("x-sluice-run-ms") or 0.0)}
     if r.status_code != 200:
@@ -576,6 +577,8 @@ def oneshot_real_summary(samples: list[dict[str, Any]], deadline_s: float) -> di
             "plan_reasons": plan_reasons((s["variant"], s.get("plan_reason")) for s in ok),
             "batches": batch_summary((s["variant"], s["batch_size"], s["run_ms"] / 1000.0)
                                      for s in ok),
+            "decisions": [decision(s.get("plan_reason"), s.get("plan_arrival"))
+                          for s in samples],
             "other_kinds": dict(Counter(str(s.get("error")) for s in samples
                                         if s["status"] != 200).most_common(5))}
 
@@ -590,7 +593,18 @@ def oneshot_sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str,
             "variant_mix": report["variant_mix"].get(GROUP, {}),
             "plan_reasons": plan_reasons((r.model, r.plan_reason) for r in done),
             "batches": batch_summary((r.model, r.batch_size,
-                                      (r.end_s or 0.0) - (r.started_s or 0.0)) for r in done)}
+                                      (r.end_s or 0.0) - (r.started_s or 0.0)) for r in done),
+            "decisions": [decision(r.plan_reason, r.plan_arrival) for r in
+                          sorted(fleet.requests or (), key=lambda r: r.request_id)]}
+
+
+def decision(reason: str | None, arrival: str | tuple[float, float, float] | None
+             ) -> list[Any]:
+    """One request's plan, in arrival order: its reason and the low-load test's inputs
+    (arrival rate, its standard error, the line; per second; ``x-sluice-plan-arrival``)."""
+    if isinstance(arrival, str):
+        arrival = tuple(float(x) for x in arrival.split())  # type: ignore[assignment]
+    return [reason, *(round(x, 3) for x in arrival or ())]
 
 
 def plan_reasons(choices: Iterable[tuple[str, str | None]]) -> dict[str, dict[str, int]]:
@@ -681,20 +695,27 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
             arrivals = [replace(a, input_chars=len(texts[k % len(texts)]))
                         for k, a in enumerate(generate(spec, seed=args.seed))]
             tag = f"o{factor:g}".replace(".", "_")
-            # predicted before the arrivals start, from what the server's planner has
-            # learned of each variant's speed by now (its recent batches: the run before)
-            live = live_costs(None, httpx.get(f"{base}/status.json", timeout=30).json(), costs)
+            # predicted from the server's planner state as the arrivals start (read just
+            # before them, simulated after): what it has learned of each variant's speed
+            # (its recent batches: the run before) and the group's recent arrivals (the
+            # previous point's tail or the capacity run, which its rate meter still holds)
+            status = httpx.get(f"{base}/status.json", timeout=30).json()
+            samples = asyncio.run(oneshot_open_loop(base, texts, arrivals, deadline_ms, tag))
+            live = live_costs(None, status, costs)
             for entry in live.values():
                 entry["overhead_ms"] = live_overhead_ms
+            groups = status.get("groups", {})
             sim = oneshot_sim_summary(replace(SimConfig.from_config(config, live),
-                                              preload=tuple(variants)), arrivals)
-            samples = asyncio.run(oneshot_open_loop(base, texts, arrivals, deadline_ms, tag))
+                                              preload=tuple(variants)).with_arrivals(groups),
+                                      arrivals)
             time.sleep(2.0)
             real = oneshot_real_summary(samples, deadline_ms / 1000.0)
             point = {"factor": factor, "rate_per_s": round(rate, 3), "requests": len(arrivals),
                      "estimates": {v: live[v].get("estimate") for v in variants},
+                     "arrivals_before": groups.get(GROUP, {}).get("arrivals"),
                      "real": real, "sim": sim,
-                     "sim_profile": oneshot_sim_summary(sim_config, arrivals)}
+                     "sim_profile": oneshot_sim_summary(sim_config.with_arrivals(groups),
+                                                        arrivals)}
             judge(point, sim, real, "e2e_p95_s")
             out["points"].append(point)
             print(f"[onnx] {factor}x ({rate:.1f}/s, n={len(arrivals)}): e2e p95 real "

@@ -180,6 +180,14 @@ class VariantPlanner:
         with self._lock:
             self.tracker.batch_done(model_id, size, seconds, worker_id)
 
+    def groups_snapshot(self) -> dict[str, Any]:
+        """Per group: its arrival meter as of now (``arrivals``: the recent arrivals'
+        ages and the first one's; ``VariantTracker.arrival_state``), which a simulation
+        of the next minutes starts from (``SimGroup.arrivals``)."""
+        with self._lock:
+            return {g: {"arrivals": state}
+                    for g, state in self.tracker.arrival_state(self._clock()).items()}
+
     def snapshot(self) -> dict[str, Any]:
         """Per variant: in system, estimated batch-1 time, drift factor, and everything
         its service estimator learned (``estimate``: ``ServiceEstimator.state``, what a

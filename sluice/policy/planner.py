@@ -452,6 +452,14 @@ class VariantChoice:
     the margin and the room for the next request, as the planner judges any variant);
     ``None`` without a deadline or the pool's state. Below the low-load line a request
     that finds the pool idle and fits alone goes to the most accurate variant."""
+    arrival_stderr_per_s: float = 0.0
+    """The arrival rate's standard error as the planner took it."""
+    low_load_line_per_s: float = 0.0
+    """The low-load line at the decision (``low_load_utilization`` × the most accurate
+    variant's capacity as its estimate stood): below it by ``low_load_confidence_z``
+    standard errors, the request was planned as at low load. With ``arrival_per_s`` and
+    ``arrival_stderr_per_s`` this is every input of that test, so two planners that
+    decided differently can be compared input by input."""
 
 
 def settled_batch_size(v: VariantState, arrival_per_s: float, max_batch_size: int) -> int:
@@ -608,7 +616,9 @@ def choose_variant(
     def pick(p: Prediction, reason: str) -> VariantChoice:
         return VariantChoice(p.variant, reason, p.wait_s, p.sojourn_s, utilization,
                              arrival_per_s, tuple(preds), pool_idle=pool_idle,
-                             accurate_fits_alone=fits_alone)
+                             accurate_fits_alone=fits_alone,
+                             arrival_stderr_per_s=arrival_stderr_per_s,
+                             low_load_line_per_s=low_load_line_per_s)
 
     if config.policy == "accurate":
         return pick(preds[0], "policy_accurate")
@@ -632,7 +642,9 @@ def choose_variant(
     retry_s = soonest.backlog_wait_s if math.isfinite(soonest.backlog_wait_s) else 0.0
     return VariantChoice(None, "deadline_infeasible", soonest.wait_s, soonest.sojourn_s,
                          utilization, arrival_per_s, tuple(preds), retry_after_s=retry_s,
-                         pool_idle=pool_idle, accurate_fits_alone=fits_alone)
+                         pool_idle=pool_idle, accurate_fits_alone=fits_alone,
+                         arrival_stderr_per_s=arrival_stderr_per_s,
+                         low_load_line_per_s=low_load_line_per_s)
 
 
 __all__ = [

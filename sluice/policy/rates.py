@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Mapping
+from typing import Any
 
 
 class RateMeter:
@@ -47,6 +49,22 @@ class RateMeter:
         span = min(self.window_s, max(now - self._first_s, self.min_span_s))
         n = len(self._times)
         return n / span, math.sqrt(n) / span
+
+    def state(self, now: float) -> dict[str, Any]:
+        """What the meter holds at ``now``, as ages (seconds before ``now``): the events
+        in the window (oldest first) and the first event ever (``None``: none yet). A
+        meter ``restore``d from it reads the same rate and error at the same age."""
+        self._prune(now)
+        return {"ages_s": [round(now - t, 6) for t in self._times],
+                "first_age_s": None if self._first_s is None else round(now - self._first_s, 6)}
+
+    def restore(self, state: Mapping[str, Any], now: float) -> None:
+        """Take ``state`` (from ``state``, perhaps another process's) as of ``now``: a
+        meter that carries a live one's recent events into another clock."""
+        first = state.get("first_age_s")
+        self._first_s = None if first is None else now - float(first)
+        self._times = deque(sorted(now - float(a) for a in state.get("ages_s", ())))
+        self._prune(now)
 
     def _prune(self, now: float) -> None:
         horizon = now - self.window_s

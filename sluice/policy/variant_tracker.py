@@ -147,6 +147,21 @@ class VariantTracker:
         self.last_choice[group_id] = choice
         return choice
 
+    def arrival_state(self, now: float) -> dict[str, dict[str, object]]:
+        """Per group, its arrival meter at ``now`` (``RateMeter.state``: what the low-load
+        test reads next). A live server publishes it (``/status.json``: ``groups``) so
+        a simulation of the next minutes starts from the same recent arrivals
+        (``restore_arrivals``) instead of none."""
+        return {g: meter.state(now) for g, meter in self.arrivals.items()}
+
+    def restore_arrivals(self, states: Mapping[str, Mapping[str, object]], now: float
+                         ) -> None:
+        """Continue each named group's arrival meter from ``arrival_state``'s (another
+        clock's) as of ``now``; groups not named keep theirs."""
+        for g, state in states.items():
+            if g in self.arrivals:
+                self.arrivals[g].restore(state, now)
+
     def backlog(self, group: GroupPlan, now: float) -> Backlog:
         """The group's queued requests (in start order, with their time left) and every
         worker's predicted time to the end of the variant batch it runs."""

@@ -36,6 +36,7 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
         "router": runtime.config.router,
         "workers": workers,
         "variants": runtime.variants.snapshot(),
+        "groups": runtime.variants.groups_snapshot(),
         "recoveries": [asdict(r) for r in runtime.recoveries()],
     }
 

@@ -53,6 +53,8 @@ def make_tracker(config: SimConfig) -> VariantTracker | None:
     for v, estimator in tracker.service.items():  # a live server's: its planner's start
         if (estimate := config.models[v].cost.estimate) is not None:
             estimator.restore(estimate)
+    tracker.restore_arrivals({g.group_id: g.arrivals for g in config.groups
+                              if g.arrivals is not None}, now=0.0)
     return tracker
 
 
@@ -142,6 +144,8 @@ class SimReplica:
                 return "deadline_infeasible"
             req.model = choice.variant
             req.plan_reason = choice.reason
+            req.plan_arrival = (choice.arrival_per_s, choice.arrival_stderr_per_s,
+                                choice.low_load_line_per_s)
             sojourn = choice.predicted_sojourn_s
             self._planned[req.request_id] = (now + sojourn, sojourn)
         return None

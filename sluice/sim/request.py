@@ -33,6 +33,7 @@ class SimRequest:
         "max_tokens",
         "model",
         "n_prompt",
+        "plan_arrival",
         "plan_reason",
         "prefix_id",
         "prefix_tokens",
@@ -75,6 +76,9 @@ class SimRequest:
         self.plan_reason: str | None = None
         """A group request: why the planner chose its variant (``VariantChoice.reason``,
         ``replanned`` once moved), as the server's ``x-sluice-plan-reason``."""
+        self.plan_arrival: tuple[float, float, float] | None = None
+        """A group request: the low-load test's inputs at its planning (arrival rate, its
+        standard error, the line; per second), as the server's ``x-sluice-plan-arrival``."""
         self.status = "received"
         self.reason: str | None = None
         """Error code of a terminal state other than ``completed``."""

@@ -9,7 +9,7 @@ workers, scheduler and batch size are ``dataclasses.replace`` on the result.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,11 @@ class SimGroup:
     variants: tuple[str, ...]
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     default_deadline_s: float | None = None
+    arrivals: Mapping[str, Any] | None = None
+    """A live server's arrival meter for the group (``/status.json``:
+    ``groups.<id>.arrivals``, ``RateMeter.state``), taken at the simulation's time 0:
+    the planner then reads the traffic that went before (a previous load, its tail), as
+    the server's does, instead of starting from none."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,13 @@ class SimConfig:
             missing = [v for v in g.variants if v not in self.models]
             if missing:
                 raise ValueError(f"groups[{g.group_id!r}]: unknown variants {missing}")
+
+    def with_arrivals(self, groups: Mapping[str, Any]) -> SimConfig:
+        """This config with each group's arrival meter taken from a live server's
+        ``/status.json`` ``groups`` (``SimGroup.arrivals``); groups it lacks keep theirs."""
+        return replace(self, groups=tuple(
+            replace(g, arrivals=groups[g.group_id]["arrivals"])
+            if "arrivals" in groups.get(g.group_id, {}) else g for g in self.groups))
 
     @property
     def capacity_per_replica(self) -> int:

@@ -53,9 +53,16 @@ def test_low_load_serves_the_most_accurate_variant(serve: Callable[..., LiveServ
     assert float(r.headers["x-sluice-predicted-run-ms"]) >= 60
     assert float(r.headers["x-sluice-sojourn-ms"]) >= float(r.headers["x-sluice-run-ms"]) >= 60
     assert set(r.json()["output"]) == {"negative", "positive"}
+    # the low-load test's inputs: one arrival over the rate's 2 s minimum span, its
+    # Poisson error, and a line above it (why the request was planned as at low load)
+    rate, stderr, line = map(float, r.headers["x-sluice-plan-arrival"].split())
+    assert (rate, stderr) == (0.5, 0.5) and line > rate
     with live.client() as c:
         samples = scrape(c)
         names = [m["id"] for m in c.get("/v1/models").json()["data"]]
+        # the arrival meter a simulation of what follows starts from: that one arrival
+        arrivals = c.get("/status.json").json()["groups"]["sentiment"]["arrivals"]
+    assert len(arrivals["ages_s"]) == 1 and arrivals["first_age_s"] >= arrivals["ages_s"][0] > 0
     assert metric_sum(samples, "sluice_variant_choices_total", group="sentiment",
                       variant="slow", reason="low_load") == 1
     assert "sentiment" in names

@@ -69,3 +69,22 @@ def test_stderr_is_that_of_a_poisson_count() -> None:
     first.record(0.0, count=4)
     assert first.rate_and_stderr(0.0) == pytest.approx((2.0, 1.0))
     assert RateMeter(10.0).rate_and_stderr(1.0) == (0.0, 0.0)
+
+
+def test_a_restored_meter_reads_as_the_live_one_on_another_clock() -> None:
+    live = RateMeter(window_s=3.0, min_span_s=2.0)
+    for i in range(40):
+        live.record(1000.0 + i * 0.1)  # 10/s for 4 s, first event long ago
+    carried = RateMeter(window_s=3.0, min_span_s=2.0)
+    carried.restore(live.state(1004.5), now=0.0)  # a simulation's clock starts at 0
+    fresh = RateMeter(window_s=3.0, min_span_s=2.0)
+    first = []
+    for dt in (0.0, 0.7, 2.0):
+        live.record(1004.5 + dt)
+        carried.record(dt)
+        fresh.record(dt)
+        assert carried.rate_and_stderr(dt) == pytest.approx(live.rate_and_stderr(1004.5 + dt))
+        first.append((fresh.rate_per_s(dt), live.rate_per_s(1004.5 + dt)))
+    # started empty, a meter reads the load that went before as absent: 1 event over its
+    # 2 s minimum span against the live one's 26 over its 3 s window (25 carried + 1)
+    assert first[0] == (pytest.approx(0.5), pytest.approx(26 / 3))

@@ -12,6 +12,7 @@ from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import EngineConfig
+from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 from sluice.sim import Arrival, SimConfig, SimGroup, SimModel, generate, parse_spec, simulate
 from sluice.sim.costs import ModelCost
 from sluice.sim.request import SimRequest
@@ -425,3 +426,56 @@ def test_a_replan_reaches_requests_waiting_in_an_inbox_and_caps_their_batch() ->
         ("rejected", "deadline_infeasible", None)] * 8
     assert fleet.requests[9].status == "completed"
     assert all(not w.inbox for rep in fleet.replicas for w in rep.workers)
+
+
+def test_the_simulated_planner_starts_from_the_servers_recent_arrivals() -> None:
+    """Same arrivals, same planner reasons on both sides, when the simulation starts
+    from the server's state. The server's arrival meter still holds the load that went
+    before (a previous load's tail, a capacity run); a simulation started with none
+    reads the first seconds of the next load as far lighter than the server does, so it
+    keeps the accurate variant (``low_load``) where the server already predicted
+    (``meets_deadline``): in the ONNX validation, 5 to 12 requests a point. The server
+    side here is the planner's own measurements (``VariantTracker``, which the server
+    wraps) planning each arrival on an idle pool; its ``arrival_state`` is what
+    ``/status.json`` publishes (``groups.<id>.arrivals``)."""
+    models = {
+        "big": SimModel("big", "oneshot", 100 * MB, 0.0, ModelCost(
+            0.0, (1, 8), (0.040, 0.320)), accuracy=0.9),
+        "small": SimModel("small", "oneshot", 100 * MB, 0.0, ModelCost(
+            0.0, (1, 8), (0.005, 0.040)), accuracy=0.8),
+    }
+    group = SimGroup("g", ("big", "small"), PlannerConfig(max_batch_size=8))
+    # big: 25/s, so the low-load line is 12.5/s; the load before ran at 40/s for 5 s
+    # and ended 0.25 s before the next load's first arrival (one each 100 ms: 10/s)
+    server = VariantTracker([GroupPlan("g", group.variants, group.planner)],
+                            {v: VariantInfo(models[v].accuracy, 1, dict(zip(
+                                models[v].cost.batch_sizes, models[v].cost.batch_times_s,
+                                strict=True))) for v in group.variants})
+    before_s = [100.0 + 0.025 * i for i in range(200)]
+    for t in before_s:
+        server.plan("g", None, t)
+    start_s = before_s[-1] + 0.25
+    published = server.arrival_state(start_s)["g"]
+    arrivals = [Arrival(0.100 * i, "g", deadline_s=2.0) for i in range(60)]
+    reasons = []
+    for rid, a in enumerate(arrivals, start=1000):
+        choice = server.plan("g", start_s + a.time_s + a.deadline_s, start_s + a.time_s)
+        assert choice is not None and choice.variant is not None
+        reasons.append(choice.reason)
+        # an idle pool at every arrival (big's batch of one ends 40 ms after it)
+        server.admitted(rid, choice.variant, start_s + a.time_s + a.deadline_s, "g")
+        server.started(rid)
+        server.finished(rid, choice.variant)
+    assert reasons[0] == "meets_deadline" and "low_load" in reasons  # the carried load fades
+
+    def simulated(config: SimConfig) -> list[str | None]:
+        _, fleet = simulate(config, arrivals, keep_requests=True)
+        assert fleet.requests is not None
+        assert all(r.batch_size == 1 for r in fleet.requests)  # the pool idle, as above
+        return [r.plan_reason for r in fleet.requests]
+
+    config = SimConfig(models=models, groups=(group,), preload=("big", "small"),
+                       budget_bytes=1000 * MB)
+    assert simulated(config.with_arrivals({"g": {"arrivals": published}})) == reasons
+    fresh = simulated(config)
+    assert fresh[0] == "low_load" and fresh != reasons  # started from none, as before

@@ -200,6 +200,9 @@ def plan_headers(req: RtRequest) -> dict[str, str]:
         headers["x-sluice-pool-idle"] = str(int(plan.pool_idle))
     if plan.accurate_fits_alone is not None:
         headers["x-sluice-accurate-fits-alone"] = str(int(plan.accurate_fits_alone))
+    # the low-load test's inputs: the group's arrival rate, its standard error, the line
+    headers["x-sluice-plan-arrival"] = (f"{plan.arrival_per_s:.3f} {plan.arrival_stderr_per_s:.3f} "
+                                        f"{plan.low_load_line_per_s:.3f}")
     return headers
 
 
