@@ -86,6 +86,7 @@ from sluice.policy.step_planner import (
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.tpot_margin import TpotMargin
 from sluice.policy.ttft import LineEntry, TtftPrediction, predict_engine_ttft
 
 STEP_COST_WINDOW = 192
@@ -214,6 +215,9 @@ class ContinuousEngine:
         self.step_cost = OnlineStepCost(_step_cost_prior(model),
                                         window=STEP_COST_WINDOW, refit_every=16)
         """The step-time model, learned from the steps this engine runs."""
+        self.tpot_margin = TpotMargin()
+        """The share of the TPOT target a planned step may take, learned from how the
+        steps' measured cycles compare with the model's predictions."""
         self.step_times = StepTimes()
         """Every step's time by its decodes and whether it fed a prompt (cumulative)."""
         self.tpot_target_s = model.spec.tpot_target_s
@@ -290,7 +294,8 @@ class ContinuousEngine:
         return predict_engine_ttft(
             cost, tpot_target_s=self.tpot_target_s, n_seq_max=self.model.n_seq_max,
             kv=self.kv, running=running, held_tokens=[s.n_fed for s in self.running.values()],
-            waiting=waiting, prompt_tokens=prompt_tokens, n=n, max_tokens=max_tokens)
+            waiting=waiting, prompt_tokens=prompt_tokens, n=n, max_tokens=max_tokens,
+            margin=self.tpot_margin.margin())
 
     def _late_start(self, req: Request, position: int) -> tuple[TtftPrediction, float] | None:
         """For a request with a first-token deadline predicted to be missed: the prediction
@@ -397,13 +402,19 @@ class ContinuousEngine:
         learned so far, or the token budget alone when the model sets no target."""
         if self.tpot_target_s is None or self.config.mode != "continuous":
             return TOKENS_ONLY
-        return TpotBudget(self.step_cost.current(), self.tpot_target_s)
+        return TpotBudget(self.step_cost.current(), self.tpot_target_s,
+                          self.tpot_margin.margin())
 
     def _learn(self, batch: _Batch, seconds: float) -> None:
         """Feed one step's measured time to the step-time model and the tally: from the
         end of the previous step (the worker's work between steps included) to the last
         token of this one streamed, which is what a running sequence waits between
-        tokens."""
+        tokens. A step with decodes also feeds the margin: its cycle against what the model
+        predicted (before this observation refits it) for the same step."""
+        if batch.decode_tokens:
+            predicted_s = self.step_cost.current().predict_s(
+                batch.decode_tokens, batch.prefill_tokens, batch.context_tokens)
+            self.tpot_margin.observe(predicted_s, seconds)
         self.step_cost.observe(StepSample(batch.decode_tokens, batch.prefill_tokens, seconds,
                                           batch.context_tokens))
         self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, seconds,

@@ -34,6 +34,7 @@ from sluice.engine.request import Request, RequestStatus, end_stopped, is_stoppe
 from sluice.engine.step_times import StepBucket
 from sluice.policy.residency import Residency
 from sluice.policy.step_cost import StepCost
+from sluice.policy.tpot_margin import MarginState
 from sluice.policy.types import WorkerView
 
 IDLE_POLL_S = 0.5
@@ -115,6 +116,9 @@ class ModelState:
     step_samples: int = 0
     """Generative: the recent steps its engine keeps to fit ``step_cost`` on (until there
     are enough, ``step_cost`` is the prior)."""
+    tpot_margin: MarginState | None = None
+    """Generative: the share of its TPOT target a planned step may take, learned from the
+    measured cycles against ``step_cost``'s predictions (``sluice.policy.tpot_margin``)."""
     step_times: Mapping[str, StepBucket] = field(default_factory=dict)
     """Generative: every step its engine ran since the model loaded, by decodes and
     whether it fed a prompt (``sluice.engine.step_times``): the measured table beside the
@@ -599,6 +603,7 @@ class Worker:
                     prefix_hit_tokens=engine.reused_prefix_tokens if engine else 0,
                     step_cost=engine.step_cost.current() if engine else None,
                     step_samples=engine.step_cost.samples_seen if engine else 0,
+                    tpot_margin=engine.tpot_margin.state() if engine else None,
                     step_times=engine.step_times.snapshot() if engine else {},
                 )
             )

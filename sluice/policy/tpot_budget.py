@@ -15,7 +15,9 @@ its time per output token is the step time; the budget keeps the predicted step 
   budget); a step whose decodes already fill the target still feeds ``min_prefill_tokens``
   so that admitted prompts always progress (a bounded overshoot, never a stall).
 
-Pure: no clocks; the engine builds one per step from the current (learned) step cost.
+The margin is learned from the measured error (``sluice.policy.tpot_margin``); the fixed
+``DEFAULT_MARGIN`` is its prior. Pure: no clocks; the engine (and the simulator) builds
+one per step from the current (learned) step cost and margin.
 """
 
 from __future__ import annotations
@@ -26,11 +28,7 @@ from dataclasses import dataclass
 
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import StepLoad, WaitingSeq
-
-DEFAULT_MARGIN = 0.85
-"""Share of the TPOT target a planned step may take: a request's TPOT is the mean of its
-steps, which scatter around the prediction (host noise, sampling work), so planning at
-the target itself would put about half the requests over it."""
+from sluice.policy.tpot_margin import DEFAULT_MARGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +38,7 @@ class TpotBudget:
     cost: StepCost
     tpot_target_s: float
     margin: float = DEFAULT_MARGIN
+    """Share of the target a planned step may take (``TpotMargin.margin()``)."""
     min_prefill_tokens: int = 16
     """Prompt tokens a step may feed even when its decodes fill the target (progress)."""
 

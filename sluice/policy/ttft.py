@@ -117,14 +117,17 @@ def _take(releases: list[float]) -> float:
 def predict_engine_ttft(cost: StepCost, *, tpot_target_s: float | None, n_seq_max: int,
                         kv: KVBlockAllocator, running: Sequence[LineEntry],
                         held_tokens: Sequence[int], waiting: Sequence[LineEntry],
-                        prompt_tokens: int, n: int, max_tokens: int) -> TtftPrediction:
+                        prompt_tokens: int, n: int, max_tokens: int,
+                        margin: float) -> TtftPrediction:
     """``predict_ttft`` for one engine's state, as the engine and the simulator both ask it:
     the sequences decoding at once are the most whose step stays within the TPOT budget's
-    limit (``tpot_target_s``; all the slots without one) and that the KV pool holds at
+    limit (``tpot_target_s`` at ``margin``, the engine's learned one; all the slots
+    without a target) and that the KV pool holds at
     ``prompt_tokens + max_tokens`` each; each attends to the mean of ``held_tokens`` (the
     KV positions the running sequences hold; the new prompt's length when none runs)."""
     context = sum(held_tokens) / len(held_tokens) if held_tokens else float(prompt_tokens)
-    limit = None if tpot_target_s is None else TpotBudget(cost, tpot_target_s).step_limit_s
+    limit = None if tpot_target_s is None else TpotBudget(cost, tpot_target_s,
+                                                         margin).step_limit_s
     slots = min(n_seq_max, max(1, kv.total_blocks // max(1, kv.blocks_needed(
         prompt_tokens + max_tokens))))
     concurrency = max_concurrency(cost, limit, slots, context)

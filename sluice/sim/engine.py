@@ -12,9 +12,10 @@ deadline expires its request instead (never completed late), and a request that 
 
 A model with a TPOT target plans every step within ``TpotBudget`` on its step cost (the
 server's engine learns that cost online; the simulator's cost file is what it converges
-to); a request with a first-token deadline is refused on arrival at the engine when
-``predict_engine_ttft`` (the server's prediction) misses it (``deadline_infeasible``),
-and ends ``expired`` if it has no token by then.
+to) at the margin ``TpotMargin`` learns from the charged steps against that cost, as the
+engine learns it from its measured cycles; a request with a first-token deadline is
+refused on arrival at the engine when ``predict_engine_ttft`` (the server's prediction)
+misses it (``deadline_infeasible``), and ends ``expired`` if it has no token by then.
 
 Retained prefixes (``config.retain_prefixes``) as the engine keeps them: a completed
 sequence's slot keeps its prompt as a donor (``StepView.retained``, least recently used
@@ -46,6 +47,7 @@ from sluice.policy.step_planner import (
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.tpot_margin import TpotMargin
 from sluice.policy.ttft import LineEntry, predict_engine_ttft
 from sluice.sim.request import SimRequest
 
@@ -81,6 +83,9 @@ class SimEngine:
         self._free_slots = list(range(n_seq_max - 1, -1, -1))
         self._retained: dict[int, tuple[int, ...]] = {}
         """Idle slots keeping a completed sequence's prompt KV, least recently used first."""
+        self.tpot_margin = TpotMargin()
+        """The margin as the server's engine learns it: each step with decodes, its
+        charged seconds against the linear model's prediction."""
         self.steps = 0
         self.busy_s = 0.0
 
@@ -103,7 +108,8 @@ class SimEngine:
                 self.cost, tpot_target_s=self.tpot_target_s, n_seq_max=self.n_seq_max,
                 kv=self.kv, running=running,
                 held_tokens=[s.n_fed for s in self.running.values()], waiting=waiting,
-                prompt_tokens=req.n_prompt, n=1, max_tokens=req.max_tokens)
+                prompt_tokens=req.n_prompt, n=1, max_tokens=req.max_tokens,
+                margin=self.tpot_margin.margin())
             if now + ttft.ttft_s > req.ttft_deadline_s:
                 return "deadline_infeasible"
         return None
@@ -112,7 +118,7 @@ class SimEngine:
         """The step budget of the next plan (as ``ContinuousEngine.budget``)."""
         if self.tpot_target_s is None or self.config.mode != "continuous":
             return TOKENS_ONLY
-        return TpotBudget(self.cost, self.tpot_target_s)
+        return TpotBudget(self.cost, self.tpot_target_s, self.tpot_margin.margin())
 
     def expire(self, now: float) -> list[SimRequest]:
         """Requests past their deadline, or their first-token deadline with no token yet,
@@ -173,6 +179,9 @@ class SimEngine:
         context = sum(running[c.slot].n_fed for c in plan.chunks if c.decode)
         step_s = self.step_s(plan.decode_tokens, plan.prefill_tokens, context)
         step_s *= self.jitter()
+        if plan.decode_tokens:
+            self.tpot_margin.observe(
+                self.cost.predict_s(plan.decode_tokens, plan.prefill_tokens, context), step_s)
         self.busy_s += step_s
         return plan, step_s
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+import pytest
+
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Rejected, Runtime
+from sluice.policy.tpot_margin import DEFAULT_MARGIN, MARGIN_CAP, MARGIN_FLOOR, MarginState
 from tests.engine.conftest import generative, oneshot
 
 
@@ -211,6 +215,35 @@ def test_workers_publish_the_step_cost_their_engines_learned(runtime_factory: An
     assert chat.step_cost is not None
     assert chat.step_cost.predict_s(4) >= 0.004
     assert chat.step_cost.predict_s(4) < 0.1
+
+
+def test_workers_publish_the_tpot_margin_their_engines_learned(runtime_factory: Any) -> None:
+    """A generative model's published state (``/status.json``) carries the margin its
+    engine learned: the prior while cold, then, once two spans of steps with decodes ran,
+    the worst span's measured cycle against the prediction, within the clamp."""
+    rt = runtime_factory([generative("chat", step_fixed_s=0.004)])
+
+    async def go(max_tokens: int) -> None:
+        handles = [await rt.generate("chat", "hi", max_tokens=max_tokens) for _ in range(4)]
+        for h in handles:
+            assert (await h.result()).status == RequestStatus.COMPLETED
+
+    def published() -> MarginState:
+        (chat,) = [m for m in rt.snapshot().workers[0].models if m.model_id == "chat"]
+        json.dumps(asdict(chat))  # as /status.json renders it
+        assert chat.tpot_margin is not None
+        return chat.tpot_margin
+
+    asyncio.run(go(24))
+    cold = published()
+    assert 0 < cold.steps < 128
+    assert (cold.margin, cold.cycle_ratio) == (DEFAULT_MARGIN, None)
+    for _ in range(4):  # ~47 steps with decodes each
+        asyncio.run(go(48))
+    warm = published()
+    assert warm.steps >= 128 and warm.cycle_ratio is not None
+    assert MARGIN_FLOOR <= warm.margin <= MARGIN_CAP
+    assert warm.margin == pytest.approx(min(MARGIN_CAP, max(MARGIN_FLOOR, 1 / warm.cycle_ratio)))
 
 
 def test_workers_publish_every_step_by_its_decodes(runtime_factory: Any) -> None:

@@ -85,6 +85,7 @@ def test_an_engine_prediction_runs_as_many_sequences_as_the_budget_and_kv_allow(
     a 25 ms TPOT target (step limit 21.25 ms at 10 ms a decode) runs 2 of them; a KV pool
     holding 3 such requests runs 3; neither limit: all 8."""
     from sluice.policy.kv_blocks import KVBlockAllocator
+    from sluice.policy.tpot_margin import DEFAULT_MARGIN
     from sluice.policy.ttft import predict_engine_ttft
 
     roomy = KVBlockAllocator.for_context(8 * 256, 8, 16, unified=True)
@@ -93,7 +94,7 @@ def test_an_engine_prediction_runs_as_many_sequences_as_the_budget_and_kv_allow(
     def concurrency(kv: KVBlockAllocator, target_s: float | None) -> int:
         return predict_engine_ttft(COST, tpot_target_s=target_s, n_seq_max=8, kv=kv,
                                    running=(), held_tokens=(), waiting=(), prompt_tokens=32,
-                                   n=1, max_tokens=32).concurrency
+                                   n=1, max_tokens=32, margin=DEFAULT_MARGIN).concurrency
     assert concurrency(roomy, None) == 8
     assert concurrency(roomy, 0.025) == 2
     assert concurrency(tight, None) == 3

@@ -1,0 +1,118 @@
+"""The TPOT margin learned from the measured error: the share of the TPOT target a planned
+step may take (``TpotBudget.margin``), from how the real inter-token cycle compares with
+the step time the step-time model predicted for the same step.
+
+The budget plans each step within ``margin × tpot_target_s`` of *predicted* time; what a
+running sequence waits between tokens is the real cycle (the forward pass, host noise,
+Python between passes, a model that lags a change in the host's speed). A request's TPOT
+is the mean of its ~128 cycles, so a single step's tail averages out and what matters is
+the ratio's *mean over a request's span* and how it drifts. ``TpotMargin`` keeps the
+ratio of sums (Σ measured / Σ predicted: a request living through a span sees that mean)
+of each of the last ``spans`` consecutive spans of ``span`` steps with decodes, and plans
+with the worst of them::
+
+    margin = clamp(1 / max(span ratios), floor, cap)
+
+so a model that predicts steps 10 % short over a recent span lowers the margin to about
+0.91, and one whose every recent span is calibrated (ratio ≤ 1/cap) raises it to ``cap``
+(the slack left for what the spans of the window have not shown). Its window (256 steps by
+default) is shorter than the step-time model's, so it follows a drift the model's refit
+has not yet absorbed.
+
+Invariants: until ``min_spans`` spans are complete the margin is ``prior`` (the fixed
+0.85 it replaces, ``DEFAULT_MARGIN``); it is always within [``floor``, ``cap``] (⊂ (0, 1]);
+memory is ``spans`` ratios, and each call is O(``spans``). Pure: no clocks; callers pass
+measured seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+DEFAULT_MARGIN = 0.85
+"""The prior share of the TPOT target a planned step may take (a cold engine, or one that
+has not run enough steps with decodes to measure its error): a request's TPOT is the mean
+of its steps, which scatter around the prediction (host noise, sampling work), so
+planning at the target itself would put about half the requests over it."""
+
+MARGIN_FLOOR = 0.6
+"""The least share a measured error may lower the margin to: below it a wrong model
+(say a prior from another machine) would starve the engine of concurrency, and the
+step-time model's refit, not the margin, is what corrects a model that wrong."""
+
+MARGIN_CAP = 0.97
+"""The most share a calibrated model may plan with: 3 % for what the recent spans have
+not shown (a request spans ~128 steps; the window a few of them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarginState:
+    """What ``/status.json`` shows of a model's margin."""
+
+    margin: float
+    """The share of the TPOT target a planned step may take now."""
+    cycle_ratio: float | None
+    """The worst recent span's measured cycle over predicted step (None while cold)."""
+    steps: int
+    """Steps with decodes in the window (complete spans and the one being filled)."""
+
+
+class TpotMargin:
+    """The TPOT margin from the recent ratio of measured cycle to predicted step."""
+
+    def __init__(self, *, span: int = 64, spans: int = 4, min_spans: int = 2,
+                 prior: float = DEFAULT_MARGIN, floor: float = MARGIN_FLOOR,
+                 cap: float = MARGIN_CAP) -> None:
+        if not (span >= 1 and 1 <= min_spans <= spans):
+            raise ValueError(f"need span >= 1 and 1 <= min_spans <= spans; got span={span}, "
+                             f"min_spans={min_spans}, spans={spans}")
+        if not 0 < floor <= prior <= cap <= 1:
+            raise ValueError(f"need 0 < floor <= prior <= cap <= 1; got {floor}, {prior}, {cap}")
+        self.span = span
+        self.min_spans = min_spans
+        self.prior = prior
+        self.floor = floor
+        self.cap = cap
+        self._spans: deque[float] = deque(maxlen=spans)
+        """Each completed span's Σ measured / Σ predicted, oldest first."""
+        self._predicted_s = 0.0
+        self._measured_s = 0.0
+        self._steps = 0
+        """The span being filled: its sums and steps so far."""
+
+    def observe(self, predicted_s: float, measured_s: float) -> None:
+        """One step with decodes: the seconds the model predicted for its composition
+        before it ran, and the cycle a running sequence waited (non-finite or
+        non-positive values are ignored)."""
+        if not (0 < predicted_s < math.inf and 0 < measured_s < math.inf):
+            return
+        self._predicted_s += predicted_s
+        self._measured_s += measured_s
+        self._steps += 1
+        if self._steps == self.span:
+            self._spans.append(self._measured_s / self._predicted_s)
+            self._predicted_s = self._measured_s = 0.0
+            self._steps = 0
+
+    def cycle_ratio(self) -> float | None:
+        """The worst completed recent span's Σ measured / Σ predicted; None while fewer
+        than ``min_spans`` spans are complete."""
+        if len(self._spans) < self.min_spans:
+            return None
+        return max(self._spans)
+
+    def margin(self) -> float:
+        """The share of the TPOT target a planned step may take now."""
+        ratio = self.cycle_ratio()
+        if ratio is None:
+            return self.prior
+        return min(self.cap, max(self.floor, 1.0 / ratio))
+
+    def state(self) -> MarginState:
+        return MarginState(self.margin(), self.cycle_ratio(), len(self._spans) * self.span
+                           + self._steps)
+
+
+__all__ = ["DEFAULT_MARGIN", "MARGIN_CAP", "MARGIN_FLOOR", "MarginState", "TpotMargin"]
