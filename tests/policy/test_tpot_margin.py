@@ -36,16 +36,27 @@ def test_cold_is_the_prior() -> None:
     assert margin.state() == MarginState(0.85, None, 127)
 
 
-def test_a_calibrated_cycle_raises_it_to_the_cap() -> None:
+def test_a_calibrated_cycle_keeps_the_cap_which_is_the_prior() -> None:
     margin = fed(TpotMargin(), 1.0, 256, noise=0.3)  # per-step scatter averages out
-    assert margin.margin() == MARGIN_CAP == 0.97
-    assert margin.margin() > DEFAULT_MARGIN
+    assert margin.margin() == MARGIN_CAP == DEFAULT_MARGIN
+    assert margin.state().cycle_ratio == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_calibrated_cycle_raises_it_up_to_a_higher_cap() -> None:
+    margin = fed(TpotMargin(cap=0.97), 1.0, 256, noise=0.3)
+    assert margin.margin() == 0.97
+
+
+def test_a_cycle_within_the_cap_keeps_the_prior() -> None:
+    assert fed(TpotMargin(), 1.15, 256).margin() == DEFAULT_MARGIN  # 1 / 1.15 = 0.87
 
 
 def test_a_biased_cycle_lowers_it() -> None:
     margin = fed(TpotMargin(), 1.25, 256, noise=0.3)
     assert margin.margin() == pytest.approx(1 / 1.25, rel=0.03)
     assert margin.margin() < DEFAULT_MARGIN
+    fed(margin, 1.0, 256)  # the window forgets it
+    assert margin.margin() == DEFAULT_MARGIN
 
 
 def test_a_cycle_far_off_stops_at_the_floor() -> None:
@@ -54,10 +65,10 @@ def test_a_cycle_far_off_stops_at_the_floor() -> None:
 
 def test_the_worst_recent_span_decides_and_old_spans_are_forgotten() -> None:
     margin = fed(TpotMargin(span=64, spans=4), 1.0, 256)
-    fed(margin, 1.15, 64)  # one slow span: a request living through it sees 1.15
-    assert margin.margin() == pytest.approx(1 / 1.15)
+    fed(margin, 1.3, 64)  # one slow span: a request living through it sees 1.3
+    assert margin.margin() == pytest.approx(1 / 1.3)
     fed(margin, 1.0, 3 * 64)  # still in the window of 4 spans
-    assert margin.margin() == pytest.approx(1 / 1.15)
+    assert margin.margin() == pytest.approx(1 / 1.3)
     fed(margin, 1.0, 64)  # pushed out
     assert margin.margin() == MARGIN_CAP
 
@@ -83,7 +94,7 @@ def test_the_budget_plans_within_the_learned_share() -> None:
     slow = fed(TpotMargin(), 1.25, 256)
     calibrated = fed(TpotMargin(), 1.0, 256)
     assert TpotBudget(cost, 0.150, slow.margin()).step_limit_s == pytest.approx(0.120, rel=0.03)
-    assert TpotBudget(cost, 0.150, calibrated.margin()).step_limit_s == pytest.approx(0.1455)
+    assert TpotBudget(cost, 0.150, calibrated.margin()).step_limit_s == pytest.approx(0.1275)
 
 
 @given(st.lists(st.tuples(st.floats(0.001, 1.0), st.floats(0.001, 1.0)), max_size=300))
@@ -98,4 +109,4 @@ def test_refuses_inconsistent_settings() -> None:
     with pytest.raises(ValueError, match="min_spans"):
         TpotMargin(spans=2, min_spans=3)
     with pytest.raises(ValueError, match="floor"):
-        TpotMargin(prior=0.99)
+        TpotMargin(prior=0.99)  # above the cap
