@@ -583,7 +583,8 @@ def oneshot_real_summary(samples: list[dict[str, Any]], deadline_s: float) -> di
                                         if s["status"] != 200).most_common(5))}
 
 
-def oneshot_sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str, Any]:
+def oneshot_sim_summary(config: SimConfig, arrivals: list[Arrival], decisions: bool = True
+                        ) -> dict[str, Any]:
     report, fleet = simulate(config, arrivals, keep_requests=True)
     o = report["overall"]
     done = [r for r in fleet.requests or () if r.status == "completed"]
@@ -595,16 +596,17 @@ def oneshot_sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str,
             "batches": batch_summary((r.model, r.batch_size,
                                       (r.end_s or 0.0) - (r.started_s or 0.0)) for r in done),
             "decisions": [decision(r.plan_reason, r.plan_arrival) for r in
-                          sorted(fleet.requests or (), key=lambda r: r.request_id)]}
+                          sorted(fleet.requests or (), key=lambda r: r.request_id)]
+            if decisions else None}
 
 
-def decision(reason: str | None, arrival: str | tuple[float, float, float] | None
-             ) -> list[Any]:
-    """One request's plan, in arrival order: its reason and the low-load test's inputs
-    (arrival rate, its standard error, the line; per second; ``x-sluice-plan-arrival``)."""
+def decision(reason: str | None, arrival: str | tuple[float, float, float] | None) -> str:
+    """One request's plan, in arrival order, as one short string: its reason and the
+    low-load test's inputs (arrival rate, its standard error, the line; per second;
+    ``x-sluice-plan-arrival``), e.g. ``"low_load 8.333 1.667 9.1"``."""
     if isinstance(arrival, str):
         arrival = tuple(float(x) for x in arrival.split())  # type: ignore[assignment]
-    return [reason, *(round(x, 3) for x in arrival or ())]
+    return " ".join([str(reason), *(f"{x:.3f}" for x in arrival or ())])
 
 
 def plan_reasons(choices: Iterable[tuple[str, str | None]]) -> dict[str, dict[str, int]]:
@@ -715,7 +717,7 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
                      "arrivals_before": groups.get(GROUP, {}).get("arrivals"),
                      "real": real, "sim": sim,
                      "sim_profile": oneshot_sim_summary(sim_config.with_arrivals(groups),
-                                                        arrivals)}
+                                                        arrivals, decisions=False)}
             judge(point, sim, real, "e2e_p95_s")
             out["points"].append(point)
             print(f"[onnx] {factor}x ({rate:.1f}/s, n={len(arrivals)}): e2e p95 real "
