@@ -12,8 +12,9 @@ The two generative systems (``run_system``):
    the steps of open-loop arrivals, which mix prefills and admissions into decodes;
 2. **capacity**: a closed loop at concurrency = the sequence slots (requests/s);
 3. **calibration**: open-loop Poisson arrivals at 0.8 × capacity with *another seed* than
-   the validation points; the cost file (``bench/results/sim_cost_<system>.json``, a
-   ``--costs`` file) is what the server did under that load: the step-time model its
+   the validation points; the cost file (``calibration.costs`` in the JSON; with
+   ``--write-costs`` also ``bench/results/sim_cost_<system>.json``, a ``--costs`` file) is
+   what the server did under that load: the step-time model its
    engine learned from the steps it ran (``/status.json``: ``OnlineStepCost``), and the
    mean time a request spent outside the runtime (the client's TTFT less the server's,
    from the JSON access log: HTTP, tokenizing, streaming back). A system with
@@ -435,7 +436,8 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
             # steps no table covers
             costs[system["model"]].update(step_cost=fitted.to_json(),
                                           step_times=calib["step_times"])
-        (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(costs, indent=2) + "\n")
+        if args.write_costs:  # else the committed one (docs/operations.md plans with it) stays
+            (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(costs, indent=2) + "\n")
         out["calibration"] = {"factor": CALIBRATION_FACTOR, "seed": args.seed + 1000,
                               "duration_s": args.calibration_s, "requests": len(arrivals),
                               "real": calib, "costs": costs[system["model"]]}
@@ -790,6 +792,9 @@ def main() -> int:
     p.add_argument("--capacity-s", type=float, default=8.0,
                    help="onnx: seconds of closed loop per concurrency for its capacity")
     p.add_argument("--out", default=str(RESULTS / "sim_validation.json"))
+    p.add_argument("--write-costs", action="store_true",
+                   help="also write bench/results/sim_cost_<system>.json from this run's "
+                   "calibration (the run's JSON keeps it either way, under calibration)")
     p.add_argument("--keep-previous-as", metavar="LABEL",
                    help="keep each rerun system's previous result in earlier_runs as "
                    "<system>_<LABEL>")
