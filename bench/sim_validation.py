@@ -87,7 +87,7 @@ from bench.loadgen import Sample, closed_loop, stream_completion
 from bench.overload import LLM_PROMPTS, SYNTH_PROMPTS, llm_toml, synthetic_toml
 from bench.servers import free_port, running, sluice_cmd
 from sluice.config import Config
-from sluice.costs_cli import live_costs, model_tallies
+from sluice.costs_cli import live_costs, model_tallies, read_status
 from sluice.engine.step_times import StepBucket, from_json, minus, recent, to_json
 from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
 from sluice.sim import Arrival, SimConfig, generate, parse_spec, simulate
@@ -218,7 +218,7 @@ def learned_step_cost(status: dict[str, Any], model: str) -> dict[str, Any] | No
 def step_tally(base: str, model: str) -> dict[str, StepBucket]:
     """The engine's tally of every step it ran since ``model`` loaded, by decodes and
     whether it fed a prompt (``/status.json``: ``step_times``)."""
-    status = httpx.get(f"{base}/status.json", timeout=30.0).json()
+    status = read_status(base)
     return model_tallies(status).get(model, {})
 
 
@@ -681,7 +681,7 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
         for entry in costs.values():
             entry["overhead_ms"] = round(overhead_s * 1000.0, 3)
         sim_config = replace(SimConfig.from_config(config, costs), preload=tuple(variants))
-        live = live_costs(None, httpx.get(f"{base}/status.json", timeout=30).json(), costs)
+        live = live_costs(None, read_status(base), costs)
         live_batch1_s = SimConfig.from_config(config, live).models[variants[0]].cost.batch_s(1)
         live_overhead_ms = round(max(0.0, 1.0 / capacity - live_batch1_s) * 1000.0, 3)
         out.update(capacity_per_s=round(capacity, 3), overhead_ms=round(overhead_s * 1000, 3),
@@ -703,7 +703,7 @@ def run_onnx(args: argparse.Namespace) -> dict[str, Any]:
             # before them, simulated after): what it has learned of each variant's speed
             # (its recent batches: the run before) and the group's recent arrivals (the
             # previous point's tail or the capacity run, which its rate meter still holds)
-            status = httpx.get(f"{base}/status.json", timeout=30).json()
+            status = read_status(base)
             samples = asyncio.run(oneshot_open_loop(base, texts, arrivals, deadline_ms, tag))
             live = live_costs(None, status, costs)
             for entry in live.values():
