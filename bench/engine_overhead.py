@@ -23,12 +23,19 @@ with B streaming clients, with the CPU it and its event loop spent a token. Writ
 bench/results/engine_overhead_closed.json (``_c{B}`` in the name when B is not 8).
 
     flock /tmp/sluice-heavy.lock python bench/engine_overhead.py --closed 8 --requests 24
+
+``--servers server,server_loop_nice,...`` runs the server's load several ways a round
+(``SERVER_VARIANTS``: its event loop or the clients at another nice, the clients on
+uvloop or burning extra CPU, another ``GOMP_SPINCOUNT``), each server run with the
+runnable-but-waiting time of its threads (``thread_wait_ms_per_token``: the event loop,
+then the busiest threads, llama.cpp's compute threads first); ``--suffix`` names the files.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -36,19 +43,30 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
+import uvloop
 
 from bench.llm_bench import MODEL, PROMPTS
 from bench.loadgen import closed_loop
-from bench.servers import free_port, process_cpu_s, running, thread_cpu_s
+from bench.servers import (
+    free_port,
+    niced,
+    process_cpu_s,
+    process_schedstat,
+    running,
+    thread_cpu_s,
+    thread_nice,
+    thread_wait_s,
+)
 from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend, LlamaCppGenerative
 from sluice.config import default_config
@@ -220,16 +238,66 @@ def engine_closed_loop(model: LlamaCppGenerative, config: EngineConfig, clients:
                 for b in sorted({st[0] for st in steps})}}
 
 
+@dataclass(frozen=True)
+class ServerRun:
+    """One way of running the server's load: what is changed for the run, or, for
+    ``env``, in the server process it runs against (one process per distinct ``env``)."""
+
+    label: str
+    loop_nice: int | None = None
+    """The server's event-loop thread (its main thread) at this nice for the run."""
+    client_nice: int | None = None
+    """The load generator's thread (this process's main thread) at this nice."""
+    client_uvloop: bool = False
+    """The load generator's event loop is uvloop's (the server's already is)."""
+    client_burn_ms: float = 0.0
+    """CPU milliseconds the load generator burns after each token arrives: a known extra
+    load beside the server, to measure what a millisecond of it costs a step."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment of the server process (``GOMP_SPINCOUNT``: how long llama.cpp's OpenMP
+    compute threads spin before sleeping, 300,000 by default: 10-20 ms here)."""
+
+
+SERVER_VARIANTS: dict[str, ServerRun] = {
+    "server": ServerRun("server (HTTP)"),
+    "server_loop_nice": ServerRun("server,\nloop nice 10", loop_nice=10),
+    "server_client_nice": ServerRun("server,\nclients nice 10", client_nice=10),
+    "server_both_nice": ServerRun("server, loop\n+ clients nice 10", loop_nice=10,
+                                  client_nice=10),
+    "server_uvloop_clients": ServerRun("server,\nclients on uvloop", client_uvloop=True),
+    "server_spin10k": ServerRun("server,\nGOMP_SPINCOUNT=10k",
+                                env=(("GOMP_SPINCOUNT", "10000"),)),
+    "server_spin2k": ServerRun("server,\nGOMP_SPINCOUNT=2k",
+                               env=(("GOMP_SPINCOUNT", "2000"),)),
+    "server_client_burn": ServerRun("server, clients\n+0.25 ms CPU a token",
+                                    client_burn_ms=0.25),
+}
+"""The server over HTTP, and with one thing changed: does a third runnable thread beside
+llama.cpp's two compute threads (2 cores, a barrier every layer) delay whole steps?"""
+
+
 def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int,
-                       server_pid: int | None = None) -> dict[str, Any]:
+                       server_pid: int | None = None,
+                       how: ServerRun | None = None) -> dict[str, Any]:
     """Tokens/s of ``clients`` streaming clients; with ``server_pid`` also the CPU
     milliseconds a token of the server process (all its threads) and of the clients (this
-    process: the load generator)."""
+    process: the load generator), and the milliseconds a token its threads were runnable
+    but waiting for a CPU (by thread: ``thread_wait_ms_per_token``). ``how`` the run is
+    changed (nice values are set back after); None: as started."""
+    how = how or SERVER_VARIANTS["server"]
     server_cpu = process_cpu_s(server_pid) if server_pid is not None else 0.0
     threads = thread_cpu_s(server_pid) if server_pid is not None else {}
+    wait_s = process_schedstat(server_pid)[1] if server_pid is not None else 0.0
+    waits = thread_wait_s(server_pid) if server_pid is not None else {}
     client_cpu = time.process_time()
-    samples, wall = asyncio.run(closed_loop(base, MODEL, PROMPTS, concurrency=clients,
-                                            n_requests=n_requests, max_tokens=max_tokens))
+    with niced(server_pid or 0, how.loop_nice if server_pid else None), \
+            niced(threading.get_native_id(), how.client_nice):
+        nices = ([thread_nice(server_pid)] if server_pid else []) + [
+            thread_nice(threading.get_native_id())]
+        load = closed_loop(base, MODEL, PROMPTS, concurrency=clients, n_requests=n_requests,
+                           max_tokens=max_tokens,
+                           on_token=burner(how.client_burn_ms) if how.client_burn_ms else None)
+        samples, wall = uvloop.run(load) if how.client_uvloop else asyncio.run(load)
     client_cpu = time.process_time() - client_cpu
     ok = [s for s in samples if s.ok]
     tokens = sum(s.tokens for s in ok)
@@ -237,9 +305,12 @@ def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
     out: dict[str, Any] = {
         "tokens_per_s": tokens / wall, "errors": len(samples) - len(ok),
         "tpot_p50_ms": 1000 * tpots[len(tpots) // 2] if tpots else None,
-        "client_cpu_ms_per_token": 1000 * client_cpu / max(1, tokens)}
+        "client_cpu_ms_per_token": 1000 * client_cpu / max(1, tokens),
+        "nice_loop_clients": nices}
     if server_pid is not None:
         out["cpu_ms_per_token"] = 1000 * (process_cpu_s(server_pid) - server_cpu) / max(1, tokens)
+        out["cpu_wait_ms_per_token"] = round(
+            1000 * (process_schedstat(server_pid)[1] - wait_s) / max(1, tokens), 3)
         # the main thread is uvicorn's event loop (HTTP, SSE framing); the other threads,
         # busiest first: the worker (the engine's Python and its share of each pass) and
         # llama.cpp's compute threads
@@ -249,7 +320,24 @@ def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
         out["event_loop_cpu_ms_per_token"] = round(used.pop(server_pid, 0.0), 3)
         out["other_threads_cpu_ms_per_token"] = sorted(
             (round(v, 3) for v in used.values() if v > 0), reverse=True)
+        # runnable-but-waiting ms a token: the event loop, then the threads busiest first
+        # (the worker and llama.cpp's other compute thread: a wait there holds a step)
+        waited = thread_wait_s(server_pid)
+        wait_ms = {tid: 1000 * (waited[tid] - waits.get(tid, 0.0)) / max(1, tokens)
+                   for tid in waited}
+        busiest = sorted(used, key=lambda tid: -used[tid])
+        out["thread_wait_ms_per_token"] = [round(wait_ms.get(server_pid, 0.0), 3)] + [
+            round(wait_ms.get(tid, 0.0), 3) for tid in busiest[:3]]
     return out
+
+
+def burner(ms: float) -> Callable[[], None]:
+    """A function that keeps this thread's CPU busy for ``ms`` milliseconds."""
+    def burn() -> None:
+        end = time.thread_time() + ms / 1000
+        while time.thread_time() < end:
+            pass
+    return burn
 
 
 def with_cpu(run: Callable[[], Any], tokens: int) -> tuple[Any, float]:
@@ -260,9 +348,25 @@ def with_cpu(run: Callable[[], Any], tokens: int) -> tuple[Any, float]:
     return out, 1000 * (time.process_time() - cpu) / tokens
 
 
+def compute_wait(run: Callable[[], Any], tokens: int) -> tuple[Any, list[float]]:
+    """``run()``'s result and the milliseconds a token this process's two busiest threads
+    (llama.cpp's compute threads: this thread and its OpenMP helper) were runnable but
+    waiting for a CPU: the in-process baseline of the server's ``thread_wait_ms_per_token``."""
+    pid = os.getpid()
+    cpu0, wait0 = thread_cpu_s(pid), thread_wait_s(pid)
+    out = run()
+    cpu1, wait1 = thread_cpu_s(pid), thread_wait_s(pid)
+    busiest = sorted(cpu1, key=lambda tid: cpu0.get(tid, 0.0) - cpu1[tid])[:2]
+    return out, [round(1000 * (wait1[t] - wait0.get(t, 0.0)) / tokens, 3) for t in busiest]
+
+
+def _rate_of(name: str) -> Callable[[dict[str, Any]], float]:
+    return lambda row: float(row[name]["tokens_per_s"])
+
+
 def plot_closed(result: dict[str, Any], path: Path) -> None:
-    """Tokens/s of the bare loop, the engine (retaining prefixes, and not) and the server,
-    each round side by side, with each system's best round over the bare loop's best."""
+    """Tokens/s of the bare loop, the engine (retaining prefixes, and not) and the server
+    runs, each round side by side, with each system's median over its round's bare loop."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -276,66 +380,83 @@ def plot_closed(result: dict[str, Any], path: Path) -> None:
                "engine": lambda r: r["engine"]["tokens_per_s"],
                **({"engine, no retained": lambda r: r["engine_retain0"]["tokens_per_s"]}
                   if "engine_retain0" in rounds[0] else {}),
-               "server (HTTP)": lambda r: r["server"]["tokens_per_s"]}
-    bare = max(r["bare_tokens_per_s"] for r in rounds)
-    fig, ax = plt.subplots(figsize=(9, 4))
+               **{SERVER_VARIANTS[name].label: _rate_of(name)
+                  for name in SERVER_VARIANTS if name in rounds[0]}}
+    fig, ax = plt.subplots(figsize=(10, 4))
     width = 0.8 / len(rounds)
     for i, row in enumerate(rounds):
         ax.bar([k + (i - (len(rounds) - 1) / 2) * width for k in range(len(systems))],
                [f(row) for f in systems.values()], width=width, label=f"round {row['round']}")
-    ax.set_xticks(range(len(systems)),
-                  [f"{name}\n{max(f(r) for r in rounds) / bare:.2f}x bare"
-                   for name, f in systems.items()])
+    ax.set_xticks(range(len(systems)), [
+        f"{name}\n{np.median([f(r) / r['bare_tokens_per_s'] for r in rounds]):.2f}x bare"
+        for name, f in systems.items()])
     ax.set_ylabel("tokens/s")
     ax.set_title(f"{result['clients']} closed-loop clients, {result['max_tokens']} tokens a "
-                 "request (interleaved rounds)")
-    ax.legend()
+                 "request (rotated rounds; median of each round over its bare loop)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
 def closed_main(clients: int, n_requests: int, max_tokens: int, retain0: bool = False,
-                spy_path: Path | None = None, n_rounds: int = 3) -> int:
+                spy_path: Path | None = None, n_rounds: int = 3,
+                servers: tuple[str, ...] = ("server",), stem_suffix: str = "",
+                first_round: int = 0) -> int:
     """Bare loop, engine and server at ``clients``, interleaved ``n_rounds`` times, the
     order rotated each round (see the module); each with its CPU milliseconds a token.
+    ``servers`` names the server runs of each round (``SERVER_VARIANTS``: the same server
+    process, its event loop or the clients at another nice).
     ``retain0`` adds the engine with no retained prefixes; ``spy_path`` then runs the
     server's load once more under ``py-spy record`` (raw collapsed stacks, 50 Hz, one
     stack a thread) attached to the server's process."""
     model, config = default_model()
-    port = free_port()
-    cmd = [sys.executable, "-m", "sluice.cli", "serve", "--port", str(port),
-           "--log-level", "warning"]
     rounds: list[dict[str, Any]] = []
     t0 = time.time()
-    with running(cmd, f"http://127.0.0.1:{port}/ready") as server:
-        base = f"http://127.0.0.1:{port}"
-        server_closed_loop(base, 1, 1, 8)  # warm-up
+    with contextlib.ExitStack() as stack:
+        procs: dict[tuple[tuple[str, str], ...], tuple[str, int]] = {}
+        for env in dict.fromkeys(SERVER_VARIANTS[name].env for name in ("server", *servers)):
+            port = free_port()
+            cmd = [sys.executable, "-m", "sluice.cli", "serve", "--port", str(port),
+                   "--log-level", "warning"]
+            proc = stack.enter_context(running(cmd, f"http://127.0.0.1:{port}/ready",
+                                               env=dict(env)))
+            procs[env] = (f"http://127.0.0.1:{port}", proc.pid)
+            server_closed_loop(procs[env][0], 1, 1, 8)  # warm-up
+        base, server_pid = procs[()]
         tokens = n_requests * max_tokens
-        for r in range(n_rounds):
+        for r in range(first_round, first_round + n_rounds):
             row: dict[str, Any] = {"round": r}
 
             def bare(row: dict[str, Any]) -> None:
-                row["bare_tokens_per_s"], row["bare_cpu_ms_per_token"] = with_cpu(
-                    lambda: bare_closed_tokens_per_s(model, clients, n_requests, max_tokens),
-                    tokens)
+                (row["bare_tokens_per_s"], row["bare_cpu_ms_per_token"]), \
+                    row["bare_wait_ms_per_token"] = compute_wait(lambda: with_cpu(
+                        lambda: bare_closed_tokens_per_s(model, clients, n_requests,
+                                                         max_tokens), tokens), tokens)
                 row["bare_short_tokens_per_s"] = bare_tokens_per_s(model, clients,
                                                                    max_tokens // 2)
 
             def engine(row: dict[str, Any]) -> None:
-                row["engine"], cpu = with_cpu(
+                (row["engine"], cpu), wait = compute_wait(lambda: with_cpu(
                     lambda: engine_closed_loop(model, config, clients, n_requests, max_tokens),
-                    tokens)
+                    tokens), tokens)
                 row["engine"]["cpu_ms_per_token"] = cpu
+                row["engine"]["thread_wait_ms_per_token"] = wait
 
-            def serve(row: dict[str, Any]) -> None:
-                row["server"] = server_closed_loop(base, clients, n_requests, max_tokens,
-                                                   server.pid)
+            def serve(name: str) -> Callable[[dict[str, Any]], None]:
+                def serve_one(into: dict[str, Any]) -> None:
+                    how = SERVER_VARIANTS[name]
+                    url, pid = procs[how.env]
+                    into[name] = server_closed_loop(url, clients, n_requests, max_tokens,
+                                                    pid, how)
+                serve_one.__name__ = name
+                return serve_one
 
-            order = [bare, engine, serve]
-            for run in order[r % 3:] + order[: r % 3]:  # rotated: no system always first
+            order = [bare, engine, *(serve(name) for name in servers)]
+            k = r % len(order)
+            for run in order[k:] + order[:k]:  # rotated: no system always first
                 run(row)
-            row["order"] = [f.__name__ for f in order[r % 3:] + order[: r % 3]]
+            row["order"] = [f.__name__ for f in order[k:] + order[:k]]
             if retain0:
                 row["engine_retain0"] = engine_closed_loop(
                     model, replace(config, max_retained_slots=0), clients, n_requests,
@@ -347,7 +468,7 @@ def closed_main(clients: int, n_requests: int, max_tokens: int, retain0: bool = 
             if spy is None:
                 raise SystemExit("py-spy is not installed")
             with subprocess.Popen([spy, "record", "-r", "50", "-f", "raw", "--threads",
-                                   "-o", str(spy_path), "-p", str(server.pid)]) as recorder:
+                                   "-o", str(spy_path), "-p", str(server_pid)]) as recorder:
                 time.sleep(1.0)  # attached
                 spied = server_closed_loop(base, clients, n_requests, max_tokens)
                 recorder.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
@@ -356,30 +477,35 @@ def closed_main(clients: int, n_requests: int, max_tokens: int, retain0: bool = 
     bare = max(r["bare_tokens_per_s"] for r in rounds)
     short = max(r["bare_short_tokens_per_s"] for r in rounds)
     eng = max(r["engine"]["tokens_per_s"] for r in rounds)
-    srv = max(r["server"]["tokens_per_s"] for r in rounds)
+    srv = max(r[servers[0]]["tokens_per_s"] for r in rounds)
     per_round = {name: [round(r[name]["tokens_per_s"] / r["bare_tokens_per_s"], 3)
-                        for r in rounds] for name in ("engine", "server")}
+                        for r in rounds] for name in ("engine", *servers)}
+    median_vs_bare = {name: float(np.median(v)) for name, v in per_round.items()}
     cpu = {"bare": float(np.median([r["bare_cpu_ms_per_token"] for r in rounds])),
            "engine": float(np.median([r["engine"]["cpu_ms_per_token"] for r in rounds])),
-           "server": float(np.median([r["server"]["cpu_ms_per_token"] for r in rounds])),
-           "client": float(np.median([r["server"]["client_cpu_ms_per_token"]
-                                      for r in rounds])),
-           "event_loop": float(np.median([r["server"].get("event_loop_cpu_ms_per_token", 0.0)
-                                          for r in rounds]))}
+           **{f"{name}{part}": float(np.median([r[name][key] for r in rounds]))
+              for name in servers
+              for part, key in (("", "cpu_ms_per_token"),
+                                ("_client", "client_cpu_ms_per_token"),
+                                ("_event_loop", "event_loop_cpu_ms_per_token"),
+                                ("_cpu_wait", "cpu_wait_ms_per_token"))}}
     print(f"clients {clients}: bare {bare:.1f} (short, old: {short:.1f}), engine {eng:.1f} "
           f"({eng / bare:.3f}x), server {srv:.1f} ({srv / bare:.3f}x; {srv / short:.3f}x the "
-          f"old short loop) tok/s; per round over bare: {per_round}; median CPU ms a token: "
+          f"old short loop) tok/s; per round over bare: {per_round}; medians over bare: "
+          f"{ {k: round(v, 3) for k, v in median_vs_bare.items()} }; median CPU ms a token: "
           f"{ {k: round(v, 2) for k, v in cpu.items()} }", flush=True)
     result = {"benchmark": "engine_overhead_closed", "clients": clients,
               "n_requests": n_requests, "max_tokens": max_tokens, "rounds": rounds,
               "bare": "bare_closed_tokens_per_s: the engine run's prompts, prefill and refills",
               "engine_vs_bare": round(eng / bare, 3), "server_vs_bare": round(srv / bare, 3),
               "server_vs_bare_short": round(srv / short, 3),
-              "per_round_vs_bare": per_round, "median_cpu_ms_per_token": cpu,
+              "per_round_vs_bare": per_round, "median_vs_bare": median_vs_bare,
+              "median_cpu_ms_per_token": cpu,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "engine_overhead_closed" + ("" if clients == 8 else f"_c{clients}")
+    stem = ("engine_overhead_closed" + ("" if clients == 8 else f"_c{clients}")
+            + stem_suffix)
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     plot_closed(result, RESULTS / f"{stem}.png")
     return 0
@@ -395,21 +521,29 @@ def main() -> int:
                         help="--closed: also the engine with no retained prefixes")
     parser.add_argument("--spy-server", type=Path,
                         help="--closed: py-spy the server's load once more, raw stacks here")
+    parser.add_argument("--servers", default="server",
+                        help=f"--closed: server runs a round, of {', '.join(SERVER_VARIANTS)}")
+    parser.add_argument("--suffix", default="",
+                        help="--closed: added to the result files' names")
+    parser.add_argument("--first-round", type=int, default=0,
+                        help="--closed: number of the first round (continues a rotation)")
     parser.add_argument("--batches", default="8,32")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--py-spy", action="store_true")
     parser.add_argument("--replot-closed", action="store_true",
-                        help="redraw engine_overhead_closed.png from its JSON")
+                        help="redraw engine_overhead_closed{--suffix}.png from its JSON")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.replot_closed:
-        closed = json.loads((RESULTS / "engine_overhead_closed.json").read_text())
-        plot_closed(closed, RESULTS / "engine_overhead_closed.png")
+        stem = "engine_overhead_closed" + args.suffix
+        closed = json.loads((RESULTS / f"{stem}.json").read_text())
+        plot_closed(closed, RESULTS / f"{stem}.png")
         return 0
     if args.closed:
         return closed_main(args.closed, args.requests, args.new_tokens, args.retain0,
-                           args.spy_server, args.rounds)
+                           args.spy_server, args.rounds, tuple(args.servers.split(",")),
+                           args.suffix, args.first_round)
     if args.child:
         model = load(max(batches))
         for _ in range(3):

@@ -10,7 +10,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -50,8 +50,10 @@ async def stream_completion(
     ignore_eos: bool = True,
     headers: dict[str, str] | None = None,
     timeout_s: float = 300.0,
+    on_token: Callable[[], object] | None = None,
 ) -> Sample:
-    """POST /v1/completions with stream=true; time the first and every later chunk."""
+    """POST /v1/completions with stream=true; time the first and every later chunk.
+    ``on_token`` is called after each token is timed (a bench adding client work)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "stream": True, "ignore_eos": ignore_eos}
     t0 = time.perf_counter()
@@ -75,6 +77,8 @@ async def stream_completion(
                 for choice in chunk.get("choices", []):
                     if choice.get("text"):
                         times.append(time.perf_counter())
+                        if on_token is not None:
+                            on_token()
                     if choice.get("finish_reason"):
                         finish = choice["finish_reason"]
     except (httpx.HTTPError, OSError) as exc:

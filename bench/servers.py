@@ -51,6 +51,39 @@ def process_schedstat(pid: int) -> tuple[float, float]:
     return run_ns / 1e9, wait_ns / 1e9
 
 
+def thread_wait_s(pid: int) -> dict[int, float]:
+    """Seconds each live thread of process ``pid`` has been runnable but waiting for a CPU,
+    by thread id, from /proc/<pid>/task/*/schedstat."""
+    out: dict[int, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            _, wait, _ = (task / "schedstat").read_text().split()
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            continue  # a thread that just ended
+        out[int(task.name)] = int(wait) / 1e9
+    return out
+
+
+def thread_nice(tid: int) -> int:
+    """The nice value of thread ``tid`` (Linux: nice is per thread), from /proc."""
+    return os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@contextmanager
+def niced(tid: int, nice: int | None) -> Iterator[None]:
+    """Thread ``tid`` at ``nice`` for the block, then back to its value before (lowering
+    it back needs CAP_SYS_NICE: the benches run as root). ``None``: unchanged."""
+    if nice is None:
+        yield
+        return
+    before = thread_nice(tid)
+    os.setpriority(os.PRIO_PROCESS, tid, nice)
+    try:
+        yield
+    finally:
+        os.setpriority(os.PRIO_PROCESS, tid, before)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
