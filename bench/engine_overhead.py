@@ -250,6 +250,8 @@ class ServerRun:
     """The load generator's thread (this process's main thread) at this nice."""
     client_uvloop: bool = False
     """The load generator's event loop is uvloop's (the server's already is)."""
+    client_raw: bool = False
+    """The load generator reads through ``bench.sse_client`` (no httpx) on uvloop."""
     client_burn_ms: float = 0.0
     """CPU milliseconds the load generator burns after each token arrives: a known extra
     load beside the server, to measure what a millisecond of it costs a step."""
@@ -269,6 +271,8 @@ SERVER_VARIANTS: dict[str, ServerRun] = {
                                 env=(("GOMP_SPINCOUNT", "10000"),)),
     "server_spin2k": ServerRun("server,\nGOMP_SPINCOUNT=2k",
                                env=(("GOMP_SPINCOUNT", "2000"),)),
+    "server_raw_clients": ServerRun("server, lean clients\n(sse_client, uvloop)",
+                                    client_raw=True, client_uvloop=True),
     "server_client_burn": ServerRun("server, clients\n+0.25 ms CPU a token",
                                     client_burn_ms=0.25),
 }
@@ -295,7 +299,7 @@ def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
         nices = ([thread_nice(server_pid)] if server_pid else []) + [
             thread_nice(threading.get_native_id())]
         load = closed_loop(base, MODEL, PROMPTS, concurrency=clients, n_requests=n_requests,
-                           max_tokens=max_tokens,
+                           max_tokens=max_tokens, raw_client=how.client_raw,
                            on_token=burner(how.client_burn_ms) if how.client_burn_ms else None)
         samples, wall = uvloop.run(load) if how.client_uvloop else asyncio.run(load)
     client_cpu = time.process_time() - client_cpu
