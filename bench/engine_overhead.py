@@ -26,7 +26,8 @@ bench/results/engine_overhead_closed.json (``_c{B}`` in the name when B is not 8
 
 ``--servers server,server_loop_nice,...`` runs the server's load several ways a round
 (``SERVER_VARIANTS``: its event loop or the clients at another nice, the clients on
-uvloop or burning extra CPU, another ``GOMP_SPINCOUNT``), each server run with the
+uvloop, lean (``bench/sse_client.py``) or burning extra CPU, whole answers instead of
+streams, another ``GOMP_SPINCOUNT``), each server run with the
 runnable-but-waiting time of its threads (``thread_wait_ms_per_token``: the event loop,
 then the busiest threads, llama.cpp's compute threads first); ``--suffix`` names the files.
 """
@@ -52,11 +53,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import httpx
 import numpy as np
 import uvloop
 
 from bench.llm_bench import MODEL, PROMPTS
-from bench.loadgen import closed_loop
+from bench.loadgen import Sample, closed_loop
 from bench.servers import (
     free_port,
     niced,
@@ -252,6 +254,10 @@ class ServerRun:
     """The load generator's event loop is uvloop's (the server's already is)."""
     client_raw: bool = False
     """The load generator reads through ``bench.sse_client`` (no httpx) on uvloop."""
+    stream: bool = True
+    """False: the clients ask for whole answers (``stream: false``), so nothing is sent or
+    parsed a token: the server's loop and the clients leave the compute threads alone
+    until a request ends."""
     client_burn_ms: float = 0.0
     """CPU milliseconds the load generator burns after each token arrives: a known extra
     load beside the server, to measure what a millisecond of it costs a step."""
@@ -273,6 +279,8 @@ SERVER_VARIANTS: dict[str, ServerRun] = {
                                env=(("GOMP_SPINCOUNT", "2000"),)),
     "server_raw_clients": ServerRun("server, lean clients\n(sse_client, uvloop)",
                                     client_raw=True, client_uvloop=True),
+    "server_whole_answers": ServerRun("server, whole answers\n(no streaming)",
+                                      stream=False),
     "server_client_burn": ServerRun("server, clients\n+0.25 ms CPU a token",
                                     client_burn_ms=0.25),
 }
@@ -298,9 +306,11 @@ def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
             niced(threading.get_native_id(), how.client_nice):
         nices = ([thread_nice(server_pid)] if server_pid else []) + [
             thread_nice(threading.get_native_id())]
-        load = closed_loop(base, MODEL, PROMPTS, concurrency=clients, n_requests=n_requests,
-                           max_tokens=max_tokens, raw_client=how.client_raw,
-                           on_token=burner(how.client_burn_ms) if how.client_burn_ms else None)
+        load = closed_loop(
+            base, MODEL, PROMPTS, concurrency=clients, n_requests=n_requests,
+            max_tokens=max_tokens, raw_client=how.client_raw,
+            on_token=burner(how.client_burn_ms) if how.client_burn_ms else None,
+        ) if how.stream else whole_answers(base, clients, n_requests, max_tokens)
         samples, wall = uvloop.run(load) if how.client_uvloop else asyncio.run(load)
     client_cpu = time.process_time() - client_cpu
     ok = [s for s in samples if s.ok]
@@ -333,6 +343,32 @@ def server_closed_loop(base: str, clients: int, n_requests: int, max_tokens: int
         out["thread_wait_ms_per_token"] = [round(wait_ms.get(server_pid, 0.0), 3)] + [
             round(wait_ms.get(tid, 0.0), 3) for tid in busiest[:3]]
     return out
+
+
+async def whole_answers(base: str, clients: int, n_requests: int, max_tokens: int
+                        ) -> tuple[list[Sample], float]:
+    """``closed_loop`` asking for whole answers (no SSE): a sample's tokens are the
+    answer's ``usage.completion_tokens``, its latency the request's (no TTFT/TPOT)."""
+    counter = iter(range(n_requests))
+    samples: list[Sample] = []
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=clients + 4),
+                                 timeout=300.0) as client:
+
+        async def user() -> None:
+            for i in counter:
+                t0 = time.perf_counter()
+                resp = await client.post(f"{base}/v1/completions", json={
+                    "model": MODEL, "prompt": PROMPTS[i % len(PROMPTS)],
+                    "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True})
+                ok = resp.status_code == 200
+                samples.append(Sample(
+                    status=resp.status_code, start_s=t0, latency_s=time.perf_counter() - t0,
+                    tokens=resp.json()["usage"]["completion_tokens"] if ok else 0,
+                    error=None if ok else resp.text[:200]))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(user() for _ in range(clients)))
+        return samples, time.perf_counter() - t0
 
 
 def burner(ms: float) -> Callable[[], None]:
