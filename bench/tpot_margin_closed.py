@@ -35,8 +35,8 @@ from bench.llm_bench import MODEL, PROMPTS
 from bench.llm_slo import MAX_TOKENS, sluice_plain_cmd
 from bench.loadgen import Sample, closed_loop
 from bench.servers import free_port, running
-from sluice.costs_cli import model_tallies, read_status
-from sluice.engine.step_times import minus, to_json
+from sluice.costs_cli import read_status, worker_models
+from sluice.engine.step_times import from_json, minus, to_json
 from sluice.policy.step_cost import StepCost
 
 POLL_S = 2.0
@@ -61,19 +61,17 @@ def poll(base: str, stop: threading.Event, polls: list[dict[str, Any]]) -> None:
 
 def model_entry(base: str) -> dict[str, Any]:
     """The generative model's entry on ``/status.json`` (the first worker's)."""
-    for worker in read_status(base).get("workers", []):
-        for m in worker.get("models", []):
-            if m.get("step_cost"):
-                return dict(m)
+    for m in worker_models(read_status(base)):
+        if m.get("step_cost"):
+            return dict(m)
     raise RuntimeError("no generative model on /status.json")
 
 
 def step_table(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The phase's steps by bucket (``minus`` of the two tallies) and what the model the
     engine holds at the end predicts for each pure-decode bucket."""
-    key = after["model_id"]
-    window = minus(model_tallies({"workers": [{"models": [after]}]}).get(key, {}),
-                   model_tallies({"workers": [{"models": [before]}]}).get(key, {}))
+    window = minus(from_json(after.get("step_times") or {}),
+                   from_json(before.get("step_times") or {}))
     cost = StepCost.from_json(after["step_cost"])
     rows = {}
     for bucket, b in sorted(window.items(), key=lambda kv: (int(kv[0].split("+")[0]), kv[0])):

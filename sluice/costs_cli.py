@@ -24,32 +24,37 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from sluice.engine.step_times import StepBucket, from_json, minus, plus, to_json
 
 
+def worker_models(status: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """Every model entry on ``/status.json``, worker by worker (a model resident on two
+    workers comes twice; a generative one carries its engine's ``step_cost`` and
+    ``step_times``)."""
+    for worker in status.get("workers", ()):
+        yield from worker.get("models", ())
+
+
 def model_tallies(status: Mapping[str, Any]) -> dict[str, dict[str, StepBucket]]:
     """Per generative model on ``/status.json``, its engines' step tallies (summed over
     the workers it is resident on)."""
     out: dict[str, dict[str, StepBucket]] = {}
-    for worker in status.get("workers", ()):
-        for m in worker.get("models", ()):
-            if m.get("step_times"):
-                out[m["model_id"]] = plus(out.get(m["model_id"], {}),
-                                          from_json(m["step_times"]))
+    for m in worker_models(status):
+        if m.get("step_times"):
+            out[m["model_id"]] = plus(out.get(m["model_id"], {}), from_json(m["step_times"]))
     return out
 
 
 def learned_step_costs(status: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Per generative model, the step-time line its engine learned (the first worker's)."""
     out: dict[str, dict[str, Any]] = {}
-    for worker in status.get("workers", ()):
-        for m in worker.get("models", ()):
-            if m.get("step_cost"):
-                out.setdefault(m["model_id"], dict(m["step_cost"]))
+    for m in worker_models(status):
+        if m.get("step_cost"):
+            out.setdefault(m["model_id"], dict(m["step_cost"]))
     return out
 
 
