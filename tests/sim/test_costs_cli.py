@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from sluice import costs_cli
 from sluice.cli import main
 from sluice.costs_cli import live_costs
 from sluice.sim.costs import read_costs, step_tables
@@ -52,7 +52,7 @@ def test_the_window_is_the_difference_of_two_reads_over_the_base_entry() -> None
 
 
 def test_sluice_costs_takes_the_window_from_a_live_server_and_simulate_reads_it(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Steps before the window are left out: the file counts exactly the decodes of the
     two requests sent during it (every token but a request's first is one decode)."""
     from sluice.config import load_config
@@ -73,10 +73,20 @@ def test_sluice_costs_takes_the_window_from_a_live_server_and_simulate_reads_it(
 
             complete(20)
             wait_for(lambda: decodes() == 19)  # published after the loop that ran the step
+            # the window opens at the CLI's first read: the next requests wait for it
+            first_read = threading.Event()
+            real_read_status = costs_cli.read_status
+
+            def read_status(*args: Any) -> dict[str, Any]:
+                status = real_read_status(*args)
+                first_read.set()
+                return status
+
+            monkeypatch.setattr(costs_cli, "read_status", read_status)
             cli = threading.Thread(target=main, args=(
                 ["costs", "--from", server.url, "--window-s", "3", "--out", str(out)],))
             cli.start()
-            time.sleep(0.5)
+            assert first_read.wait(10)
             complete(30)
             complete(30)
             wait_for(lambda: decodes() == 19 + 2 * 29)
