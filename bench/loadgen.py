@@ -78,6 +78,16 @@ class _Tally:
                 self.finish = choice["finish_reason"]
         return True
 
+    def failed(self, exc: BaseException) -> Sample:
+        """The request ended by a transport error (no answer, or a cut stream)."""
+        return Sample(status=0, start_s=self.t0, latency_s=time.perf_counter() - self.t0,
+                      error=f"{type(exc).__name__}: {exc}"[:200])
+
+    def refused(self, status: int, body: str, retry_after: str | None) -> Sample:
+        """The request answered with ``status`` (not 200) and ``body``."""
+        return Sample(status=status, start_s=self.t0, latency_s=time.perf_counter() - self.t0,
+                      error=body[:200], retry_after=retry_after)
+
     def sample(self) -> Sample:
         if self.error is not None:
             return self.error
@@ -114,16 +124,14 @@ async def stream_completion(
                                  headers=headers, timeout=timeout_s) as resp:
             if resp.status_code != 200:
                 await resp.aread()
-                return Sample(status=resp.status_code, start_s=tally.t0,
-                              latency_s=time.perf_counter() - tally.t0,
-                              error=resp.text[:200], retry_after=resp.headers.get("retry-after"))
+                return tally.refused(resp.status_code, resp.text,
+                                     resp.headers.get("retry-after"))
             async for line in resp.aiter_lines():
                 if line.startswith("data:") and not tally.feed(
                         line[5:].strip().encode(), time.perf_counter()):
                     break
     except (httpx.HTTPError, OSError) as exc:
-        return Sample(status=0, start_s=tally.t0, latency_s=time.perf_counter() - tally.t0,
-                      error=f"{type(exc).__name__}: {exc}"[:200])
+        return tally.failed(exc)
     return tally.sample()
 
 
@@ -147,13 +155,10 @@ async def raw_stream_completion(
         answer = await post_sse(f"{base_url}/v1/completions", body, tally.feed,
                                 headers=headers, timeout_s=timeout_s)
     except OSError as exc:  # ConnectionError and TimeoutError among them
-        return Sample(status=0, start_s=tally.t0, latency_s=time.perf_counter() - tally.t0,
-                      error=f"{type(exc).__name__}: {exc}"[:200])
+        return tally.failed(exc)
     if answer.status != 200:
-        return Sample(status=answer.status, start_s=tally.t0,
-                      latency_s=time.perf_counter() - tally.t0,
-                      error=answer.body.decode("utf-8", "replace")[:200],
-                      retry_after=answer.headers.get("retry-after"))
+        return tally.refused(answer.status, answer.body.decode("utf-8", "replace"),
+                             answer.headers.get("retry-after"))
     return tally.sample()
 
 
