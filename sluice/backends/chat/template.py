@@ -128,7 +128,7 @@ class ChatTemplate:
             elif role == "tool":
                 item["content"] = self._text(content)
                 item["tool_call_id"] = mark(str(message.get("tool_call_id", "")))
-                item["name"] = call_names.get(str(message.get("tool_call_id", "")), "")
+                item["name"] = mark(call_names.get(str(message.get("tool_call_id", "")), ""))
             else:
                 item["content"] = self._text(content)
             if message.get("name"):
@@ -154,23 +154,79 @@ def _marked_call(call: Mapping[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(ValueError):
             args = json.loads(args)
     return {"id": mark(str(call.get("id", ""))), "type": "function",
-            "function": {"name": fn["name"], "arguments": mark_json(args)}}
+            "function": {"name": mark(str(fn["name"])), "arguments": mark_json(args)}}
+
+
+SCHEMA_KEYWORDS = frozenset({
+    "$anchor", "$comment", "$defs", "$dynamicAnchor", "$dynamicRef", "$id", "$ref",
+    "$schema", "additionalItems", "additionalProperties", "allOf", "anyOf", "const",
+    "contains", "contentEncoding", "contentMediaType", "contentSchema", "default",
+    "definitions", "dependencies", "dependentRequired", "dependentSchemas", "deprecated",
+    "description", "else", "enum", "examples", "exclusiveMaximum", "exclusiveMinimum",
+    "format", "if", "items", "maxContains", "maxItems", "maxLength", "maxProperties",
+    "maximum", "minContains", "minItems", "minLength", "minProperties", "minimum",
+    "multipleOf", "not", "nullable", "oneOf", "pattern", "patternProperties",
+    "prefixItems", "properties", "propertyNames", "readOnly", "required", "then", "title",
+    "type", "unevaluatedItems", "unevaluatedProperties", "uniqueItems", "writeOnly",
+})
+"""JSON Schema's keywords: the only keys of a tool's schema left unmarked, since templates
+look them up by name (``param.type``, ``parameters.properties``)."""
+TYPE_NAMES = frozenset({"array", "boolean", "integer", "null", "number", "object", "string"})
+"""The values of ``type`` left unmarked (templates compare them: ``type == 'string'``)."""
+_NAMED_SCHEMAS = frozenset({"$defs", "definitions", "dependencies", "dependentSchemas",
+                            "patternProperties", "properties"})
+"""Keywords whose value maps client-chosen names to schemas."""
+_DATA = frozenset({"const", "default", "enum", "examples"})
+"""Keywords whose value is client data (every key and string of it is user text)."""
+
+
+def _marked_schema(schema: Any) -> Any:
+    """A JSON schema as a template takes it: every string the client chose (property names,
+    ``enum`` values, ``title``, ``description``, ``required`` entries, unknown keys and
+    their values) is user text; only JSON Schema's keywords and the type names stay as
+    they are."""
+    if isinstance(schema, list):
+        return [_marked_schema(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return mark_json(schema)
+    out: dict[Any, Any] = {}
+    for key, value in schema.items():
+        key = str(key)
+        if key not in SCHEMA_KEYWORDS:
+            out[mark(key)] = mark_json(value)
+        elif key in _NAMED_SCHEMAS and isinstance(value, Mapping):
+            out[key] = {mark(str(k)): _marked_schema(v) for k, v in value.items()}
+        elif key in _DATA or key in ("required", "dependentRequired"):
+            out[key] = mark_json(value)
+        elif key == "type":
+            out[key] = _marked_type(value)
+        else:
+            out[key] = _marked_schema(value)
+    return out
+
+
+def _marked_type(value: Any) -> Any:
+    if isinstance(value, str):
+        return value if value in TYPE_NAMES else mark(value)
+    if isinstance(value, list):
+        return [_marked_type(v) for v in value]
+    return mark_json(value)
 
 
 def _marked_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
-    """A tool for a template that renders tools: descriptions are user text; names and
-    schema keywords stay as they are (templates compare them)."""
-
-    def walk(value: Any, key: str = "") -> Any:
-        if isinstance(value, str):
-            return mark(value) if key == "description" else value
-        if isinstance(value, Mapping):
-            return {k: walk(v, k) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        return value
-
-    return dict(walk(tool))
+    """A tool for a template that renders tools: every string the client sent is user
+    text (the function's name, its description, and all of its schema but JSON Schema's
+    keywords and type names); the envelope's keys and ``type: function`` are sluice's."""
+    fn = tool.get("function") or {}
+    spec: dict[str, Any] = {}
+    for key, value in fn.items():
+        if key == "parameters":
+            spec[key] = _marked_schema(value)
+        elif key in ("name", "description"):
+            spec[key] = mark(str(value))
+        else:
+            spec[mark(str(key))] = mark_json(value)
+    return {"type": "function", "function": spec}
 
 
 def _merge_runs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
