@@ -7,7 +7,9 @@ gRPC code's name), ``tenant``, ``model`` (as asked: a model or a group), ``varia
 with ``server.log_content`` (a debug setting, off by default).
 
 With ``--log-format json`` every field is a key of the line's JSON object (the fields ride
-on the record as ``extra``); in text, the message lists them as ``key=value``.
+on the record as ``extra``); in text, the message lists them as ``key=value``, a value
+holding a space, a quote, ``=``, a backslash or any control character written as a JSON
+string (``path="/a\\nb"``), so a client cannot start a line or forge a field.
 
 The edge (the HTTP middleware, a gRPC handler) opens a record for the request in a context
 variable; ``admit`` notes the runtime requests on it, so the routes need not pass it around.
@@ -18,7 +20,9 @@ DEBUG: probes and scrapes would drown the rest.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,6 +32,11 @@ from sluice.engine.request import Request as RtRequest
 
 log = logging.getLogger("sluice.access")
 QUIET_PATHS = ("/health", "/ready", "/metrics", "/status", "/status.json")
+_BARE = re.compile(r"[^\s\"=\\\x00-\x1f\x7f-\x9f\u2028\u2029]+")
+"""A text value written as it is: no space, quote, ``=``, backslash or control character."""
+_UNSAFE = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+"""What ``json.dumps(..., ensure_ascii=False)`` leaves unescaped but a terminal or a log
+reader may take as a line break or a control."""
 
 
 @dataclass
@@ -110,5 +119,16 @@ def emit(record: AccessRecord, status: int | str, *, log_content: bool) -> None:
     if not log.isEnabledFor(level):
         return
     data = fields(record, status, log_content=log_content)
-    message = " ".join(f"{k}={v}" for k, v in data.items() if v is not None and k != "prompt")
+    message = " ".join(f"{k}={text_value(v)}" for k, v in data.items()
+                       if v is not None and k != "prompt")
     log.log(level, message, extra=data)
+
+
+def text_value(value: Any) -> str:
+    """``value`` as one ``key=value`` field of a text line: bare when it is a plain word,
+    else a JSON string with every control character escaped."""
+    text = str(value)
+    if _BARE.fullmatch(text):
+        return text
+    quoted = json.dumps(text, ensure_ascii=False)
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", quoted)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import tempfile
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.v1 import inference_pb2 as pb
 from tests.procs import free_port, start_serve
+from tests.reliability.rawhttp import http_bytes, raw_request
 from tests.server.grpcclient import grpc_target, stub
 from tests.server.live import (
     SYNTHETIC_TOML,
@@ -145,3 +147,31 @@ def test_serve_log_format_json_writes_json_lines() -> None:
     assert (access["status"], access["completion_tokens"], access["model"]) == (
         200, 3, "synth-chat")
     assert any(p["logger"].startswith("uvicorn") for p in parsed)
+
+
+def test_control_characters_in_a_path_cannot_forge_a_text_line(
+        serve: Callable[..., LiveServer], caplog: pytest.LogCaptureFixture) -> None:
+    """A percent-encoded line break (or tab, or NEL) in the URL path is written escaped, in
+    one quoted field of one line: nothing a client sends starts a line or adds a field."""
+    caplog.set_level(logging.INFO, logger="sluice.access")
+    live = serve(_config())
+    forged = ("/v1/models%0d%0a2026-12-02 10:00:00,000 INFO sluice.access: request_id=forged"
+              " status=200%09tenant=acme%C2%85x%E2%80%A8y").replace(" ", "%20")
+    r = raw_request(live.url, http_bytes("GET", forged))
+    assert r.status == 404
+    with live.client(headers={"authorization": "Bearer key-beta"}) as c:
+        ok = c.post("/v1/completions", json={"model": "synth-chat", "prompt": "hi",
+                                             "max_tokens": 2})
+        assert ok.status_code == 200, ok.text
+    records = [r for r in caplog.records if r.name == "sluice.access"]
+    hostile = next(r for r in records if getattr(r, "status", None) == 404)
+    message = hostile.getMessage()
+    assert message.isprintable(), repr(message)
+    assert "\n" not in message and "\r" not in message and "\x85" not in message
+    assert re.fullmatch(r'request_id=req-\w+ protocol=http method=GET path="(?:[^"\\]|\\.)*"'
+                        r" status=404 duration_ms=[\d.]+", message), message
+    assert ('path="/v1/models\\r\\n2026-12-02 10:00:00,000 INFO sluice.access: '
+            'request_id=forged status=200\\ttenant=acme\\u0085x\\u2028y"') in message
+    assert hostile.path.startswith("/v1/models\r\n")  # the JSON log keeps the value itself
+    served = [r for r in records if getattr(r, "path", None) == "/v1/completions"]
+    assert [r.status for r in served] == [200]
