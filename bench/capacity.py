@@ -22,7 +22,7 @@ run / (run + wait), the fraction of its runnable time the server actually got (1
 idle machine). The target is computed from the dedicated figures. Writes
 bench/results/capacity.json.
 
-    flock /tmp/sluice-heavy.lock python bench/capacity.py     # 3 to 15 minutes
+    python bench/capacity.py     # 3 to 15 minutes
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.llm_bench import PROMPTS
-from bench.loadgen import closed_loop, summarize
-from bench.servers import free_port, process_cpu_s, process_schedstat, running, sluice_cmd
+from bench.lib.loadgen import closed_loop, summarize
+from bench.lib.prompts import PROMPTS
+from bench.lib.servers import free_port, process_cpu_s, process_schedstat, running, sluice_cmd
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

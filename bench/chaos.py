@@ -48,10 +48,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.extremes import EXTREMES
-from bench.llm_bench import PROMPTS
-from bench.model_tables import GEMMA, SYNTH_CHAT, gemma_table, synthetic_chat_table
-from bench.outcomes import (
+from bench.lib.extremes import EXTREMES
+from bench.lib.model_tables import GEMMA, SYNTH_CHAT, gemma_table, synthetic_chat_table
+from bench.lib.outcomes import (
     Outcome,
     _kind_of,
     arrivals,
@@ -62,9 +61,10 @@ from bench.outcomes import (
     open_loop_client,
     server_counts,
     tally,
+    wait_idle,
 )
-from bench.overload import SYNTH_PROMPTS, wait_idle
-from bench.servers import free_port, process_cpu_s, process_schedstat, running, sluice_cmd
+from bench.lib.prompts import PROMPTS, SYNTH_PROMPTS
+from bench.lib.servers import free_port, process_cpu_s, process_schedstat, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MAX_TOKENS = 32

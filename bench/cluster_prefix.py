@@ -35,30 +35,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.loadgen import open_loop, percentile, summarize  # noqa: E402
-from bench.servers import free_port  # noqa: E402
+from bench.lib.loadgen import open_loop, percentile, summarize  # noqa: E402
+from bench.lib.prompts import QUESTIONS, system_prompt  # noqa: E402
+from bench.lib.servers import free_port  # noqa: E402
 
 MODEL = "gemma-3-270m"
-TOPICS = ["a public library", "a bicycle repair shop", "a city bus company",
-          "a dental clinic", "a mountain hotel", "an online bookshop", "a tax office",
-          "a football club", "a bakery chain", "a museum of science"]
-QUESTIONS = ["When do you open?", "How much does it cost?", "Can I book online?",
-             "Who do I call about a complaint?", "Is there parking nearby?",
-             "What should I bring?", "Do you have a student discount?",
-             "How long does it take?"]
-
-
-def system_prompt(app: int, words: int) -> str:
-    """A long, app-specific instruction block (deterministic)."""
-    rng = random.Random(app)
-    topic = TOPICS[app % len(TOPICS)]
-    facts = [f"Rule {i + 1} for {topic}: item {rng.randint(100, 999)} costs "
-             f"{rng.randint(2, 90)} euros and is available on day {rng.randint(1, 28)}."
-             for i in range(max(1, words // 14))]
-    return (f"You are the assistant of {topic} (application {app}). Answer in one short "
-            f"sentence, using only these facts. " + " ".join(facts) + "\n\nQuestion: ")
-
-
 def prompts(apps: int, words: int, n: int, seed: int) -> tuple[list[str], list[int]]:
     rng = random.Random(seed)
     systems = [system_prompt(a, words) for a in range(apps)]

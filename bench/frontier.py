@@ -4,7 +4,7 @@ profile`` wrote (run those first, e.g. ``scripts/prepare_full.sh``).
 
     .venv/bin/python bench/frontier.py
 
-Writes ``bench/results/variant_frontier.json`` and ``.png`` and prints the markdown table
+Writes ``bench/results/frontier.json`` and ``.png`` and prints the markdown table
 of ``docs/benchmarks.md``. It measures nothing itself: it joins the manifest (accuracy,
 data split, size) with the profile (batch times, cross-check) and checks they agree.
 """
@@ -88,7 +88,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cache", help="the cache folder `sluice prepare` wrote")
-    p.add_argument("--out", default=str(RESULTS / "variant_frontier.json"))
+    p.add_argument("--out", default=str(RESULTS / "frontier.json"))
     args = p.parse_args()
     manifest = prep.load_manifest(Path(args.cache) if args.cache else None)
     profile = json.loads((Path(manifest["cache_dir"]) / "profile.json").read_text())

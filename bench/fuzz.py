@@ -28,8 +28,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.model_tables import synthetic_chat_table
-from bench.servers import free_port, running, sluice_cmd
+from bench.lib.model_tables import synthetic_chat_table
+from bench.lib.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",

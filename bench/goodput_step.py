@@ -12,7 +12,7 @@ arrivals per repeat) it reports:
 * the mix before the step (below half load: all on the accurate variant, as
   accurate-only).
 
-    flock /tmp/sluice-heavy.lock .venv/bin/python bench/goodput_step.py \
+    .venv/bin/python bench/goodput_step.py \
         --capacity-per-s 22 --deadline-ms 150
 
 Writes ``bench/results/goodput_step.json`` and ``.png``.

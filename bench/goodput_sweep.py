@@ -20,7 +20,7 @@ human labels), p95 latency, the variant mix, rejections/expiries, and compute co
 seconds the server process used per request answered in time). Each (policy, ρ) runs in
 a fresh server; ``--repeats`` runs the whole grid again to show the run-to-run spread.
 
-    flock /tmp/sluice-heavy.lock .venv/bin/python bench/goodput_sweep.py
+    .venv/bin/python bench/goodput_sweep.py
 
 Needs ``sluice prepare`` (and ideally ``sluice profile``) first. Writes
 ``bench/results/goodput_sweep.json`` and ``.png``.
@@ -45,7 +45,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.servers import free_port, running  # noqa: E402
+from bench.lib.servers import free_port, running  # noqa: E402
 from sluice import prep  # noqa: E402
 from sluice.sim.workload import WorkloadSpec, arrival_times  # noqa: E402
 

@@ -14,7 +14,7 @@ generations (64 tokens, EOS ignored, the same prompts) alternate between the pro
 
 Prints the ratios gRPC / HTTP and writes bench/results/grpc_overhead.json and .png.
 
-    flock /tmp/sluice-heavy.lock python bench/grpc_overhead.py    # about 3 minutes
+    python bench/grpc_overhead.py    # about 3 minutes
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.llm_bench import PROMPTS
-from bench.model_tables import GEMMA, gemma_table, server_tables
-from bench.servers import free_port, process_cpu_s, running, sluice_cmd
+from bench.lib.model_tables import GEMMA, gemma_table, server_tables
+from bench.lib.prompts import PROMPTS
+from bench.lib.servers import free_port, process_cpu_s, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 from sluice.v1 import inference_pb2 as pb
 from sluice.v1 import inference_pb2_grpc

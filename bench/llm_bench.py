@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,47 +27,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.llama_server_build import build as build_llama_server
-from bench.loadgen import closed_loop, open_loop, summarize
-from bench.model_tables import GEMMA, gemma_table, server_tables
-from bench.servers import free_port, llama_server_cmd, running, sluice_cmd
+from bench.lib.ceiling import raw_ceiling
+from bench.lib.llama_server import find as find_llama_server
+from bench.lib.llama_server import llama_server_cmd
+from bench.lib.loadgen import closed_loop, open_loop, summarize
+from bench.lib.model_tables import GEMMA, gemma_table, server_tables
+from bench.lib.prompts import PROMPTS, SYSTEM_PREFIX
+from bench.lib.report import GOODPUT_TITLE, TPOT_SLO_S, TTFT_SLO_S, ms, plot_open_loop
+from bench.lib.servers import free_port, running, sluice_cmd
 from sluice.backends.packaged import default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = GEMMA
 N_CTX, N_SLOTS, THREADS, MAX_TOKENS = 8192, 8, 2, 128
-TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.150
-"""The SLOs a request must meet to count as goodput (this bench and llm_slo.py)."""
-PROMPTS = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain how a refrigerator works to a curious ten year old child.",
-    "List some reasons why people enjoy hiking in the mountains during autumn.",
-    "Describe the city of Paris in the spring, its streets, cafes and gardens.",
-    "What are the main differences between a violin and a cello? Explain in detail.",
-    "Tell me about the history of the bicycle and how its design changed over time.",
-    "Write a letter from a sailor to his family after a long voyage at sea.",
-    "Summarize the life cycle of a butterfly from egg to adult, step by step.",
-    "Give advice to a student who is starting to learn how to program computers.",
-    "Describe a busy market day in a small village by the river.",
-    "Why is the sky blue during the day and red at sunset? Explain the physics.",
-    "Write a recipe for a simple vegetable soup that anyone can cook at home.",
-    "Imagine a robot that learns to paint. Describe its first painting.",
-    "What makes a good friend? Give several examples from everyday life.",
-    "Describe the sounds and smells of a forest after heavy rain.",
-    "Explain the rules of chess to someone who has never played a board game.",
-]
-
-
-SYSTEM_PREFIX = (
-    "You are a helpful assistant for a public library. Answer questions about opening "
-    "hours, membership, borrowing rules, events and the catalogue. Be accurate and brief. "
-    "The library opens at nine in the morning and closes at eight in the evening on "
-    "weekdays, and at five on Saturdays; it is closed on Sundays and public holidays. "
-    "Members may borrow up to twelve items for three weeks and renew twice online. "
-    "Children's story time is on Wednesday mornings; the reading club meets on the first "
-    "Thursday of each month. Printing costs ten cents a page. Quiet study rooms can be "
-    "booked for two hours at a time at the front desk or on the website. "
-) * 2
 
 
 def sluice_toml(gguf: Path, mode: str, prefix_reuse: bool = True) -> str:
@@ -99,37 +70,9 @@ def measure_phase(name: str, base_url: str, plan: dict[str, Any]) -> dict[str, A
     row = run_phase(base_url, plan)
     row["system"] = name
     print(f"  {name:18s} {plan['label']:>6s}: {row['tokens_per_s']:7.1f} tok/s  "
-          f"ttft p50 {_ms(row['ttft_p50_s'])} p95 {_ms(row['ttft_p95_s'])}  "
-          f"tpot p50 {_ms(row['tpot_p50_s'])}  errors {row['errors']}", flush=True)
+          f"ttft p50 {ms(row['ttft_p50_s'])} p95 {ms(row['ttft_p95_s'])}  "
+          f"tpot p50 {ms(row['tpot_p50_s'])}  errors {row['errors']}", flush=True)
     return row
-
-
-def _ms(v: float | None) -> str:
-    return "   -   " if v is None else f"{v * 1000:6.0f}ms"
-
-
-def raw_ceiling(gguf: Path, batch: int = N_SLOTS, steps: int = 48,
-                n_ctx: int = N_CTX) -> float:
-    """Tokens/s of bare ``forward`` calls on the backend (no engine, no HTTP), in a
-    subprocess so its memory is gone before the servers run: the ceiling to compare to."""
-    code = f"""
-import time
-from sluice.backends.base import ForwardChunk, ModelSpec
-from sluice.backends.llamacpp import LlamaCppBackend
-spec = ModelSpec("g", "generative", "llamacpp", 1, options={{"path": "{gguf}",
-    "n_ctx": {n_ctx}, "n_seq_max": {max(N_SLOTS, batch)}, "n_threads": {THREADS}}})
-m = LlamaCppBackend().load(spec)
-toks = m.tokenize("Once upon a time there was a", add_bos=True)
-m.forward([ForwardChunk(s, tuple(toks), 0, True) for s in range({batch})])
-pos = len(toks)
-t = time.perf_counter()
-for i in range({steps}):
-    m.forward([ForwardChunk(s, (toks[-1],), pos + i, True) for s in range({batch})])
-print({batch} * {steps} / (time.perf_counter() - t))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
-    return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -138,7 +81,7 @@ def main() -> int:
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     gguf = default_gguf_path()
-    server_bin = build_llama_server()
+    server_bin = find_llama_server()
     t_start = time.time()
     ceiling = raw_ceiling(gguf)
     print(f"raw backend ceiling at batch {N_SLOTS}: {ceiling:.1f} tok/s", flush=True)
@@ -199,8 +142,8 @@ def main() -> int:
         row = {"prefix_reuse": reuse, **summarize(samples, wall, ttft_slo_s=TTFT_SLO_S,
                                                    tpot_slo_s=TPOT_SLO_S)}
         prefix_rows.append(row)
-        print(f"  prefix_reuse={reuse!s:5s}: ttft p50 {_ms(row['ttft_p50_s'])} "
-              f"p95 {_ms(row['ttft_p95_s'])}  {row['tokens_per_s']:.1f} tok/s", flush=True)
+        print(f"  prefix_reuse={reuse!s:5s}: ttft p50 {ms(row['ttft_p50_s'])} "
+              f"p95 {ms(row['ttft_p95_s'])}  {row['tokens_per_s']:.1f} tok/s", flush=True)
     result = {
         "benchmark": "llm_bench",
         "quick": args.quick,
@@ -216,7 +159,7 @@ def main() -> int:
         "ratios": ratios(rows),
         "prefix_reuse": prefix_rows,
     }
-    name = "llm_bench_quick" if args.quick else "llm_bench"
+    name = "llm_bench"
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
     plot(result, RESULTS / f"{name}.png")
     print(json.dumps(result["ratios"], indent=2))
@@ -251,24 +194,6 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                              get("llama-server", lab, "goodput_per_s")),
         }
     return out
-
-
-GOODPUT_TITLE = f"Goodput (TTFT ≤ {TTFT_SLO_S:g} s, TPOT ≤ {TPOT_SLO_S * 1000:g} ms)"
-
-
-def plot_open_loop(rows: list[dict[str, Any]], axes: dict[str, Any]) -> None:
-    """A line a system on each of ``axes`` (a row's metric → its matplotlib Axes) over the
-    open-loop rows' offered load (× capacity); ``ttft_p95_ms`` is ``ttft_p95_s`` in ms."""
-    for system in sorted({r["system"] for r in rows}):
-        opened = sorted((r for r in rows if r["system"] == system and r["kind"] == "open"),
-                        key=lambda r: r["load_factor"])
-        if not opened:
-            continue
-        x = [r["load_factor"] for r in opened]
-        for metric, ax in axes.items():
-            y = ([(r["ttft_p95_s"] or 0) * 1000 for r in opened] if metric == "ttft_p95_ms"
-                 else [r[metric] for r in opened])
-            ax.plot(x, y, marker="o", label=system)
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

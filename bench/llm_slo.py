@@ -7,9 +7,9 @@ The run is split into parts, each short enough for one hold of the heavy lock; e
 merges its rows into bench/results/llm_slo.json, and ``--report`` prints the table, the
 ratios against the issue's targets and writes the PNG.
 
-    flock /tmp/sluice-heavy.lock python bench/llm_slo.py --part closed   # ceilings, closed loop
-    flock /tmp/sluice-heavy.lock python bench/llm_slo.py --part open-a   # 0.5, 0.8, 1.0 x cap
-    flock /tmp/sluice-heavy.lock python bench/llm_slo.py --part open-b   # 1.3, 2.0 x capacity
+    python bench/llm_slo.py --part closed   # ceilings, closed loop
+    python bench/llm_slo.py --part open-a   # 0.5, 0.8, 1.0 x cap
+    python bench/llm_slo.py --part open-b   # 1.3, 2.0 x capacity
     python bench/llm_slo.py --report
 
 Longer points (``--seconds 60``): one 128-token request takes 10-20 s here, so 15 s of
@@ -20,7 +20,7 @@ bounded at S + ``DRAIN_S`` seconds (requests still open then are cut: closed, co
 misses) and summarized twice: all arrivals, and those after the first ``WARMUP_S`` s
 (``steady_*``: the system with its queue formed).
 
-    flock /tmp/sluice-heavy.lock python bench/llm_slo.py --part open-b --seconds 60 \
+    python bench/llm_slo.py --part open-b --seconds 60 \
         --levels 2.0 --peers 16,32
     python bench/llm_slo.py --report --seconds 60
 
@@ -45,18 +45,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.llama_server_build import build as build_llama_server
-from bench.llm_bench import (
-    GOODPUT_TITLE,
-    MODEL,
-    PROMPTS,
-    TPOT_SLO_S,
-    TTFT_SLO_S,
-    plot_open_loop,
-    raw_ceiling,
-)
-from bench.loadgen import CUT_ERROR, Sample, closed_loop, open_loop, summarize
-from bench.servers import free_port, llama_server_cmd, process_cpu_s, running
+from bench.lib.ceiling import raw_ceiling
+from bench.lib.llama_server import find as find_llama_server
+from bench.lib.llama_server import llama_server_cmd
+from bench.lib.loadgen import CUT_ERROR, Sample, closed_loop, open_loop, summarize
+from bench.lib.model_tables import GEMMA as MODEL
+from bench.lib.prompts import PROMPTS
+from bench.lib.report import GOODPUT_TITLE, TPOT_SLO_S, TTFT_SLO_S, plot_open_loop
+from bench.lib.servers import free_port, process_cpu_s, running
 from sluice.backends.packaged import default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -393,7 +389,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.part:
         gguf = default_gguf_path()
-        server_bin = build_llama_server()
+        server_bin = find_llama_server()
         t0 = time.time()
         if args.part == "closed":
             part_closed(gguf, server_bin, args.quick)

@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.loadgen import Sample, closed_loop, open_loop, percentile
-from bench.servers import free_port, running, sluice_cmd
+from bench.lib.loadgen import Sample, closed_loop, open_loop, percentile
+from bench.lib.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = "synth-chat"

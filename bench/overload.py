@@ -16,7 +16,7 @@ the server's clock (``sluice_goodput_total`` = completed); and the counts add up
 sent = ok + rejected + expired + failed + cancelled, and each client count equals the
 server's ``sluice_requests_total{state}`` for the run.
 
-    flock /tmp/sluice-heavy.lock python bench/overload.py                  # both, 60 s each
+    python bench/overload.py                  # both, 60 s each
     python bench/overload.py --systems synthetic --duration 20 --capacity-s 8
 
 Writes bench/results/overload_<system>.json and .png.
@@ -38,52 +38,28 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.model_tables import (
+from bench.lib.model_tables import (
     GEMMA,
     SYNTH_CHAT,
-    gemma_table,
-    server_tables,
-    synthetic_chat_table,
+    llm_toml,
+    synthetic_toml,
 )
-from bench.outcomes import (
+from bench.lib.outcomes import (
     Outcome,
     closed,
     delta,
     dump,
+    per_second,
     poisson,
     rss_kib,
     server_counts,
     tally,
+    wait_idle,
 )
-from bench.servers import free_port, running, sluice_cmd
+from bench.lib.prompts import LLM_PROMPTS, SYNTH_PROMPTS
+from bench.lib.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
-LLM_PROMPTS = [
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Explain how a refrigerator works to a curious ten year old child.",
-    "List some reasons why people enjoy hiking in the mountains during autumn.",
-    "Describe the city of Paris in the spring, its streets, cafes and gardens.",
-    "Tell me about the history of the bicycle and how its design changed over time.",
-    "Summarize the life cycle of a butterfly from egg to adult, step by step.",
-    "Give advice to a student who is starting to learn how to program computers.",
-    "Why is the sky blue during the day and red at sunset? Explain the physics.",
-]
-SYNTH_PROMPTS = [f"request number {i} with a few words of prompt" for i in range(16)]
-
-
-def synthetic_toml(queue: int = 16, inbox: int = 8) -> str:
-    """One worker, 8 sequence slots, 20 ms a decode step: about 25 requests/s of 16
-    tokens, slow enough that the load generator is not the bottleneck."""
-    return server_tables(SYNTH_CHAT, queue, inbox) + synthetic_chat_table()
-
-
-def llm_toml(queue: int = 16, inbox: int = 8) -> str:
-    from sluice.backends.packaged import default_gguf_path
-
-    gguf = default_gguf_path(progress=False)
-    return (server_tables(GEMMA, queue, inbox, budget_bytes=4_000_000_000)
-            + gemma_table(str(gguf)))
-
 
 SYSTEMS: dict[str, dict[str, Any]] = {
     "synthetic": {"toml": synthetic_toml, "model": SYNTH_CHAT, "prompts": SYNTH_PROMPTS,
@@ -91,19 +67,6 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "llm": {"toml": llm_toml, "model": GEMMA, "prompts": LLM_PROMPTS,
             "max_tokens": 32, "slots": 8},
 }
-
-
-def wait_idle(base: str, timeout_s: float = 120.0) -> dict[str, Any]:
-    end = time.monotonic() + timeout_s
-    while True:
-        status: dict[str, Any] = httpx.get(f"{base}/status.json", timeout=10).json()
-        busy = status["live_requests"] or status["queue_depth"] or any(
-            w["active"] or w["inbox_depth"] for w in status["workers"])
-        if not busy:
-            return status
-        if time.monotonic() > end:
-            raise TimeoutError(f"server still busy: {status}")
-        time.sleep(0.2)
 
 
 def reconcile(outcomes: list[Outcome], server: dict[str, int]) -> dict[str, Any]:
@@ -218,14 +181,6 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
     print(f"[{name}] sent {result['sent']}: {result['client']}; server {server}; "
           f"passed={result['passed']} {result['checks']}", flush=True)
     return result
-
-
-def per_second(outcomes: list[dict[str, Any]], bins: int) -> dict[str, list[int]]:
-    """Outcomes by arrival second, per kind (what the figure's top row shows)."""
-    out: dict[str, list[int]] = {}
-    for o in outcomes:
-        out.setdefault(o["kind"], [0] * bins)[min(bins - 1, int(o["start_s"]))] += 1
-    return out
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:

@@ -8,7 +8,7 @@ system prompt plus a different short question, streamed from ``/v1/completions``
 (interleaved), so drift of this shared host hits both alike. Reports TTFT p50/p95 and
 the ratio; ``bench/results/prefix_retention.{json,png}``.
 
-    flock /tmp/sluice-heavy.lock python bench/prefix_retention.py
+    python bench/prefix_retention.py
 
 Run under the heavy lock (two llama.cpp threads for about a minute).
 """
@@ -28,10 +28,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.cluster_prefix import QUESTIONS, system_prompt  # noqa: E402
-from bench.loadgen import closed_loop, percentile  # noqa: E402
-from bench.model_tables import GEMMA, gemma_table  # noqa: E402
-from bench.servers import free_port, running, sluice_cmd  # noqa: E402
+from bench.lib.loadgen import closed_loop, percentile  # noqa: E402
+from bench.lib.model_tables import GEMMA, gemma_table  # noqa: E402
+from bench.lib.prompts import QUESTIONS, system_prompt  # noqa: E402
+from bench.lib.servers import free_port, running, sluice_cmd  # noqa: E402
 from sluice.backends.packaged import default_gguf_path  # noqa: E402
 
 MODEL = GEMMA

@@ -13,7 +13,7 @@ The two generative systems (``run_system``):
 2. **capacity**: a closed loop at concurrency = the sequence slots (requests/s);
 3. **calibration**: open-loop Poisson arrivals at 0.8 × capacity with *another seed* than
    the validation points; the cost file (``calibration.costs`` in the JSON; with
-   ``--write-costs`` also ``bench/results/sim_cost_<system>.json``, a ``--costs`` file) is
+   ``--write-costs`` also ``examples/sim_cost_<system>.json``, a ``--costs`` file) is
    what the server did under that load: the step-time model its
    engine learned from the steps it ran (``/status.json``: ``OnlineStepCost``), and the
    mean time a request spent outside the runtime (the client's TTFT less the server's,
@@ -51,10 +51,10 @@ measured (a slower machine only as ``overhead_ms``).
 Writes bench/results/sim_validation.json and .png (a system not run keeps its last
 result). Under the heavy lock, one system a hold:
 
-    /work/wt/bin/heavy python bench/sim_validation.py --systems synthetic
-    /work/wt/bin/heavy python bench/sim_validation.py --systems gemma --duration 30 \
+    python bench/sim_validation.py --systems synthetic
+    python bench/sim_validation.py --systems gemma --duration 30 \
         --calibration-s 60
-    /work/wt/bin/heavy python bench/sim_validation.py --systems onnx --duration 30
+    python bench/sim_validation.py --systems onnx --duration 30
     (a fresh profile first, beside the prepared one: ``sluice profile --cache DIR
     --config DIR/sluice.toml --out P``, then ``--onnx-profile P``)
 """
@@ -83,9 +83,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.loadgen import Sample, closed_loop, stream_completion
-from bench.overload import LLM_PROMPTS, SYNTH_PROMPTS, llm_toml, synthetic_toml
-from bench.servers import free_port, running, sluice_cmd
+from bench.lib.loadgen import Sample, closed_loop, stream_completion
+from bench.lib.model_tables import llm_toml, synthetic_toml
+from bench.lib.prompts import LLM_PROMPTS, SYNTH_PROMPTS
+from bench.lib.servers import free_port, running, sluice_cmd
 from sluice.config import Config
 from sluice.costs_cli import live_costs, model_tallies, read_status
 from sluice.engine.step_times import StepBucket, from_json, minus, recent, to_json
@@ -95,6 +96,7 @@ from sluice.sim.costs import read_costs
 
 T = TypeVar("T")
 RESULTS = Path(__file__).resolve().parent / "results"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 FACTORS = (0.5, 0.8, 0.95, 1.3)
 TOLERANCE = 0.15
 CALIBRATION_FACTOR = 0.8
@@ -429,7 +431,7 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
                                    "overhead_ms": round(front_mean_s * 1000, 3),
                                    "cv": round(cv, 4)}}
         if system.get("step_table"):
-            # decode steps not linear in their decodes (bench/sim_steps.py): the steps
+            # decode steps not linear in their decodes (a step beside prefills is slower): the steps
             # the engine ran in the calibration run, by decodes and whether they fed a
             # prompt, are the tables (sluice.sim.costs.step_tables); the closed-loop fit
             # gives the cost of a prompt token beyond a table's mean and the line for
@@ -437,7 +439,7 @@ def run_system(name: str, args: argparse.Namespace) -> dict[str, Any]:
             costs[system["model"]].update(step_cost=fitted.to_json(),
                                           step_times=calib["step_times"])
         if args.write_costs:  # else the committed one (docs/operations.md plans with it) stays
-            (RESULTS / f"sim_cost_{name}.json").write_text(json.dumps(costs, indent=2) + "\n")
+            (EXAMPLES / f"sim_cost_{name}.json").write_text(json.dumps(costs, indent=2) + "\n")
         out["calibration"] = {"factor": CALIBRATION_FACTOR, "seed": args.seed + 1000,
                               "duration_s": args.calibration_s, "requests": len(arrivals),
                               "real": calib, "costs": costs[system["model"]]}
@@ -793,7 +795,7 @@ def main() -> int:
                    help="onnx: seconds of closed loop per concurrency for its capacity")
     p.add_argument("--out", default=str(RESULTS / "sim_validation.json"))
     p.add_argument("--write-costs", action="store_true",
-                   help="also write bench/results/sim_cost_<system>.json from this run's "
+                   help="also write examples/sim_cost_<system>.json from this run's "
                    "calibration (the run's JSON keeps it either way, under calibration)")
     p.add_argument("--keep-previous-as", metavar="LABEL",
                    help="keep each rerun system's previous result in earlier_runs as "

@@ -10,7 +10,7 @@ for every request sent (a client cancel can race the last token, so the server m
 count it completed: completed + cancelled on the server = ok + cancelled at the client);
 the server holds nothing at the end; RSS at the end within 10% of RSS after warm-up.
 
-    flock /tmp/sluice-heavy.lock python bench/soak.py               # 10 minutes
+    python bench/soak.py               # 10 minutes
     python bench/soak.py --duration 60                               # a short one
 
 Writes bench/results/soak.json and soak.png.
@@ -33,10 +33,19 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.model_tables import SYNTH_CHAT
-from bench.outcomes import closed, delta, poisson, rss_kib, server_counts, tally
-from bench.overload import SYNTH_PROMPTS, per_second, synthetic_toml, wait_idle
-from bench.servers import free_port, running, sluice_cmd
+from bench.lib.model_tables import SYNTH_CHAT, synthetic_toml
+from bench.lib.outcomes import (
+    closed,
+    delta,
+    per_second,
+    poisson,
+    rss_kib,
+    server_counts,
+    tally,
+    wait_idle,
+)
+from bench.lib.prompts import SYNTH_PROMPTS
+from bench.lib.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = SYNTH_CHAT

@@ -64,7 +64,7 @@ class ModelConfig(_Strict):
     """Generative: first-token deadline of requests that bring none and whose tenant sets
     none; one predicted to miss it is refused at once (503 ``deadline_infeasible``)."""
     step_cost_file: str | None = None
-    """Generative: a profiled step-time model (JSON from ``bench/kv_layout.py``), the prior
+    """Generative: a profiled step-time model (JSON from ``bench/micro/kv_layout.py``), the prior
     that the engine refines online."""
     step_cost_warmup: bool = False
     """Generative, without ``step_cost_file``: measure that prior when the model loads, from

@@ -6,7 +6,7 @@ measured last week (or last hour) predicts the next minutes worse than what the 
 ran just now. So, as an operator would before asking "what if":
 
     sluice costs --from http://127.0.0.1:8000 --window-s 60 \\
-        --base bench/results/sim_cost_gemma.json --out now.json
+        --base examples/sim_cost_gemma.json --out now.json
     sluice simulate -c sluice.toml --costs now.json -w poisson:rate=4,...
 
 reads ``/status.json`` twice, ``--window-s`` apart, and writes per generative model the

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from bench.loadgen import Sample, raw_stream_completion, stream_completion
+from bench.lib.loadgen import Sample, raw_stream_completion, stream_completion
 
 Reply = Callable[[asyncio.StreamWriter, dict[str, object]], Awaitable[None]]
 

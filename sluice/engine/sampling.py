@@ -7,7 +7,7 @@ inverts the CDF by block sums (a pairwise sum per 1,024 tokens, then one block's
 sum) instead of a sequential running sum over the row; ``min_p`` and ``top_k`` keep a
 candidate set; ``top_p`` looks at a partitioned head of 1,024 tokens, grown 8x at a time
 while the nucleus reaches past it (a flat row sorts all 262k only when it must). Measured
-on a 262,144 row (``bench/sampling_bench.py``): plain sampling 0.9 ms (was 5 ms with a
+on a 262,144 row (``bench/micro/sampling_bench.py``): plain sampling 0.9 ms (was 5 ms with a
 float64 ``exp`` and ``cumsum``), greedy 0.05 ms.
 
 Filters apply in this order, each on the survivors of the one before: temperature, then

@@ -3,7 +3,7 @@
 With one KV stream per slot (llama.cpp's split KV cache), a decode step attends over every
 stream from the batch's lowest slot to its highest, the idle ones between included
 (masked): 12 sequences spread up to slot 31 decode 2.8x slower than the same 12 on slots
-0-11 (``bench/slot_spread.py``). Slots go out lowest first, but holes open as sequences
+0-11 (measured on the packaged Gemma 3 270M). Slots go out lowest first, but holes open as sequences
 end: a running sequence above a finished one, or a retained prefix (an ended sequence's
 KV kept as a donor) below running ones. Moving a sequence's KV to another stream costs a
 copy of that stream (about 3 ms on the packaged model's 1024-cell streams, paid in the

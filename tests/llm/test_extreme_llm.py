@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.extremes import EXTREMES
+from bench.lib.extremes import EXTREMES
 from tests.llm.test_llm_server import MODEL, config
 from tests.server.live import LiveServer, metric_sum, scrape, start_server
 

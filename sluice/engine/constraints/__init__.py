@@ -3,7 +3,7 @@
 logits.
 
 Why llguidance (numbers in ``bench/results/grammar_engines.json``, from
-``bench/grammar_engines.py`` on Gemma 3's 262,144-token vocabulary; summary in
+``bench/micro/grammar_engines.py`` on Gemma 3's 262,144-token vocabulary; summary in
 ``docs/benchmarks.md``): it computes a mask in tens of microseconds without compiling the
 whole vocabulary ahead (an Earley parser over a token trie), handles every kind we need
 (JSON schema, any JSON, regex, Lark CFG) in one engine, compiles a schema in milliseconds,
