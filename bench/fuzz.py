@@ -43,6 +43,7 @@ FUZZ_SERVER_TOML = """
 [server]
 default_model = "synth-chat"
 open_admin = true  # fuzz the admin routes too (without a key they answer only 403)
+openapi = true  # the schema schemathesis reads (off by default)
 [scheduling]
 queue_capacity = 64
 [workers]

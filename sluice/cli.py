@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sluice.config import Config, default_config, load_config, with_overrides
+from sluice.config import Config, default_config, describe_errors, load_config, with_overrides
 
 log = logging.getLogger("sluice")
 
@@ -340,7 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ValidationError as exc:
-        print(f"invalid configuration:\n{exc}", file=sys.stderr)
+        print(f"invalid configuration: {describe_errors(exc)}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as exc:
         if args.command not in ("serve", "models"):

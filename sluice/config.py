@@ -12,7 +12,14 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from sluice.backends.base import ModelSpec
 from sluice.backends.faults import FaultPlan
@@ -310,6 +317,9 @@ class ServerConfig(_Strict):
     strict_fields: bool = False
     """Refuse request bodies with unknown fields (400 naming the field) instead of ignoring
     them (named in the ``x-sluice-ignored-fields`` header)."""
+    openapi: bool = False
+    """Serve the OpenAPI schema and its pages (``/openapi.json``, ``/docs``, ``/redoc``).
+    Off by default: they list every route, admin ones included, to anyone."""
 
     def admin_key_value(self) -> str | None:
         """``admin_key``, else the key in ``admin_key_file`` (``ValueError`` naming the field
@@ -497,6 +507,31 @@ class Config(_Strict):
 def hash_key(key: str) -> str:
     """How API keys are held in memory: SHA-256 hex digest, never the key itself."""
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+SECRET_FIELD_WORDS = ("key", "password", "secret", "token", "url", "credential")
+"""A configuration field whose name holds one of these may hold a secret (``api_keys``,
+``admin_key``, ``metrics_key``, ``redis_url`` with its password)."""
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """A configuration's validation errors, one ``field: message`` line each, fit to print:
+    the value is shown only for a known field that cannot hold a secret, and only when it
+    is a number, a boolean or a short string. Pydantic's own text shows every input, a whole
+    tenant's table with its keys included (the input of a tenant-level error)."""
+    lines = [f"{exc.error_count()} invalid setting(s):"]
+    for err in exc.errors(include_url=False, include_context=False):
+        where = ".".join(str(part) for part in err["loc"]) or "(file)"
+        secret = any(word in str(part).lower() for part in err["loc"]
+                     for word in SECRET_FIELD_WORDS)
+        value = err.get("input")
+        shown = ""
+        known = err["type"] != "extra_forbidden"  # a misspelt field may be a secret's
+        if known and not secret and (isinstance(value, bool | int | float)
+                           or (isinstance(value, str) and len(value) <= 80)):
+            shown = f" (got {value!r})"
+        lines.append(f"  {where}: {err['msg']}{shown}")
+    return "\n".join(lines)
 
 
 def load_config(path: str | Path) -> Config:

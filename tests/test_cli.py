@@ -174,3 +174,64 @@ def test_serve_a_gguf_file_in_one_line() -> None:
         proc.wait(timeout=30)
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+SECRETS = ("adm-0123456789-topsecret-admin", "met-0123456789-topsecret-metrics",
+           "pw-0123456789-topsecret-redis", "sk-0123456789-topsecret-tenant-key")
+SECRET_CONFIG = f"""
+[server]
+admin_key = "{SECRETS[0]}"
+metrics_kee = "{SECRETS[1]}"
+[quota]
+backend = "redis"
+redis_url = "redis://sluice:{SECRETS[2]}@127.0.0.1:1/0"
+timeout_ms = 0
+[workers]
+count = 1
+[[models]]
+id = "chat"
+kind = "generative"
+backend = "synthetic"
+task = "generation"
+memory_bytes = 1000
+options = {{ load_s = 0.0 }}
+[[tenants]]
+id = "acme"
+api_keys = ["{SECRETS[3]}"]
+priority = 1
+priority_ceiling = 3
+"""
+
+
+def test_a_config_error_names_the_fields_and_prints_no_secret(tmp_path: Path) -> None:
+    """A misspelt key field, a tenant-level error (whose input is the tenant's table, keys
+    included) and an error beside a password-carrying Redis URL: every field is named, no
+    part of a secret is printed; fixed, the same file serves."""
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SECRET_CONFIG)
+    out = sluice("serve", "-c", str(bad), "--port", "1")
+    assert out.returncode == 2
+    for secret in SECRETS:  # not even a tail of one
+        assert secret[-12:] not in out.stderr + out.stdout, out.stderr
+    for field in ("server.metrics_kee", "tenants.0", "priority_ceiling (3)",
+                  "quota.timeout_ms", "(got 0)"):
+        assert field in out.stderr, (field, out.stderr)
+    good = tmp_path / "good.toml"
+    good.write_text(SECRET_CONFIG.replace("metrics_kee", "metrics_key")
+                    .replace("timeout_ms = 0", "timeout_ms = 250")
+                    .replace("priority_ceiling = 3", "priority_ceiling = 0")
+                    .replace('backend = "redis"', 'backend = "memory"'))
+    port = free_port()
+    proc = start_serve(good, port)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       headers={"authorization": f"Bearer {SECRETS[3]}"},
+                       json={"model": "chat", "prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        assert proc.stdout is not None
+        logged = proc.stdout.read().decode()
+        proc.stdout.close()
+    assert not any(secret in logged for secret in SECRETS)

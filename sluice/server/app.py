@@ -87,8 +87,11 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
             log.info("sluice stopped; %d request(s) cancelled at shutdown", cancelled)
             await quota.aclose()
 
+    schema = config.server.openapi  # off by default: the schema lists the admin routes
     app = FastAPI(title="sluice", version="0.1.0", lifespan=lifespan,
-                  summary="An adaptive inference server")
+                  summary="An adaptive inference server",
+                  openapi_url="/openapi.json" if schema else None,
+                  docs_url="/docs" if schema else None, redoc_url="/redoc" if schema else None)
     app.state.ctx = ctx
     app.add_middleware(GuardMiddleware, max_body_bytes=config.server.max_body_bytes)
     # Added last, so outermost: it logs every answer, the guard's 413s included.

@@ -30,7 +30,7 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
                 synth_embed(batch_fixed_s=0.0005, per_item_s=0.0001, load_s=0.0)],
         workers={"count": 1, "inbox_capacity": 16},
         # open_admin: the admin routes are fuzzed too (without it they answer only 403)
-        server={"default_model": "synth-chat", "open_admin": True}))
+        server={"default_model": "synth-chat", "open_admin": True, "openapi": True}))
     result = fuzz(live.url, max_examples=MAX_EXAMPLES, max_time_s=MAX_TIME_S,
                   report_dir=tmp_path)
     assert result["exit_code"] == 0, result["output_tail"]

@@ -155,7 +155,8 @@ def test_admin_routes_need_the_admin_key_when_one_is_configured(
     serve: Callable[..., LiveServer],
 ) -> None:
     live = serve(config_with(models=[synth_chat(), synth_embed()], workers={"count": 1},
-                             server={"admin_key": ADMIN, "default_model": "synth-chat"}))
+                             server={"admin_key": ADMIN, "default_model": "synth-chat",
+                                     "openapi": True}))
     with live.client() as c:
         paths = c.get("/openapi.json").json()["paths"]
         admin_paths = [p for p in paths if p.startswith("/admin")]
