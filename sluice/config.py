@@ -70,6 +70,12 @@ class ModelConfig(_Strict):
     ttft_deadline_ms: float | None = Field(default=None, gt=0)
     """Generative: first-token deadline of requests that bring none and whose tenant sets
     none; one predicted to miss it is refused at once (503 ``deadline_infeasible``)."""
+    ttft_target_ms: float | None = Field(default=None, gt=0)
+    """Generative: first-token target of requests that bring none and whose tenant sets
+    none. Soft: while the waiting line would miss it, the engine runs more sequences at
+    once than the TPOT target allows (up to the most that keep requests within both
+    targets); one predicted to miss it even so is refused at once (503
+    ``deadline_infeasible`` with a Retry-After); an admitted one is never ended late."""
     step_cost_file: str | None = None
     """Generative: a profiled step-time model (JSON from ``bench/micro/kv_layout.py``), the prior
     that the engine refines online."""
@@ -105,6 +111,7 @@ class ModelConfig(_Strict):
             tpot_target_s=None if self.tpot_target_ms is None else self.tpot_target_ms / 1000,
             ttft_deadline_s=None if self.ttft_deadline_ms is None
             else self.ttft_deadline_ms / 1000,
+            ttft_target_s=None if self.ttft_target_ms is None else self.ttft_target_ms / 1000,
             step_cost_path=self.step_cost_file,
             step_cost_warmup=self.step_cost_warmup,
         )
@@ -242,6 +249,9 @@ class TenantConfig(_Strict):
     default_ttft_deadline_ms: float | None = Field(default=None, gt=0)
     """First-token deadline of the tenant's generative requests that bring none (before
     the model's ``ttft_deadline_ms``)."""
+    default_ttft_target_ms: float | None = Field(default=None, gt=0)
+    """First-token target (soft) of the tenant's generative requests that bring none
+    (before the model's ``ttft_target_ms``)."""
     limits: TenantLimits = Field(default_factory=TenantLimits)
 
     def all_api_keys(self) -> list[str]:
@@ -543,6 +553,10 @@ def load_config(path: str | Path) -> Config:
 DEFAULT_TPOT_TARGET_MS = 150.0
 """The packaged model's time per output token target: the TPOT bound of issue 15's goodput
 (a reader's pace is about 5-10 tokens/s; 150 ms keeps a stream ahead of it)."""
+DEFAULT_TTFT_TARGET_MS = 2000.0
+"""The packaged model's first-token target: while the waiting line would miss it, the
+engine runs past the TPOT target's width rather than queue without bound, and refuses
+early (with a Retry-After) what would miss it even so."""
 DEFAULT_SEQ_SLOTS = 32
 """The packaged model's sequence slots: a ceiling, not the decision (the TPOT budget picks
 how many decode at once). Gemma 3 270M decodes 32 at once in 115-138 ms a step on 2 cores
@@ -575,6 +589,7 @@ def default_config() -> Config:
                     "load_cost_s": 1.0,
                     "task": "generation",
                     "tpot_target_ms": DEFAULT_TPOT_TARGET_MS,
+                    "ttft_target_ms": DEFAULT_TTFT_TARGET_MS,
                     # the step-time prior measured on this host at load, not a guess
                     "step_cost_warmup": True,
                     "options": {"path": "packaged:gemma-3-270m", "n_ctx": n_ctx,

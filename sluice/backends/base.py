@@ -45,6 +45,10 @@ class ModelSpec:
     ttft_deadline_s: float | None = None
     """Generative models: the first-token deadline of a request that brings none (and
     whose tenant sets none); ``None``: no deadline."""
+    ttft_target_s: float | None = None
+    """Generative models: the first-token target (soft) of a request that brings none (and
+    whose tenant sets none): the engine widens past the TPOT budget to start its line by
+    it and refuses on arrival what would miss it even so; ``None``: no target."""
     step_cost_path: str | None = None
     """Generative models: a profiled ``StepCost`` JSON, the prior of the learned step-time
     model (``None``: ``step_cost_warmup``, else a rough default, refined online within

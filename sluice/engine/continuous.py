@@ -87,7 +87,8 @@ from sluice.policy.step_planner import (
 )
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.tpot_margin import TpotMargin
-from sluice.policy.ttft import LineEntry, TtftPrediction, predict_engine_ttft
+from sluice.policy.ttft import LineEntry, TtftPrediction
+from sluice.policy.width import WidthPlan, engine_width, predict_engine_ttft
 
 STEP_COST_WINDOW = 192
 """Steps the step-time model is fitted on (about 25 s of 130 ms steps): a host that slows
@@ -221,6 +222,9 @@ class ContinuousEngine:
         self.step_times = StepTimes()
         """Every step's time by its decodes and whether it fed a prompt (cumulative)."""
         self.tpot_target_s = model.spec.tpot_target_s
+        self.width: WidthPlan | None = None
+        """The last width decision made with requests waiting (``sluice.policy.width``):
+        how many sequences the TPOT target let decode at once, and why."""
 
     # -- queue ---------------------------------------------------------------------------
 
@@ -250,9 +254,11 @@ class ContinuousEngine:
         elif (late := self._late_start(req, self._line_position(req))) is not None:
             now = self._clock()
             ttft, retry_s = late
-            left_s = (req.ttft_deadline_s or now) - now
+            left_s = (req.first_token_due_s or now) - now
+            what = ("deadline" if req.ttft_deadline_s is not None
+                    and req.ttft_deadline_s == req.first_token_due_s else "target")
             req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
-                       error=f"first-token deadline infeasible: predicted first token in "
+                       error=f"first-token {what} infeasible: predicted first token in "
                              f"{ttft.ttft_s:.3g} s (a slot frees in {ttft.start_wait_s:.3g} s "
                              f"at {ttft.concurrency} sequences, {ttft.decode_step_s * 1000:.0f}"
                              f" ms a step), {left_s:.3g} s left; retry in {retry_s:.3g} s",
@@ -277,12 +283,12 @@ class ContinuousEngine:
         req.finish(RequestStatus.FAILED, self._clock(), error=error, error_code=code)
         self._on_retire(req)
 
-    def predict_ttft(self, prompt_tokens: int, n: int = 1, position: int | None = None,
-                     max_tokens: int = DEFAULT_NEW_TOKENS_GUESS) -> TtftPrediction:
-        """When a request with this prompt (and token budget), joining the waiting line at
-        ``position`` (its end by default) now, would get its first token: the running
-        sequences and the line ahead of it against the learned step-time model."""
-        cost = self.step_cost.current()
+    def _line(self, position: int | None = None) -> tuple[list[LineEntry], list[int],
+                                                          list[LineEntry], list[float | None]]:
+        """The engine as the width plan and the TTFT prediction see it: the running
+        sequences (and held fork slots), the KV positions they hold, the waiting line up
+        to ``position`` (all of it by default), and each waiting request's seconds until
+        its first token is due (None: no target or deadline)."""
         running = [LineEntry(max(0, s.n_prompt - s.n_fed),
                              max(0, s.req.params.max_tokens - s.generated))
                    for s in self.running.values()]
@@ -291,23 +297,39 @@ class ContinuousEngine:
         ahead = list(self.waiting)[:position]
         waiting = [LineEntry(len(r.prompt_tokens), r.params.max_tokens, max(1, r.params.n))
                    for r in ahead]
+        now = self._clock()
+        lefts = [None if (due := r.first_token_due_s) is None else due - now for r in ahead]
+        return running, [s.n_fed for s in self.running.values()], waiting, lefts
+
+    def predict_ttft(self, prompt_tokens: int, n: int = 1, position: int | None = None,
+                     max_tokens: int = DEFAULT_NEW_TOKENS_GUESS,
+                     ttft_left_s: float | None = None) -> TtftPrediction:
+        """When a request with this prompt (and token budget), joining the waiting line at
+        ``position`` (its end by default) now, would get its first token: the running
+        sequences and the line ahead of it against the learned step-time model, at the
+        width the engine would plan with it in line (``ttft_left_s``: seconds until its
+        own first token is due)."""
+        running, held, waiting, lefts = self._line(position)
         return predict_engine_ttft(
-            cost, tpot_target_s=self.tpot_target_s, n_seq_max=self.model.n_seq_max,
-            kv=self.kv, running=running, held_tokens=[s.n_fed for s in self.running.values()],
+            self.step_cost.current(), tpot_target_s=self.tpot_target_s,
+            n_seq_max=self.model.n_seq_max, kv=self.kv, running=running, held_tokens=held,
             waiting=waiting, prompt_tokens=prompt_tokens, n=n, max_tokens=max_tokens,
-            margin=self.tpot_margin.margin())
+            margin=self.tpot_margin.margin(), waiting_ttft_left_s=lefts,
+            ttft_left_s=ttft_left_s)
 
     def _late_start(self, req: Request, position: int) -> tuple[TtftPrediction, float] | None:
-        """For a request with a first-token deadline predicted to be missed: the prediction
-        and a Retry-After (when the line ahead will have drained enough); else None."""
-        if req.ttft_deadline_s is None:
+        """For a request whose first token is due (a target or a deadline) and predicted
+        late even at the widest width the engine would plan: the prediction and a
+        Retry-After (when the line ahead will have drained enough); else None."""
+        due = req.first_token_due_s
+        if due is None:
             return None
         now = self._clock()
         ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n), position,
-                                 req.params.max_tokens)
-        if now + ttft.ttft_s <= req.ttft_deadline_s:
+                                 req.params.max_tokens, due - now)
+        if now + ttft.ttft_s <= due:
             return None
-        allowed_s = req.ttft_deadline_s - req.arrival_s
+        allowed_s = due - req.arrival_s
         retry_s = clamp_retry_after(ttft.ttft_s - allowed_s, 1.0, 60.0)
         return ttft, retry_s
 
@@ -399,11 +421,20 @@ class ContinuousEngine:
 
     def budget(self) -> StepBudget:
         """The step budget for the next plan: the TPOT target against the step-time model
-        learned so far, or the token budget alone when the model sets no target."""
+        learned so far, at the width ``sluice.policy.width`` plans for the waiting line,
+        or the token budget alone when the model sets no target."""
         if self.tpot_target_s is None or self.config.mode != "continuous":
             return TOKENS_ONLY
-        return TpotBudget(self.step_cost.current(), self.tpot_target_s,
-                          self.tpot_margin.margin())
+        cost = self.step_cost.current()
+        margin = self.tpot_margin.margin()
+        if not self.waiting:  # nothing to admit: the width decides nothing this step
+            return TpotBudget(cost, self.tpot_target_s, margin)
+        running, held, waiting, lefts = self._line()
+        self.width = engine_width(cost, tpot_target_s=self.tpot_target_s, margin=margin,
+                                  n_seq_max=self.model.n_seq_max, kv=self.kv,
+                                  running=running, held_tokens=held, waiting=waiting,
+                                  ttft_left_s=lefts)
+        return TpotBudget(cost, self.tpot_target_s, margin, limit_s=self.width.step_limit_s)
 
     def _learn(self, batch: _Batch, seconds: float) -> None:
         """Feed one step's measured time to the step-time model and the tally: from the

@@ -184,6 +184,11 @@ class Request:
     ttft_deadline_s: float | None = None
     """Generative: when its first token is due; one that cannot start in time is refused
     (``deadline_infeasible``) or ended (``deadline``), never left waiting past it."""
+    ttft_target_s: float | None = None
+    """Generative: when its first token is wanted (soft): the engine widens its batch past
+    the TPOT budget to start the line by it, and refuses on arrival one predicted to miss
+    it even so (``deadline_infeasible``, with a Retry-After); once admitted it is never
+    ended for being late."""
     listeners: list[Listener] = field(default_factory=list)
     # Decision record, filled as the request moves through the system.
     worker_id: int | None = None
@@ -216,6 +221,11 @@ class Request:
         deadline, or its first-token deadline while no token has come."""
         return request_start_by_s(self.deadline_s, self.ttft_deadline_s,
                                   self.times.first_token_s)
+
+    @property
+    def first_token_due_s(self) -> float | None:
+        """The earlier of its first-token target and deadline (None: neither)."""
+        return _earliest(self.ttft_target_s, self.ttft_deadline_s)
 
     def missed_start(self, now: float) -> bool:
         """Whether ``now`` is past ``start_by_s``."""
@@ -300,3 +310,9 @@ def expired_what(req: Request, now: float) -> str:
     if req.deadline_s is not None and now >= req.deadline_s:
         return "deadline"
     return "first-token deadline"
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)

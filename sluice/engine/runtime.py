@@ -267,17 +267,21 @@ class Runtime:
         priority: int = 5,
         deadline_s: float | None = None,
         ttft_deadline_s: float | None = None,
+        ttft_target_s: float | None = None,
     ) -> Request:
         """A request with a fresh id, not yet submitted (attach listeners, then submit).
         ``model_id`` may name a model group: the planner picks the variant at submission.
         A generative request without a first-token deadline gets its model's default
-        (``ModelSpec.ttft_deadline_s`` after arrival), if it has one."""
+        (``ModelSpec.ttft_deadline_s`` after arrival), if it has one; so for the first-token
+        target (``ModelSpec.ttft_target_s``)."""
         spec = self.spec_for(model_id)
         if spec is None:
             raise KeyError(model_id)
         now = self.clock()
         if ttft_deadline_s is None and spec.ttft_deadline_s is not None:
             ttft_deadline_s = now + spec.ttft_deadline_s
+        if ttft_target_s is None and spec.ttft_target_s is not None:
+            ttft_target_s = now + spec.ttft_target_s
         return Request(
             request_id=next(self._ids),
             model_id=model_id,
@@ -290,6 +294,7 @@ class Runtime:
             priority=priority,
             deadline_s=deadline_s,
             ttft_deadline_s=ttft_deadline_s if spec.kind == "generative" else None,
+            ttft_target_s=ttft_target_s if spec.kind == "generative" else None,
         )
 
     def try_submit(self, req: Request) -> Rejection | None:

@@ -36,6 +36,7 @@ from sluice.policy.residency import Residency
 from sluice.policy.step_cost import StepCost
 from sluice.policy.tpot_margin import MarginState
 from sluice.policy.types import WorkerView
+from sluice.policy.width import WidthPlan
 
 IDLE_POLL_S = 0.5
 """Longest sleep of an idle worker (it is woken at once by new work)."""
@@ -119,6 +120,10 @@ class ModelState:
     tpot_margin: MarginState | None = None
     """Generative: the share of its TPOT target a planned step may take, learned from the
     measured cycles against ``step_cost``'s predictions (``sluice.policy.tpot_margin``)."""
+    width: WidthPlan | None = None
+    """Generative: its engine's last decision of how many sequences decode at once with
+    requests waiting, and why (``sluice.policy.width``: the TPOT target's width, or
+    widened for the line's first-token targets)."""
     step_times: Mapping[str, StepBucket] = field(default_factory=dict)
     """Generative: every step its engine ran since the model loaded, by decodes and
     whether it fed a prompt (``sluice.engine.step_times``): the measured table beside the
@@ -604,6 +609,7 @@ class Worker:
                     step_cost=engine.step_cost.current() if engine else None,
                     step_samples=engine.step_cost.samples_seen if engine else 0,
                     tpot_margin=engine.tpot_margin.state() if engine else None,
+                    width=engine.width if engine else None,
                     step_times=engine.step_times.snapshot() if engine else {},
                 )
             )

@@ -41,6 +41,10 @@ class TpotBudget:
     """Share of the target a planned step may take (``TpotMargin.margin()``)."""
     min_prefill_tokens: int = 16
     """Prompt tokens a step may feed even when its decodes fill the target (progress)."""
+    limit_s: float | None = None
+    """The longest step to plan when the width plan widened past the budget to start the
+    waiting line by its first-token targets (``sluice.policy.width``); None: ``margin ×
+    tpot_target_s``."""
 
     def __post_init__(self) -> None:
         if not (self.tpot_target_s > 0 and math.isfinite(self.tpot_target_s)):
@@ -48,13 +52,15 @@ class TpotBudget:
                              f"{self.tpot_target_s!r}")
         if not 0 < self.margin <= 1:
             raise ValueError(f"margin must be in (0, 1], got {self.margin!r}")
+        if self.limit_s is not None and not self.limit_s > 0:
+            raise ValueError(f"limit_s must be > 0, got {self.limit_s!r}")
         if self.min_prefill_tokens < 1:
             raise ValueError(f"min_prefill_tokens must be >= 1, got {self.min_prefill_tokens}")
 
     @property
     def step_limit_s(self) -> float:
         """The longest step the budget plans."""
-        return self.margin * self.tpot_target_s
+        return self.margin * self.tpot_target_s if self.limit_s is None else self.limit_s
 
     def prefill_room_tokens(self, load: StepLoad) -> int:
         if load.decode_tokens == 0:

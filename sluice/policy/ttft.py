@@ -24,9 +24,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_cost import StepCost
-from sluice.policy.tpot_budget import TpotBudget
 
 
 def request_start_by_s(deadline_s: float | None, ttft_deadline_s: float | None,
@@ -79,12 +77,13 @@ def max_concurrency(cost: StepCost, step_limit_s: float | None, slots: int,
     return best
 
 
-def predict_ttft(cost: StepCost, *, concurrency: int, context_tokens_per_seq: float,
-                 running: Sequence[LineEntry], waiting: Sequence[LineEntry],
-                 new_prompt_tokens: int, new_n: int = 1) -> TtftPrediction:
-    """The first-token time of a request with a ``new_prompt_tokens`` prompt arriving now,
-    behind ``running`` (holding slots) and ``waiting`` (in line, in order)."""
-    concurrency = max(1, concurrency, new_n)
+def line_first_tokens_s(cost: StepCost, *, concurrency: int, context_tokens_per_seq: float,
+                        running: Sequence[LineEntry],
+                        waiting: Sequence[LineEntry]) -> list[tuple[float, float]]:
+    """Each waiting entry's (slot start, first token), seconds from now, when up to
+    ``concurrency`` sequences run at once behind ``running`` (holding slots) and the
+    entries ahead of it in ``waiting`` (in order): the event simulation of the module."""
+    concurrency = max(1, concurrency)
     step_s = cost.predict_s(concurrency, 0, int(concurrency * context_tokens_per_seq))
     per_prefill = cost.per_prefill_token_s
     releases: list[float] = []
@@ -94,43 +93,38 @@ def predict_ttft(cost: StepCost, *, concurrency: int, context_tokens_per_seq: fl
     free = concurrency - len(releases)
     releases.extend([0.0] * max(0, free))
     heapq.heapify(releases)
+    out: list[tuple[float, float]] = []
     for entry in waiting:
-        start = max(_take(releases) for _ in range(min(entry.n, concurrency)))
-        done_s = start + entry.prompt_tokens * per_prefill + entry.tokens_left * step_s
-        for _ in range(min(entry.n, concurrency)):
+        n = min(entry.n, concurrency)
+        start_s = max(_take(releases) for _ in range(n))
+        # its prefill step decodes beside it the sequences holding slots then: those
+        # running now when a slot is free at once, else (it starts as a slot frees) a
+        # full engine
+        width = concurrency - n
+        decodes = width if start_s > 0 else min(width, sum(1 for t in releases if t > 0))
+        prefill_step_s = cost.predict_s(decodes, entry.prompt_tokens,
+                                        int(decodes * context_tokens_per_seq))
+        out.append((start_s, start_s + prefill_step_s))
+        done_s = start_s + entry.prompt_tokens * per_prefill + entry.tokens_left * step_s
+        for _ in range(n):
             heapq.heappush(releases, done_s)
-    start_s = max(_take(releases) for _ in range(min(new_n, concurrency)))
-    # its prefill step decodes beside it the sequences holding slots then: those running
-    # now when a slot is free at once, else (it starts as a slot frees) a full engine
-    width = concurrency - min(new_n, concurrency)
-    decodes = width if start_s > 0 else min(width, sum(1 for t in releases if t > 0))
-    prefill_step_s = cost.predict_s(decodes, new_prompt_tokens,
-                                    int(decodes * context_tokens_per_seq))
-    return TtftPrediction(start_s + prefill_step_s, start_s, step_s, concurrency)
+    return out
+
+
+def predict_ttft(cost: StepCost, *, concurrency: int, context_tokens_per_seq: float,
+                 running: Sequence[LineEntry], waiting: Sequence[LineEntry],
+                 new_prompt_tokens: int, new_n: int = 1) -> TtftPrediction:
+    """The first-token time of a request with a ``new_prompt_tokens`` prompt arriving now,
+    behind ``running`` (holding slots) and ``waiting`` (in line, in order)."""
+    concurrency = max(1, concurrency, new_n)
+    step_s = cost.predict_s(concurrency, 0, int(concurrency * context_tokens_per_seq))
+    line = [*waiting, LineEntry(new_prompt_tokens, 0, new_n)]
+    start_s, ttft_s = line_first_tokens_s(cost, concurrency=concurrency,
+                                          context_tokens_per_seq=context_tokens_per_seq,
+                                          running=running, waiting=line)[-1]
+    return TtftPrediction(ttft_s, start_s, step_s, concurrency)
 
 
 def _take(releases: list[float]) -> float:
     """The earliest slot release (the heap holds at least one per slot)."""
     return heapq.heappop(releases)
-
-
-def predict_engine_ttft(cost: StepCost, *, tpot_target_s: float | None, n_seq_max: int,
-                        kv: KVBlockAllocator, running: Sequence[LineEntry],
-                        held_tokens: Sequence[int], waiting: Sequence[LineEntry],
-                        prompt_tokens: int, n: int, max_tokens: int,
-                        margin: float) -> TtftPrediction:
-    """``predict_ttft`` for one engine's state, as the engine and the simulator both ask it:
-    the sequences decoding at once are the most whose step stays within the TPOT budget's
-    limit (``tpot_target_s`` at ``margin``, the engine's learned one; all the slots
-    without a target) and that the KV pool holds at
-    ``prompt_tokens + max_tokens`` each; each attends to the mean of ``held_tokens`` (the
-    KV positions the running sequences hold; the new prompt's length when none runs)."""
-    context = sum(held_tokens) / len(held_tokens) if held_tokens else float(prompt_tokens)
-    limit = None if tpot_target_s is None else TpotBudget(cost, tpot_target_s,
-                                                         margin).step_limit_s
-    slots = min(n_seq_max, max(1, kv.total_blocks // max(1, kv.blocks_needed(
-        prompt_tokens + max_tokens))))
-    concurrency = max_concurrency(cost, limit, slots, context)
-    return predict_ttft(cost, concurrency=concurrency, context_tokens_per_seq=context,
-                        running=running, waiting=waiting, new_prompt_tokens=prompt_tokens,
-                        new_n=n)

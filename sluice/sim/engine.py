@@ -48,7 +48,8 @@ from sluice.policy.step_planner import (
 )
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.tpot_margin import TpotMargin
-from sluice.policy.ttft import LineEntry, predict_engine_ttft
+from sluice.policy.ttft import LineEntry
+from sluice.policy.width import WidthPlan, engine_width, predict_engine_ttft
 from sluice.sim.request import SimRequest
 
 
@@ -88,37 +89,55 @@ class SimEngine:
         charged seconds against the linear model's prediction."""
         self.steps = 0
         self.busy_s = 0.0
+        self.width: WidthPlan | None = None
+        """The last width decision made with requests waiting (as the engine's)."""
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def _line(self, now: float) -> tuple[list[LineEntry], list[int], list[LineEntry],
+                                         list[float | None]]:
+        """The engine as the width plan sees it (as ``ContinuousEngine._line``)."""
+        running = [LineEntry(max(0, s.req.n_prompt - s.n_fed),
+                             max(0, s.req.max_tokens - s.req.generated))
+                   for s in self.running.values()]
+        waiting = [LineEntry(r.n_prompt, r.max_tokens) for r in self.waiting]
+        lefts = [None if (due := r.first_token_due_s) is None else due - now
+                 for r in self.waiting]
+        return running, [s.n_fed for s in self.running.values()], waiting, lefts
+
     def refusal(self, req: SimRequest, now: float) -> str | None:
         """Why ``req`` is refused on arrival here (as ``ContinuousEngine.add`` refuses): it
-        can never fit, or its first token is predicted past its first-token deadline;
-        else None."""
+        can never fit, or its first token is predicted past its first-token deadline or
+        target at the width the engine would plan; else None."""
         if self.kv.never_fits(req.n_prompt + req.max_tokens):
             return "context_length_exceeded"
-        if req.ttft_deadline_s is not None:
-            running = [LineEntry(max(0, s.req.n_prompt - s.n_fed),
-                                 max(0, s.req.max_tokens - s.req.generated))
-                       for s in self.running.values()]
-            waiting = [LineEntry(r.n_prompt, r.max_tokens) for r in self.waiting]
+        due = req.first_token_due_s
+        if due is not None:
+            running, held, waiting, lefts = self._line(now)
             ttft = predict_engine_ttft(
                 self.cost, tpot_target_s=self.tpot_target_s, n_seq_max=self.n_seq_max,
-                kv=self.kv, running=running,
-                held_tokens=[s.n_fed for s in self.running.values()], waiting=waiting,
+                kv=self.kv, running=running, held_tokens=held, waiting=waiting,
                 prompt_tokens=req.n_prompt, n=1, max_tokens=req.max_tokens,
-                margin=self.tpot_margin.margin())
-            if now + ttft.ttft_s > req.ttft_deadline_s:
+                margin=self.tpot_margin.margin(), waiting_ttft_left_s=lefts,
+                ttft_left_s=due - now)
+            if now + ttft.ttft_s > due:
                 return "deadline_infeasible"
         return None
 
-    def budget(self) -> StepBudget:
+    def budget(self, now: float) -> StepBudget:
         """The step budget of the next plan (as ``ContinuousEngine.budget``)."""
         if self.tpot_target_s is None or self.config.mode != "continuous":
             return TOKENS_ONLY
-        return TpotBudget(self.cost, self.tpot_target_s, self.tpot_margin.margin())
+        margin = self.tpot_margin.margin()
+        if not self.waiting:
+            return TpotBudget(self.cost, self.tpot_target_s, margin)
+        running, held, waiting, lefts = self._line(now)
+        self.width = engine_width(self.cost, tpot_target_s=self.tpot_target_s, margin=margin,
+                                  n_seq_max=self.n_seq_max, kv=self.kv, running=running,
+                                  held_tokens=held, waiting=waiting, ttft_left_s=lefts)
+        return TpotBudget(self.cost, self.tpot_target_s, margin, limit_s=self.width.step_limit_s)
 
     def expire(self, now: float) -> list[SimRequest]:
         """Requests past their deadline, or their first-token deadline with no token yet,
@@ -155,7 +174,7 @@ class SimEngine:
     def start_step(self, now: float) -> tuple[StepPlan, float]:
         """Plan and apply one step at ``now``; returns the plan and its seconds (0 and
         no chunks when there is nothing to feed)."""
-        plan = plan_step(self.config, self.view(now), self.budget())
+        plan = plan_step(self.config, self.view(now), self.budget(now))
         for adm in plan.admissions:
             req = self.waiting.popleft()
             if req.request_id != adm.request_id:  # the planner admits from the head

@@ -90,6 +90,8 @@ class Fleet:
         model = self.config.models.get(arrival.model)
         if model is not None and model.ttft_deadline_s is not None:  # as the runtime: from
             req.ttft_deadline_s = now + model.ttft_deadline_s      # its arrival there
+        if model is not None and model.ttft_target_s is not None:
+            req.ttft_target_s = now + model.ttft_target_s
         if self.requests is not None:
             self.requests.append(req)
         if model is None and not any(

@@ -46,6 +46,7 @@ class SimRequest:
         "status",
         "tenant",
         "ttft_deadline_s",
+        "ttft_target_s",
         "waiting_ahead",
         "worker",
     )
@@ -65,6 +66,9 @@ class SimRequest:
         """Absolute deadline, or ``None``."""
         self.ttft_deadline_s: float | None = None
         """Generative: absolute first-token deadline (the model's default), or ``None``."""
+        self.ttft_target_s: float | None = None
+        """Generative: absolute first-token target (the model's default, soft: the server's
+        ``Request.ttft_target_s``), or ``None``."""
         self.n_prompt = max(1, n_prompt)
         self.max_tokens = max(1, max_tokens)
         self.prefix_id = prefix_id
@@ -115,6 +119,12 @@ class SimRequest:
         ``Request.start_by_s``): its deadline, or its first-token deadline while no token
         has come, whichever is earlier."""
         return request_start_by_s(self.deadline_s, self.ttft_deadline_s, self.first_token_s)
+
+    @property
+    def first_token_due_s(self) -> float | None:
+        """The earlier of its first-token target and deadline (None: neither)."""
+        due = [t for t in (self.ttft_target_s, self.ttft_deadline_s) if t is not None]
+        return min(due) if due else None
 
     def missed_start(self, now: float) -> bool:
         start_by = self.start_by_s

@@ -39,6 +39,8 @@ class SimModel:
     """Generative: the TPOT target its engine's step budget keeps to (``TpotBudget``)."""
     ttft_deadline_s: float | None = None
     """Generative: the default first-token deadline, seconds after arrival."""
+    ttft_target_s: float | None = None
+    """Generative: the default first-token target (soft), seconds after arrival."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +134,8 @@ class SimConfig:
                 cost=model_cost(spec.model_id, spec.kind, spec.backend, opts, spec.load_cost_s,
                                 costs, base_dir),
                 accuracy=float(opts.get("accuracy", 0.0)), n_seq_max=n_seq, n_ctx_total=n_ctx,
-                tpot_target_s=spec.tpot_target_s, ttft_deadline_s=spec.ttft_deadline_s)
+                tpot_target_s=spec.tpot_target_s, ttft_deadline_s=spec.ttft_deadline_s,
+                ttft_target_s=spec.ttft_target_s)
         return cls(
             models=models,
             groups=tuple(SimGroup(g.group_id, tuple(g.variants), g.planner,

@@ -155,16 +155,18 @@ def with_ttft(req: Request, ttft_deadline_s: float) -> Request:
 
 def test_a_request_predicted_to_miss_its_first_token_deadline_is_refused_at_once(
         tmp_path: Path) -> None:
-    # 2 ms + 10 ms per decode under 60 ms: 4 run at once (the prior is exact here).
+    # 2 ms + 10 ms per decode under 60 ms: 4 run at once within the budget (0.85 x 60 ms),
+    # 5 within the target itself (the prior is exact here).
     prior = tmp_path / "cost.json"
     StepCost(0.002, 0.010, 0.0001).save(prior)
     eng, _, retired = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
-    busy = [request(max_tokens=40) for _ in range(4)]
+    busy = [request(max_tokens=40) for _ in range(5)]
     for r in busy:
         eng.add(r)
-    eng.step()  # all four start
-    # A slot frees after 40 more steps of 42 ms (~1.7 s): a 1 s first-token deadline
-    # cannot be met, a 3 s one can.
+    eng.step()  # four start, the fifth waits (no first-token target: no widening)
+    # Widening to 5 starts the fifth at once but leaves no slot within the TPOT target;
+    # a slot frees after 40 more steps (~1.7 s): a 1 s first-token deadline cannot be
+    # met, a 3 s one can.
     late = with_ttft(request(), eng._clock() + 1.0)
     eng.add(late)
     assert late.status == RequestStatus.REJECTED and late in retired
@@ -317,3 +319,100 @@ def test_a_host_that_slows_down_is_followed_within_the_window() -> None:
     for _ in range(6):  # 270 steps: more than the window
         wave()
     assert eng.step_cost.current().predict_s(8) == pytest.approx(0.162, rel=0.05)
+
+
+# -- first-token targets: the TPOT target soft while the line would miss them -----------
+
+
+def with_target(req: Request, ttft_target_s: float) -> Request:
+    req.ttft_target_s = ttft_target_s
+    return req
+
+
+def test_a_line_past_its_first_token_target_widens_the_batch_and_refuses_the_rest(
+        tmp_path: Path) -> None:
+    """60 ms target, 2 ms + 10 ms a decode: 4 decode within the budget (51 ms), 5 within
+    the target. Six requests wanting a first token within 0.5 s: the fifth is started by
+    widening to 5; the sixth, which even 5 wide would start only when a slot frees
+    (~1.7 s), is refused at once with a Retry-After; nobody is ended for lateness."""
+    prior = tmp_path / "cost.json"
+    StepCost(0.002, 0.010, 0.0001).save(prior)
+    eng, model, retired = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
+    reqs = [with_target(request(max_tokens=40), 0.5) for _ in range(6)]
+    for r in reqs:
+        eng.add(r)
+    late = reqs[5]
+    assert late.status == RequestStatus.REJECTED and late in retired
+    assert late.final is not None and late.final.error_code == "deadline_infeasible"
+    assert "first-token target infeasible" in (late.final.error or "")
+    assert late.final.retry_after_s is not None and late.final.retry_after_s >= 1.0
+    eng.step()
+    assert len(eng.running) == 5
+    assert eng.width is not None and (eng.width.concurrency, eng.width.reason) == (5, "ttft")
+    assert eng.width.tpot_concurrency == 4
+    run(eng)
+    assert all(r.status == RequestStatus.COMPLETED for r in reqs[:5])
+    assert max(model.batch_sizes) == 5
+
+
+def test_without_first_token_targets_the_budget_alone_decides(tmp_path: Path) -> None:
+    prior = tmp_path / "cost.json"
+    StepCost(0.002, 0.010, 0.0001).save(prior)
+    eng, model, _ = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
+    reqs = [request(max_tokens=40) for _ in range(6)]
+    for r in reqs:
+        eng.add(r)
+    run(eng)
+    assert all(r.status == RequestStatus.COMPLETED for r in reqs)
+    assert max(model.batch_sizes) == 4
+    assert eng.width is not None and eng.width.reason == "tpot"
+
+
+def test_the_simulator_and_the_engine_make_the_same_width_decisions(tmp_path: Path) -> None:
+    """One arrival pattern (bursts with and without first-token targets) on the engine
+    (a timed synthetic model) and on ``SimEngine`` with the same step cost: every step
+    the same width, the same reason, the same sequences running, the same refusals."""
+    from sluice.sim.engine import SimEngine
+    from sluice.sim.request import SimRequest
+
+    cost = StepCost(0.002, 0.010, 0.0001)
+    prior = tmp_path / "cost.json"
+    cost.save(prior)
+    streams = replace(spec(tpot_target_s=0.060, step_cost_path=str(prior)),
+                      options={"speed_scale": 0.0, "n_seq_max": 16, "n_ctx_per_seq": 64,
+                               "kv_unified": False})
+    eng, _, retired = build(streams)
+    sim = SimEngine(eng.config, cost, n_ctx_total=16 * 64, n_seq_max=16,
+                    tpot_target_s=0.060)
+    bursts = {0: [(0.4, 30)] * 7, 20: [(None, 20)] * 6, 45: [(0.3, 10)] * 9}
+    sim_refused: list[int] = []
+    sim_now, trace_engine, trace_sim = 0.0, [], []
+    for step in range(400):
+        for i, (target, max_tokens) in enumerate(bursts.get(step, [])):
+            now = eng._clock()
+            r = request(max_tokens=max_tokens)
+            r.arrival_s = now
+            if target is not None:
+                r.ttft_target_s = now + target
+            eng.add(r)
+            s = SimRequest(1000 * step + i, "chat", sim_now, n_prompt=4, max_tokens=max_tokens)
+            if target is not None:
+                s.ttft_target_s = sim_now + target
+            if sim.refusal(s, sim_now) is not None:
+                sim_refused.append(1000 * step + i)
+            else:
+                sim.waiting.append(s)
+        if not eng.has_work and not sim.has_work and step > 45:
+            break
+        eng.step()
+        plan, seconds = sim.start_step(sim_now)
+        sim_now += seconds
+        sim.end_step(plan, sim_now)
+        for w, trace in ((eng.width, trace_engine), (sim.width, trace_sim)):
+            trace.append(None if w is None else (w.concurrency, w.reason, w.on_time))
+        assert len(eng.running) == len(sim.running), step
+        assert abs(eng._clock() - sim_now) < 1e-9
+    assert trace_engine == trace_sim
+    assert {w[1] for w in trace_engine if w} >= {"tpot", "ttft"}
+    refused = [r for r in retired if r.status == RequestStatus.REJECTED]
+    assert len(refused) == len(sim_refused) > 0

@@ -86,7 +86,7 @@ def test_an_engine_prediction_runs_as_many_sequences_as_the_budget_and_kv_allow(
     holding 3 such requests runs 3; neither limit: all 8."""
     from sluice.policy.kv_blocks import KVBlockAllocator
     from sluice.policy.tpot_margin import DEFAULT_MARGIN
-    from sluice.policy.ttft import predict_engine_ttft
+    from sluice.policy.width import predict_engine_ttft
 
     roomy = KVBlockAllocator.for_context(8 * 256, 8, 16, unified=True)
     tight = KVBlockAllocator.for_context(3 * 64, 8, 16, unified=True)

@@ -24,9 +24,12 @@ def server(serve_module: Callable[..., LiveServer], tmp_path_factory: pytest.Tem
     return serve_module(config_with(
         models=[{**synth_chat("slow", **one_slot), "step_cost_file": str(prior)},
                 {**synth_chat("slow-default", **one_slot), "step_cost_file": str(prior),
-                 "ttft_deadline_ms": 500}],
+                 "ttft_deadline_ms": 500},
+                {**synth_chat("slow-target", **one_slot), "step_cost_file": str(prior),
+                 "tpot_target_ms": 100, "ttft_target_ms": 500}],
         workers={"count": 1, "inbox_capacity": 4},
-        tenants=[{"id": "default"}, {"id": "eager", "default_ttft_deadline_ms": 500}],
+        tenants=[{"id": "default"}, {"id": "eager", "default_ttft_deadline_ms": 500},
+                 {"id": "keen", "default_ttft_target_ms": 500}],
     ))
 
 
@@ -81,3 +84,33 @@ def test_a_request_without_any_first_token_deadline_waits_its_turn(
         next(blocker.iter_lines())
         r = client.post("/v1/infer", json=_body("slow", 2))
         assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("model", "headers"), [
+    ("slow", {"x-sluice-ttft-target-ms": "500"}),
+    ("slow", {"x-tenant-id": "keen"}),
+    ("slow-target", {}),
+])
+def test_a_request_that_would_miss_its_first_token_target_is_refused_with_a_retry_after(
+        server: LiveServer, client: httpx.Client, model: str, headers: dict[str, str]) -> None:
+    """A first-token target (soft) refuses like a deadline what no width can start in time
+    (one slot, held 3 s); a request whose target allows the wait queues, is served, and
+    the width decision it waited under is in ``/status.json``."""
+    with server.client() as blocker_client, blocker_client.stream(
+            "POST", "/v1/infer", json=_body(model, 150, stream=True),
+            headers={"x-sluice-ttft-target-ms": "60000"}) as blocker:
+        assert blocker.status_code == 200
+        next(blocker.iter_lines())  # it runs
+        r = client.post("/v1/infer", json=_body(model, 3), headers=headers)
+        err = assert_error(r, 503, code="deadline_infeasible")
+        assert "first-token target infeasible" in err["message"]
+        assert 2 <= int(r.headers["retry-after"]) <= 4
+        patient = client.post("/v1/infer", json=_body(model, 2),
+                              headers={"x-sluice-ttft-target-ms": "60000"})
+        assert patient.status_code == 200, patient.text
+        blocker.close()
+    if model == "slow-target":
+        status = client.get("/status.json").json()
+        entry = next(m for w in status["workers"] for m in w["models"]
+                     if m["model_id"] == model)
+        assert entry["width"]["reason"] == "tpot" and entry["width"]["concurrency"] == 1

@@ -151,6 +151,17 @@ def ttft_deadline(ctx: AppContext, headers: Mapping[str, str],
     return None if ms is None else ctx.runtime.clock() + ms / 1000.0
 
 
+def ttft_target(ctx: AppContext, headers: Mapping[str, str],
+                tenant: TenantConfig) -> float | None:
+    """A generative request's absolute first-token target (soft): the
+    ``x-sluice-ttft-target-ms`` header (or gRPC metadata), then the tenant's default;
+    ``None`` leaves the model's default (``ttft_target_ms``) to the runtime."""
+    ms = _header_number(headers, "x-sluice-ttft-target-ms", 0, 86_400_000)
+    if ms is None:
+        ms = tenant.default_ttft_target_ms
+    return None if ms is None else ctx.runtime.clock() + ms / 1000.0
+
+
 def decision_headers(req: RtRequest) -> dict[str, str]:
     """The ``x-sluice-*`` headers that say how the runtime decided (id, tenant, priority
     served at, worker, queue wait, route, variant, predicted wait), and what to check a
@@ -434,6 +445,7 @@ async def generative_request(
         priority=prio,
         deadline_s=deadline_s,
         ttft_deadline_s=ttft_deadline(ctx, headers, tenant),
+        ttft_target_s=ttft_target(ctx, headers, tenant),
     )
 
 
