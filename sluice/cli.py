@@ -73,6 +73,8 @@ def _llama_flags(args: argparse.Namespace, config: Config) -> Config:
         ctx_size=args.ctx_size, parallel=args.parallel, threads=args.threads,
         batch_size=args.batch_size, n_gpu_layers=args.n_gpu_layers, chat_template=template,
         api_keys=tuple(keys), aliases=tuple(args.alias or ()),
+        keep_alive=args.keep_alive or os.environ.get("SLUICE_KEEP_ALIVE"),
+        pins=tuple(args.pin or ()),
     )
     files = [Path(f) for f in [*args.model_files, *(args.model or [])]]
     return apply_llama_flags(config, files, flags)
@@ -81,7 +83,8 @@ def _llama_flags(args: argparse.Namespace, config: Config) -> Config:
 def _llama_server_flags(p: argparse.ArgumentParser) -> None:
     """llama-server's (and vLLM's) flag names where they mean the same thing."""
     p.add_argument("model_files", nargs="*", metavar="PATH.gguf",
-                   help="serve these GGUF files (instead of the config's models)")
+                   help="serve these GGUF files, or every GGUF in a folder (instead of the "
+                        "config's models)")
     p.add_argument("-m", "--model", action="append", metavar="PATH.gguf",
                    help="a GGUF file to serve (llama-server's -m; repeatable)")
     p.add_argument("--alias", "--served-model-name", action="append", metavar="NAME",
@@ -100,6 +103,12 @@ def _llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template", metavar="JINJA_OR_NAME",
                    help="a Jinja chat template, or a llama.cpp template name")
     p.add_argument("--chat-template-file", metavar="PATH", help="a Jinja chat template file")
+    p.add_argument("--keep-alive", metavar="DURATION",
+                   help="unload a model idle this long (Ollama's forms: 300, 5m, 1h; 0: after "
+                        "each request; -1: never; default: never for files, 5m for a folder; "
+                        "or $SLUICE_KEEP_ALIVE); a request's keep_alive overrides it")
+    p.add_argument("--pin", action="append", metavar="NAME",
+                   help="keep this model loaded: never unloaded nor evicted (repeatable)")
     p.add_argument("--api-key", action="append", metavar="KEY",
                    help="require this API key (repeatable; or $SLUICE_API_KEY)")
 

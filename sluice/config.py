@@ -27,6 +27,7 @@ from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
 from sluice.engine.variants import GroupSpec
 from sluice.engine.worker import WorkerConfig
+from sluice.policy.keep_alive import PINNED, STAY, parse_keep_alive
 from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
 
@@ -84,6 +85,20 @@ class ModelConfig(_Strict):
     a short warm-up of real steps on this host (about 1 s for the packaged model on 2
     cores), so that first-token predictions and the TPOT budget hold from the first
     request; off: a rough default prior, learned past within seconds."""
+    keep_alive: float | str | None = None
+    """How long the model stays loaded once idle (nothing running or queued for it), in
+    Ollama's forms: seconds (``300``), a duration (``"5m"``, ``"1h"``), ``0`` (unload after
+    each request), negative (``-1``: pinned). Unset: until evicted to make room. A request's
+    own ``keep_alive`` (Ollama's field) overrides it, except a pin."""
+    pinned: bool = False
+    """Never unloaded by time nor evicted for another model."""
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _keep_alive_form(cls, value: float | str | None) -> float | str | None:
+        if value is not None:
+            parse_keep_alive(value)
+        return value
 
     @model_validator(mode="after")
     def _backend_options(self) -> ModelConfig:
@@ -100,6 +115,8 @@ class ModelConfig(_Strict):
         return self
 
     def spec(self) -> ModelSpec:
+        keep_alive = PINNED if self.pinned else (
+            STAY if self.keep_alive is None else parse_keep_alive(self.keep_alive))
         return ModelSpec(
             model_id=self.id,
             kind=self.kind,
@@ -114,6 +131,8 @@ class ModelConfig(_Strict):
             ttft_target_s=None if self.ttft_target_ms is None else self.ttft_target_ms / 1000,
             step_cost_path=self.step_cost_file,
             step_cost_warmup=self.step_cost_warmup,
+            keep_alive_s=keep_alive.idle_s,
+            pinned=keep_alive.pinned,
         )
 
 

@@ -1,12 +1,15 @@
-"""``sluice serve PATH.gguf``: a configuration made from model files and llama-server's
-flag names, so that serving a GGUF needs no TOML.
+"""``sluice serve PATH.gguf`` and ``sluice serve DIR``: a configuration made from model files
+and llama-server's flag names, so that serving a GGUF needs no TOML.
 
-Each file becomes a generative llamacpp model named by its ``--alias`` (llama-server) or
-``--served-model-name`` (vLLM), else by the file's name; its ``memory_bytes`` is worked out
-from the file (``backends.llamacpp.sizing``). The llama.cpp flags (``--ctx-size``,
-``--parallel``, ``--threads``, ``--batch-size``, ``--n-gpu-layers``, ``--chat-template``)
-apply to every llamacpp model, those of a config file included; ``--api-key`` requires that
-key (it belongs to the tenant ``default``).
+Each file (or every GGUF in a folder, in name order) becomes a generative llamacpp model
+named by its ``--alias`` (llama-server) or ``--served-model-name`` (vLLM), else by the file's
+name; its ``memory_bytes`` is worked out from the file (``backends.llamacpp.sizing``). Models
+load on first request under the workers' memory budget (the least recently used idle one is
+evicted to make room); ``--keep-alive`` unloads one after that long idle (a folder's models:
+Ollama's 5 minutes unless given), ``--pin NAME`` keeps one loaded for good. The llama.cpp
+flags (``--ctx-size``, ``--parallel``, ``--threads``, ``--batch-size``, ``--n-gpu-layers``,
+``--chat-template``) apply to every llamacpp model, those of a config file included;
+``--api-key`` requires that key (it belongs to the tenant ``default``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from typing import Any
 
 from sluice.config import Config
 
+FOLDER_KEEP_ALIVE = "5m"
+"""The keep-alive of models served from a folder when ``--keep-alive`` is not given
+(Ollama's default)."""
 DEFAULT_CTX_SIZE = 8192
 """``--ctx-size`` when neither the flag nor a config gives one (``0`` = the model's
 trained context, as in llama-server)."""
@@ -37,6 +43,10 @@ class LlamaFlags:
     chat_template: str | None = None
     api_keys: tuple[str, ...] = ()
     aliases: tuple[str, ...] = field(default=())
+    keep_alive: str | None = None
+    """Every model's idle time before unloading (Ollama's forms)."""
+    pins: tuple[str, ...] = ()
+    """Model ids never unloaded nor evicted."""
 
     def options(self) -> dict[str, Any]:
         """The llamacpp options these flags set (``--ctx-size 0`` is resolved per file)."""
@@ -44,6 +54,29 @@ class LlamaFlags:
                  ("n_threads", self.threads), ("n_batch", self.batch_size),
                  ("n_gpu_layers", self.n_gpu_layers), ("chat_template", self.chat_template))
         return {k: v for k, v in pairs if v is not None}
+
+
+def model_files(paths: Sequence[Path]) -> list[Path]:
+    """``paths`` with each folder replaced by the GGUF model files in it, in name order
+    (multimodal projectors ``mmproj*`` and the second and later parts of a split model are
+    not models of their own). ``ValueError`` names a missing path or a folder without one."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.gguf") if p.is_file()
+                           and not p.name.lower().startswith("mmproj")
+                           and not _LATER_SPLIT.search(p.name))
+            if not found:
+                raise ValueError(f"no GGUF model files in folder {path}")
+            out.extend(found)
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise ValueError(f"model file not found: {path}")
+    return out
+
+
+_LATER_SPLIT = re.compile(r"-(?!0+1-)\d+-of-\d+\.gguf$", re.IGNORECASE)
 
 
 def model_id_for(path: Path) -> str:
@@ -89,12 +122,11 @@ def apply_llama_flags(config: Config, files: Sequence[Path], flags: LlamaFlags) 
     a missing file or more aliases than files."""
     data = config.model_dump()
     options = flags.options()
+    folder = any(f.is_dir() for f in files)
+    files = model_files(files)
     if len(flags.aliases) > (len(files) or 1):
         raise ValueError(f"{len(flags.aliases)} aliases for {len(files) or 1} model(s)")
     if files:
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"model file not found: {missing[0]}")
         ids = [flags.aliases[i] if i < len(flags.aliases) else model_id_for(f)
                for i, f in enumerate(files)]
         data["models"] = [gguf_model(f, i, options) for f, i in zip(files, ids, strict=True)]
@@ -113,6 +145,16 @@ def apply_llama_flags(config: Config, files: Sequence[Path], flags: LlamaFlags) 
                 if m["id"] == old:
                     m["id"] = flags.aliases[0]
             data["server"]["default_model"] = flags.aliases[0]
+    keep_alive = flags.keep_alive or (FOLDER_KEEP_ALIVE if folder else None)
+    model_ids = {m["id"] for m in data["models"]}
+    unknown = [p for p in flags.pins if p not in model_ids]
+    if unknown:
+        raise ValueError(f"--pin {unknown[0]}: no such model (models: {sorted(model_ids)})")
+    for m in data["models"]:
+        if keep_alive is not None:
+            m["keep_alive"] = keep_alive
+        if m["id"] in flags.pins:
+            m["pinned"] = True
     if flags.api_keys:
         tenants = data["tenants"]
         default = next((t for t in tenants if t["id"] == "default"), None)

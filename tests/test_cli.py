@@ -235,3 +235,37 @@ def test_a_config_error_names_the_fields_and_prints_no_secret(tmp_path: Path) ->
         logged = proc.stdout.read().decode()
         proc.stdout.close()
     assert not any(secret in logged for secret in SECRETS)
+
+
+@pytest.mark.llm
+def test_a_folder_serves_every_gguf_in_it_each_with_a_keep_alive(tmp_path: Path) -> None:
+    """``sluice serve DIR``: every model file in the folder (name order; projectors and later
+    split parts skipped), Ollama's 5-minute keep-alive unless ``--keep-alive`` says; ``--pin``
+    pins one; a folder without GGUFs is refused by name."""
+    from sluice.config import default_config
+    from sluice.serve_gguf import LlamaFlags, apply_llama_flags
+
+    path = _gguf()
+    for name in ("b-model.gguf", "a-model.gguf", "mmproj-a.gguf",
+                 "big-00001-of-00002.gguf", "big-00002-of-00002.gguf"):
+        (tmp_path / name).symlink_to(path)
+    (tmp_path / "notes.txt").write_text("not a model")
+    config = apply_llama_flags(default_config(), [tmp_path], LlamaFlags(pins=("b-model",)))
+    assert [m.id for m in config.models] == ["a-model", "b-model", "big-00001-of-00002"]
+    assert [m.keep_alive for m in config.models] == ["5m"] * 3
+    assert [m.spec().keep_alive_s for m in config.models] == [300.0, None, 300.0]
+    assert [m.spec().pinned for m in config.models] == [False, True, False]
+    assert config.workers.budget_bytes >= max(m.memory_bytes for m in config.models)
+    quick = apply_llama_flags(default_config(), [tmp_path / "a-model.gguf"],
+                              LlamaFlags(keep_alive="0"))
+    assert quick.models[0].spec().keep_alive_s == 0.0
+    single = apply_llama_flags(default_config(), [tmp_path / "a-model.gguf"], LlamaFlags())
+    assert single.models[0].spec().keep_alive_s is None  # a file: until evicted
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = sluice("models", str(empty))
+    assert out.returncode == 2 and "no GGUF model files in folder" in out.stderr
+    out = sluice("models", str(tmp_path), "--pin", "nope")
+    assert out.returncode == 2 and "--pin nope: no such model" in out.stderr
+    out = sluice("models", str(tmp_path), "--keep-alive", "5x")
+    assert out.returncode == 2 and "keep_alive" in out.stderr

@@ -56,6 +56,11 @@ class ModelSpec:
     step_cost_warmup: bool = False
     """Generative models without ``step_cost_path``: measure the prior at load from a short
     warm-up of real steps (``sluice.engine.step_warmup``)."""
+    keep_alive_s: float | None = None
+    """Seconds idle (nothing running or queued for it) before it is unloaded; ``None``: it
+    stays until evicted to make room. A request's ``keep_alive`` overrides it."""
+    pinned: bool = False
+    """Never unloaded by time nor evicted for another model (requests cannot unpin it)."""
 
 
 class ModelLoadError(RuntimeError):

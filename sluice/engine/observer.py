@@ -39,6 +39,9 @@ class Observer:
     def model_evicted(self, worker_id: int, model_id: str) -> None:
         """A worker evicted (unloaded) a model to make room, or on request."""
 
+    def model_idle_unloaded(self, worker_id: int, model_id: str) -> None:
+        """A worker unloaded a model whose keep-alive ran out."""
+
     def model_load_failed(self, worker_id: int, model_id: str, error: str) -> None:
         """A load raised."""
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
+from sluice.policy.keep_alive import KeepAlive
 from sluice.policy.planner import VariantChoice
 from sluice.policy.ttft import request_start_by_s
 
@@ -189,6 +190,9 @@ class Request:
     the TPOT budget to start the line by it, and refuses on arrival one predicted to miss
     it even so (``deadline_infeasible``, with a Retry-After); once admitted it is never
     ended for being late."""
+    keep_alive: KeepAlive | None = None
+    """What its model does once idle after it (Ollama's ``keep_alive``); ``None``: the
+    model's configured keep-alive."""
     listeners: list[Listener] = field(default_factory=list)
     # Decision record, filled as the request moves through the system.
     worker_id: int | None = None

@@ -52,6 +52,7 @@ from sluice.policy.admission import (
     clamp_retry_after,
 )
 from sluice.policy.dispatch import Dispatcher
+from sluice.policy.keep_alive import KeepAlive
 from sluice.policy.rates import RateMeter
 from sluice.policy.router import make_router
 from sluice.policy.scheduler import make_scheduler
@@ -268,6 +269,7 @@ class Runtime:
         deadline_s: float | None = None,
         ttft_deadline_s: float | None = None,
         ttft_target_s: float | None = None,
+        keep_alive: KeepAlive | None = None,
     ) -> Request:
         """A request with a fresh id, not yet submitted (attach listeners, then submit).
         ``model_id`` may name a model group: the planner picks the variant at submission.
@@ -295,6 +297,7 @@ class Runtime:
             deadline_s=deadline_s,
             ttft_deadline_s=ttft_deadline_s if spec.kind == "generative" else None,
             ttft_target_s=ttft_target_s if spec.kind == "generative" else None,
+            keep_alive=keep_alive,
         )
 
     def try_submit(self, req: Request) -> Rejection | None:
@@ -549,7 +552,14 @@ class Runtime:
 
     def _new_worker(self, config: WorkerConfig) -> Worker:
         return Worker(config, self.specs, self._backends, self.clock, self._worker_observer,
-                      self._notify, faults=self._faults, on_death=self.supervisor.wake)
+                      self._notify, faults=self._faults, on_death=self.supervisor.wake,
+                      busy_models=self.busy_models)
+
+    def busy_models(self) -> frozenset[str]:
+        """Models with a live request (queued, routed or running): their keep-alive does not
+        run out while it lives, so no admitted request waits on a model just unloaded."""
+        with self._cv:
+            return frozenset(r.model_id for r in self._live.values())
 
     def _replace_worker(self, index: int) -> Worker:
         """A fresh worker in slot ``index`` (same id and limits), started (supervisor)."""

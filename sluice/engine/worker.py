@@ -20,7 +20,7 @@ import sys
 import threading
 import traceback
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,6 +32,7 @@ from sluice.engine.observer import Observer
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request, RequestStatus, end_stopped, is_stopped
 from sluice.engine.step_times import StepBucket
+from sluice.policy.keep_alive import KeepAlive, configured_keep_alive, effective_keep_alive
 from sluice.policy.residency import Residency
 from sluice.policy.step_cost import StepCost
 from sluice.policy.tpot_margin import MarginState
@@ -128,6 +129,13 @@ class ModelState:
     """Generative: every step its engine ran since the model loaded, by decodes and
     whether it fed a prompt (``sluice.engine.step_times``): the measured table beside the
     learned line, which a simulator's cost file takes as two snapshots' difference."""
+    loaded_at_s: float = 0.0
+    """When it finished loading (the runtime's clock)."""
+    keep_alive: str = "until evicted"
+    """``pinned``, ``until evicted`` or its idle time (``300s``): ``KeepAlive.describe``."""
+    expires_at_s: float | None = None
+    """When it unloads if no request comes first (the runtime's clock); ``None`` while in
+    use, pinned, or kept until evicted."""
 
 
 @dataclass(frozen=True)
@@ -166,9 +174,12 @@ class Worker:
         *,
         faults: Mapping[str, FaultInjector] | None = None,
         on_death: Callable[[], None] = lambda: None,
+        busy_models: Callable[[], Collection[str]] = frozenset,
     ) -> None:
         """``faults``: injectors armed on the models they name as they load (tests, chaos
-        bench); ``on_death``: called from the thread as it dies (wakes the supervisor)."""
+        bench); ``on_death``: called from the thread as it dies (wakes the supervisor);
+        ``busy_models``: models with requests anywhere in the runtime (their keep-alive
+        waits; called from the worker thread without the worker's lock held)."""
         self.config = config
         self._specs = specs
         self._backends = backends
@@ -177,6 +188,7 @@ class Worker:
         self._on_capacity = on_capacity
         self._faults = faults or {}
         self._on_death = on_death
+        self._busy_models = busy_models
         self._cv = threading.Condition()
         self._inbox: deque[tuple[Request, float]] = deque()
         self._controls: deque[Callable[[], None]] = deque()
@@ -196,6 +208,7 @@ class Worker:
         self._models: dict[str, OneShotModel | GenerativeModel] = {}
         self._engines: dict[str, ContinuousEngine] = {}
         self._failed: dict[str, str] = {}
+        self._loaded_at_s: dict[str, float] = {}
         self._oneshot = OneShotExecutor(
             config.worker_id,
             max_batch_size=config.max_batch_size,
@@ -402,6 +415,7 @@ class Worker:
                         self.config.worker_id, engine.model.spec.model_id, engine.last_batch_size
                     )
                 did = stepped or did
+        did = self._unload_expired(self._clock()) or did
         self._publish()
         return did
 
@@ -411,6 +425,9 @@ class Worker:
         batch_wakeup_s = self._oneshot.next_wakeup_s()
         if batch_wakeup_s is not None:
             wake.append(batch_wakeup_s)
+        expiry_s = self._residency.next_expiry_s(after_s=now)
+        if expiry_s is not None:
+            wake.append(expiry_s)
         for engine in self._engines.values():
             w = engine.next_wakeup_s(now)
             if w is not None:
@@ -463,6 +480,7 @@ class Worker:
                     self._engine_waiting += 1
                     self._trace("engine", req)
                 self._residency.acquire(spec.model_id, now)
+                self._keep_alive_after(spec, req)
                 self._engines[spec.model_id].add(req)
                 did = True
                 continue
@@ -475,6 +493,8 @@ class Worker:
                 batch = [self._inbox.popleft()[0] for _ in range(take)]
                 self._trace("batch", *batch)
             self._on_capacity()
+            for member in batch:
+                self._keep_alive_after(spec, member)
             model = self._models[spec.model_id]
             assert isinstance(model, OneShotModel)
             self._beat("batch", self.config.watchdog_s)
@@ -491,6 +511,27 @@ class Worker:
 
     # -- residency -----------------------------------------------------------------------
 
+    def _keep_alive_after(self, spec: ModelSpec, req: Request) -> None:
+        """The latest request's ``keep_alive`` holds for its model (Ollama's rule)."""
+        self._residency.set_keep_alive(
+            spec.model_id, effective_keep_alive(spec_keep_alive(spec), req.keep_alive))
+
+    def _unload_expired(self, now: float) -> bool:
+        """Unload the idle models whose keep-alive ran out; a model with a request anywhere
+        (this inbox, its engine, the runtime's queue) stays."""
+        due = self._residency.expired(now)
+        if not due:
+            return False
+        with self._cv:
+            busy = {r.model_id for r, _ in self._inbox}
+        busy.update(m for m, e in self._engines.items() if e.has_work)
+        busy.update(self._busy_models())
+        gone = self._residency.expired(now, busy)
+        for model_id in gone:
+            self._unload(model_id)
+            self._observer.model_idle_unloaded(self.config.worker_id, model_id)
+        return bool(gone)
+
     def _ensure_resident(self, spec: ModelSpec, now: float) -> Readiness:
         if self._residency.is_resident(spec.model_id):
             return "ready"
@@ -500,6 +541,16 @@ class Worker:
                 f"model {spec.model_id} ({spec.memory_bytes} bytes) cannot fit worker "
                 f"{self.config.worker_id}'s budget of {self.config.budget_bytes} bytes",
                 "too_large",
+            )
+            return "failed"
+        if not self._residency.fits_beside_pins(spec.model_id, spec.memory_bytes):
+            self._fail_model_requests(
+                spec.model_id,
+                f"model {spec.model_id} ({spec.memory_bytes} bytes) cannot load on worker "
+                f"{self.config.worker_id}: pinned models hold {self._residency.pinned_bytes} "
+                f"of its {self.config.budget_bytes} bytes (unpin one with keep_alive >= 0, or "
+                f"raise workers.budget_bytes)",
+                "pinned_full",
             )
             return "failed"
         plan = self._residency.plan_load(spec.model_id, spec.memory_bytes)
@@ -527,9 +578,11 @@ class Worker:
         if injector is not None:
             injector.arm(model)
         seconds = self._clock() - t0
-        self._residency.commit_load(spec.model_id, spec.memory_bytes, spec.load_cost_s, t0)
+        self._residency.commit_load(spec.model_id, spec.memory_bytes, spec.load_cost_s, t0,
+                                    spec_keep_alive(spec))
         self._residency.check_integrity()
         self._models[spec.model_id] = model
+        self._loaded_at_s[spec.model_id] = self._clock()
         self._failed.pop(spec.model_id, None)
         if spec.kind == "generative":
             assert isinstance(model, GenerativeModel)
@@ -541,6 +594,7 @@ class Worker:
 
     def _unload(self, model_id: str) -> None:
         self._residency.evict(model_id)
+        self._loaded_at_s.pop(model_id, None)
         self._residency.check_integrity()
         self._engines.pop(model_id, None)
         self._models.pop(model_id).close()
@@ -611,6 +665,9 @@ class Worker:
                     tpot_margin=engine.tpot_margin.state() if engine else None,
                     width=engine.width if engine else None,
                     step_times=engine.step_times.snapshot() if engine else {},
+                    loaded_at_s=self._loaded_at_s.get(m.model_id, m.last_used_s),
+                    keep_alive=m.keep_alive.describe(),
+                    expires_at_s=m.expires_at_s,
                 )
             )
         engines = self._engines.values()
@@ -651,6 +708,11 @@ class Worker:
                 self._residency.evict(model_id)
         self._publish()
 
+
+
+def spec_keep_alive(spec: ModelSpec) -> KeepAlive:
+    """A model's keep-alive from its configuration."""
+    return configured_keep_alive(spec.keep_alive_s, spec.pinned)
 
 
 def _settle(fut: Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:

@@ -1,15 +1,19 @@
 """One worker's resident models under a memory budget, and which to evict to load another.
 
 Check, then act: ``plan_load`` says what a load would evict (or ``None`` if it cannot happen
-now); the caller evicts the victims, loads the model, then calls ``commit_load``.
+now); the caller evicts the victims, loads the model, then calls ``commit_load``. Likewise
+``expired(now, busy)`` says which idle models their keep-alive lets go
+(``sluice.policy.keep_alive``); the caller unloads them with ``evict``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from sluice.policy.keep_alive import STAY, KeepAlive, expires_at_s
 
 EVICTION_NAMES = ("lru", "cost_aware")
 
@@ -29,6 +33,13 @@ class ResidentModel:
     """How many times it was acquired since it was loaded."""
     in_use: int
     """Reference count of requests using it now; never evicted while > 0."""
+    keep_alive: KeepAlive = field(default=STAY)
+    """How long it stays once idle; a pinned model is never a victim."""
+
+    @property
+    def expires_at_s(self) -> float | None:
+        """When it unloads if nothing uses it before (``None``: not by time)."""
+        return expires_at_s(self.keep_alive, self.last_used_s, self.in_use)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +72,8 @@ class Residency:
     """One worker's resident set under a memory budget.
 
     Invariants: ``resident_bytes <= budget_bytes``; a model with ``in_use > 0`` is never chosen
-    as a victim nor evicted; ``in_use >= 0``. Victim order: ``lru`` by (last_used_s, model_id);
+    as a victim nor evicted; a pinned model is never chosen as a victim nor expires;
+    ``in_use >= 0``. Victim order: ``lru`` by (last_used_s, model_id);
     ``cost_aware`` by (load_cost_s, use_count, larger memory_bytes first, last_used_s,
     model_id). Victims are taken in that order until the model fits.
     """
@@ -88,8 +100,13 @@ class Residency:
 
     @property
     def evictable_bytes(self) -> int:
-        """Bytes of resident models not in use (what eviction could free now)."""
-        return sum(m.memory_bytes for m in self._models.values() if m.in_use == 0)
+        """Bytes of resident models not in use nor pinned (what eviction could free now)."""
+        return sum(m.memory_bytes for m in self._models.values() if _evictable(m))
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of pinned models (never freed for another model)."""
+        return sum(m.memory_bytes for m in self._models.values() if m.keep_alive.pinned)
 
     def is_resident(self, model_id: str) -> bool:
         """Whether ``model_id`` is loaded."""
@@ -102,6 +119,13 @@ class Residency:
     def can_ever_hold(self, memory_bytes: int) -> bool:
         """Whether a model of ``memory_bytes`` fits the budget with nothing else resident."""
         return memory_bytes <= self.budget_bytes
+
+    def fits_beside_pins(self, model_id: str, memory_bytes: int) -> bool:
+        """Whether ``model_id`` fits the budget beside the other pinned models (a model that
+        does not can load only once a pin is lifted)."""
+        others = sum(m.memory_bytes for m in self._models.values()
+                     if m.keep_alive.pinned and m.model_id != model_id)
+        return memory_bytes <= self.budget_bytes - others
 
     def plan_load(self, model_id: str, memory_bytes: int) -> LoadPlan | None:
         """What loading ``model_id`` would evict; ``None`` if it cannot fit now or ever.
@@ -119,7 +143,7 @@ class Residency:
         if memory_bytes <= free:
             return LoadPlan(model_id, (), f"fits free memory ({free} of {memory_bytes} bytes)")
         candidates = sorted(
-            (m for m in self._models.values() if m.in_use == 0), key=_EVICTION_KEYS[self.eviction]
+            (m for m in self._models.values() if _evictable(m)), key=_EVICTION_KEYS[self.eviction]
         )
         victims: list[str] = []
         for model in candidates:
@@ -135,6 +159,23 @@ class Residency:
                 )
         return None
 
+    def expired(self, now: float, busy: Collection[str] = ()) -> tuple[str, ...]:
+        """Models whose keep-alive has run out at ``now`` (in load order): not in use, not
+        pinned, idle for their ``idle_s``, and not in ``busy`` (models with requests queued or
+        on their way: those stay)."""
+        return tuple(m.model_id for m in self._models.values()
+                     if m.model_id not in busy and (t := m.expires_at_s) is not None and t <= now)
+
+    def next_expiry_s(self, after_s: float = -math.inf) -> float | None:
+        """The earliest ``expires_at_s`` later than ``after_s`` (``None``: none)."""
+        times = [t for m in self._models.values()
+                 if (t := m.expires_at_s) is not None and t > after_s]
+        return min(times, default=None)
+
+    def set_keep_alive(self, model_id: str, keep_alive: KeepAlive) -> None:
+        """What ``model_id`` does once idle from now on; ``ValueError`` if not resident."""
+        self._get(model_id).keep_alive = keep_alive
+
     def evict(self, model_id: str) -> None:
         """Unload ``model_id``; ``ValueError`` if it is not resident or is in use."""
         model = self._get(model_id)
@@ -144,7 +185,8 @@ class Residency:
         self._resident_bytes -= model.memory_bytes
 
     def commit_load(
-        self, model_id: str, memory_bytes: int, load_cost_s: float, now: float
+        self, model_id: str, memory_bytes: int, load_cost_s: float, now: float,
+        keep_alive: KeepAlive = STAY,
     ) -> None:
         """Record ``model_id`` as loaded; ``ValueError`` if it is already resident, the cost is
         not a finite number >= 0, or it would exceed the budget."""
@@ -165,6 +207,7 @@ class Residency:
             last_used_s=now,
             use_count=0,
             in_use=0,
+            keep_alive=keep_alive,
         )
         self._resident_bytes += memory_bytes
 
@@ -200,6 +243,10 @@ class Residency:
         if model is None:
             raise ValueError(f"model {model_id!r} is not resident")
         return model
+
+
+def _evictable(model: ResidentModel) -> bool:
+    return model.in_use == 0 and not model.keep_alive.pinned
 
 
 def _check_bytes(memory_bytes: int) -> None:

@@ -118,6 +118,7 @@ FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
     "model_load_failed": (500, "server_error", "The model could not be loaded."),
     "context_length_exceeded": (400, "invalid_request_error", None),
     "too_large": (503, "server_overloaded", None),
+    "pinned_full": (503, "server_overloaded", None),
     "shutdown": (503, "server_shutting_down", None),
     "internal_error": (500, "server_error", None),
     "worker_failed": (500, "server_error", None),

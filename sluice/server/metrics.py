@@ -131,6 +131,10 @@ class PrometheusObserver(Observer):
             "sluice_model_evictions", "Models unloaded to make room or on request",
             ["worker", "model"], registry=registry,
         )
+        self.idle_unloads = Counter(
+            "sluice_model_idle_unloads", "Models unloaded because their keep-alive ran out",
+            ["worker", "model"], registry=registry,
+        )
         self.worker_deaths = Counter(
             "sluice_worker_deaths", "Workers the supervisor declared dead and replaced "
             "(cause: died = its thread ended, stalled = no progress within the watchdog)",
@@ -203,6 +207,9 @@ class PrometheusObserver(Observer):
 
     def model_evicted(self, worker_id: int, model_id: str) -> None:
         self.evictions.labels(str(worker_id), model_id).inc()
+
+    def model_idle_unloaded(self, worker_id: int, model_id: str) -> None:
+        self.idle_unloads.labels(str(worker_id), model_id).inc()
 
     def model_load_failed(self, worker_id: int, model_id: str, error: str) -> None:
         self.load_failures.labels(str(worker_id), model_id).inc()

@@ -12,6 +12,7 @@ from sluice.engine.runtime import Runtime
 def status_json(runtime: Runtime) -> dict[str, Any]:
     """Queue, workers, resident models and batches, as plain JSON."""
     snap = runtime.snapshot()
+    now = runtime.clock()
     workers = []
     statuses = snap.worker_status or ("up",) * len(snap.workers)
     for state, depth, status in zip(snap.workers, snap.inbox_depths, statuses, strict=True):
@@ -23,7 +24,7 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
             "budget_bytes": state.budget_bytes,
             "resident_bytes": state.resident_bytes,
             "last_batch_size": state.last_batch_size,
-            "models": [asdict(m) for m in state.models],
+            "models": [model_entry(asdict(m), now) for m in state.models],
             "failed_models": dict(state.failed_models),
         })
     return {
@@ -39,6 +40,14 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
         "groups": runtime.variants.groups_snapshot(),
         "recoveries": [asdict(r) for r in runtime.recoveries()],
     }
+
+
+def model_entry(model: dict[str, Any], now: float) -> dict[str, Any]:
+    """A resident model's status entry, with ``expires_in_s``: seconds until its keep-alive
+    unloads it if no request comes first (``None``: in use, pinned or kept until evicted)."""
+    expires = model.get("expires_at_s")
+    model["expires_in_s"] = None if expires is None else round(max(0.0, expires - now), 3)
+    return model
 
 
 STATUS_PAGE = """<!doctype html>

@@ -234,6 +234,10 @@ class SimReplica:
         self.loads.append((worker_id, model_id))
         self.residency_version += 1
 
+    def unloaded(self, worker_id: int, model_id: str) -> None:
+        """A keep-alive ran out: the front end's residency view is stale."""
+        self.residency_version += 1
+
     def batch_started(self, worker_id: int, model_id: str, batch: list[SimRequest],
                       now: float) -> None:
         if self.tracker is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sluice.policy.keep_alive import STAY, KeepAlive, configured_keep_alive
 from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_planner import EngineConfig
@@ -41,6 +42,8 @@ class SimModel:
     """Generative: the default first-token deadline, seconds after arrival."""
     ttft_target_s: float | None = None
     """Generative: the default first-token target (soft), seconds after arrival."""
+    keep_alive: KeepAlive = STAY
+    """How long it stays loaded once idle (the server's ``keep_alive`` / ``pinned``)."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,8 @@ class SimConfig:
                                 costs, base_dir),
                 accuracy=float(opts.get("accuracy", 0.0)), n_seq_max=n_seq, n_ctx_total=n_ctx,
                 tpot_target_s=spec.tpot_target_s, ttft_deadline_s=spec.ttft_deadline_s,
-                ttft_target_s=spec.ttft_target_s)
+                ttft_target_s=spec.ttft_target_s,
+                keep_alive=configured_keep_alive(spec.keep_alive_s, spec.pinned))
         return cls(
             models=models,
             groups=tuple(SimGroup(g.group_id, tuple(g.variants), g.planner,

@@ -40,6 +40,8 @@ class Owner(Protocol):
 
     def loaded(self, worker_id: int, model_id: str) -> None: ...
 
+    def unloaded(self, worker_id: int, model_id: str) -> None: ...
+
     def batch_started(self, worker_id: int, model_id: str, batch: list[SimRequest],
                       now: float) -> None: ...
 
@@ -122,6 +124,7 @@ class SimWorker:
     def _run(self, now: float) -> None:
         self._view = None
         self._sweep(now)
+        self._unload_expired(now)
         if self._advance_inbox(now):
             return  # a load or a batch runs; the loop goes on when it ends
         self._step_engines(now)
@@ -177,6 +180,20 @@ class SimWorker:
             return True
         return False
 
+    def _unload_expired(self, now: float) -> None:
+        """Unload the idle models whose keep-alive ran out (as the server's worker does); a
+        model with requests in this inbox or its engine stays."""
+        if not self.residency.expired(now):
+            return
+        busy = {r.model for r, _ in self.inbox}
+        busy.update(m for m, e in self.engines.items() if e.has_work)
+        for model_id in self.residency.expired(now, busy):
+            self.residency.evict(model_id)
+            self.engines.pop(model_id, None)
+            self._resident = frozenset(m.model_id for m in self.residency.models())
+            self._view = None
+            self.owner.unloaded(self.worker_id, model_id)
+
     def preload(self, model: SimModel) -> None:
         """Make ``model`` resident before the run (no time charged: the server loads its
         default model before it reports ready)."""
@@ -188,7 +205,8 @@ class SimWorker:
         self._commit(model, 0.0)
 
     def _commit(self, model: SimModel, now: float) -> None:
-        self.residency.commit_load(model.model_id, model.memory_bytes, model.load_cost_s, now)
+        self.residency.commit_load(model.model_id, model.memory_bytes, model.load_cost_s, now,
+                                   model.keep_alive)
         if model.kind == "generative":
             step = model.cost.step
             if step is None:
@@ -277,6 +295,9 @@ class SimWorker:
         if steps:
             self._busy_until(t, self._after_steps, steps)
             return
+        expiry_s = self.residency.next_expiry_s(after_s=now)
+        if expiry_s is not None:
+            self._wake_later(expiry_s)
         self.owner.capacity(now)
         if did:
             self._run(now)

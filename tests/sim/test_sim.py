@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from sluice.policy.keep_alive import PINNED, STAY, KeepAlive
 from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_cost import StepCost
@@ -479,3 +480,22 @@ def test_the_simulated_planner_starts_from_the_servers_recent_arrivals() -> None
     assert simulated(config.with_arrivals({"g": {"arrivals": published}})) == reasons
     fresh = simulated(config)
     assert fresh[0] == "low_load" and fresh != reasons  # started from none, as before
+
+
+@pytest.mark.parametrize(("keep_alive", "reloads"), [
+    (KeepAlive(idle_s=1.0), True), (STAY, False), (PINNED, False)])
+def test_a_model_idle_past_its_keep_alive_is_loaded_again(keep_alive: KeepAlive,
+                                                          reloads: bool) -> None:
+    """The simulated worker lets an idle model go by the server's keep-alive rule: a
+    request 0.5 s after the last finds it loaded; one 5 s later pays the load again."""
+    model = replace(oneshot("a"), keep_alive=keep_alive)
+    config = SimConfig(models={"a": model}, workers=1, preload=(), max_wait_s=0.0)
+    arrivals = [Arrival(0.0, "a"), Arrival(0.5, "a"), Arrival(5.0, "a")]
+    _, fleet = simulate(config, arrivals, keep_requests=True)
+    assert fleet.requests is not None
+    first, soon, late = sorted(fleet.requests, key=lambda r: r.arrival_s)
+    batch_s = 0.005
+    assert first.end_s == pytest.approx(0.05 + batch_s)  # loaded on first use
+    assert soon.end_s - soon.arrival_s == pytest.approx(batch_s)
+    expected = 0.05 + batch_s if reloads else batch_s
+    assert late.end_s - late.arrival_s == pytest.approx(expected)
