@@ -1,15 +1,28 @@
-"""Side-by-side LLM serving benchmark: sluice (continuous, static, serial batching) vs
-llama.cpp's own llama-server, same model file, same llama.cpp version, 2 threads, 8
-slots, same context size, on 127.0.0.1 — one server at a time.
+"""The headline: sluice against llama.cpp's own llama-server on the same model file, the
+same llama.cpp version, the same threads, slots and context, on 127.0.0.1.
 
-Closed loop at concurrency 1, 2, 4, 8, 16 with 128 new tokens (EOS ignored), then open
-loop with Poisson arrivals at 0.5, 0.8, 1.0, 1.3 × the measured capacity (sluice
-continuous at concurrency 8). Reports aggregate tokens/s, TTFT and TPOT p50/p95, goodput
-(TTFT ≤ 2 s and TPOT ≤ 150 ms), prints ratios sluice / llama-server, and writes
-bench/results/llm_bench.json and .png.
+Question: how many tokens per second, and how fast a first token, does sluice give next to
+the server a user would otherwise run? Both servers stay up (an idle one sleeps); each
+level runs every system back to back, so drift of the host hits them alike. Every request
+is a streamed ``/v1/completions`` of ``MAX_TOKENS`` new tokens (EOS ignored).
 
-    python bench/llm_bench.py            # full run (about 15 minutes)
-    python bench/llm_bench.py --quick    # a smoke run
+- ``--quick`` (a few minutes on 2 cores): sluice (continuous batching) and llama-server,
+  closed loops at 1 and 8 concurrent clients;
+- full (about 15 minutes): also sluice's static and serial batching, closed loops at 1, 2,
+  4, 8 and 16 clients, open-loop Poisson arrivals at 0.5, 0.8, 1.0 and 1.3 × the capacity
+  sluice measured at 8 clients (goodput: TTFT ≤ 2 s and TPOT ≤ 150 ms), and a shared
+  system prompt with prefix reuse on and off.
+
+Prints the headline table (tokens/s, TTFT p50 and TPOT p50 of each, and the ratios
+sluice / llama-server) and writes ``bench/results/llm_bench.json`` and ``.png``.
+
+    python -m bench --quick                     # or: sluice bench --quick
+    python -m bench                             # full
+    python -m bench --quick --model smollm2-135m-instruct
+
+``--model`` picks a packaged model (``bench.lib.model_tables.BENCH_MODELS``); Gemma 3 270M
+is the reference the committed results use. llama-server is ``$SLUICE_LLAMA_SERVER`` or
+built once (``bench/lib/llama_server.py``).
 """
 
 from __future__ import annotations
@@ -20,180 +33,274 @@ import contextlib
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib.ceiling import raw_ceiling
+from bench.lib.llama_server import LLAMA_CPP_PYTHON_VERSION, llama_server_cmd
 from bench.lib.llama_server import find as find_llama_server
-from bench.lib.llama_server import llama_server_cmd
 from bench.lib.loadgen import closed_loop, open_loop, summarize
-from bench.lib.model_tables import GEMMA, gemma_table, server_tables
+from bench.lib.model_tables import BENCH_MODELS, GEMMA, llm_table, server_tables
 from bench.lib.prompts import PROMPTS, SYSTEM_PREFIX
-from bench.lib.report import GOODPUT_TITLE, TPOT_SLO_S, TTFT_SLO_S, ms, plot_open_loop
+from bench.lib.report import (
+    GOODPUT_TITLE,
+    TPOT_SLO_S,
+    TTFT_SLO_S,
+    markdown_table,
+    ms,
+    plot_open_loop,
+    ratio,
+)
 from bench.lib.servers import free_port, running, sluice_cmd
-from sluice.backends.packaged import default_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-MODEL = GEMMA
 N_CTX, N_SLOTS, THREADS, MAX_TOKENS = 8192, 8, 2, 128
+PEER = "llama-server"
+SLUICE = "sluice-continuous"
 
 
-def sluice_toml(gguf: Path, mode: str, prefix_reuse: bool = True) -> str:
-    return server_tables(MODEL, 512, 256, budget_bytes=4_000_000_000) + f"""
+def sluice_toml(model: str, gguf: Path, mode: str, prefix_reuse: bool = True) -> str:
+    """sluice serving ``gguf`` as ``model`` with llama-server's settings: 8 slots over 8192
+    cells, 2 threads, batches of up to 512 tokens."""
+    return server_tables(model, 512, 256, budget_bytes=4_000_000_000) + f"""
 [engine]
 mode = "{mode}"
 max_batch_tokens = 512
 prefill_chunk_tokens = 256
 static_max_wait_ms = 50
 prefix_reuse = {"true" if prefix_reuse else "false"}
-""" + gemma_table(str(gguf), n_ctx=N_CTX, n_seq_max=N_SLOTS, n_threads=THREADS)
+""" + llm_table(model, str(gguf), n_ctx=N_CTX, n_seq_max=N_SLOTS, n_threads=THREADS)
 
 
-def run_phase(base_url: str, plan: dict[str, Any]) -> dict[str, Any]:
+def measure(name: str, base_url: str, model: str, plan: dict[str, Any]) -> dict[str, Any]:
+    """Run one closed- or open-loop phase against ``base_url``; its summary row."""
     if plan["kind"] == "closed":
         samples, wall = asyncio.run(closed_loop(
-            base_url, MODEL, PROMPTS, concurrency=plan["concurrency"],
+            base_url, model, PROMPTS, concurrency=plan["concurrency"],
             n_requests=plan["n_requests"], max_tokens=MAX_TOKENS))
     else:
         samples, wall = asyncio.run(open_loop(
-            base_url, MODEL, PROMPTS, rate_per_s=plan["rate_per_s"],
+            base_url, model, PROMPTS, rate_per_s=plan["rate_per_s"],
             n_requests=plan["n_requests"], max_tokens=MAX_TOKENS, seed=plan["seed"]))
-    summary = summarize(samples, wall, ttft_slo_s=TTFT_SLO_S, tpot_slo_s=TPOT_SLO_S)
-    return {**plan, **summary}
-
-
-def measure_phase(name: str, base_url: str, plan: dict[str, Any]) -> dict[str, Any]:
-    row = run_phase(base_url, plan)
-    row["system"] = name
+    row = {**plan, **summarize(samples, wall, ttft_slo_s=TTFT_SLO_S, tpot_slo_s=TPOT_SLO_S),
+           "system": name}
     print(f"  {name:18s} {plan['label']:>6s}: {row['tokens_per_s']:7.1f} tok/s  "
           f"ttft p50 {ms(row['ttft_p50_s'])} p95 {ms(row['ttft_p95_s'])}  "
           f"tpot p50 {ms(row['tpot_p50_s'])}  errors {row['errors']}", flush=True)
     return row
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    gguf = default_gguf_path()
-    server_bin = find_llama_server()
-    t_start = time.time()
-    ceiling = raw_ceiling(gguf)
-    print(f"raw backend ceiling at batch {N_SLOTS}: {ceiling:.1f} tok/s", flush=True)
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform()}
 
-    systems: dict[str, tuple[list[str], str, str]] = {}
-    for mode in ("continuous", "static", "serial"):
-        port = free_port()
-        cmd, _ = sluice_cmd(sluice_toml(gguf, mode), port)
-        systems[f"sluice-{mode}"] = (cmd, f"http://127.0.0.1:{port}/ready",
-                                     f"http://127.0.0.1:{port}")
-    port = free_port()
-    systems["llama-server"] = (
-        llama_server_cmd(server_bin, gguf, port, n_ctx=N_CTX, n_slots=N_SLOTS,
-                         threads=THREADS),
-        f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}",
-    )
-    levels = [1, 8] if args.quick else [1, 2, 4, 8, 16]
-    rows: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        # All servers stay up (idle ones sleep); each level runs every system back to
-        # back, so slow drift of this shared host hits all of them alike.
-        for name, (cmd, ready, base) in systems.items():
-            stack.enter_context(running(cmd, ready, log_path=RESULTS / f"llm_bench_{name}.log"))
-            asyncio.run(closed_loop(base, MODEL, PROMPTS, concurrency=1, n_requests=1,
-                                    max_tokens=8))  # warm-up, not measured
-        print("closed loop", flush=True)
-        for c in levels:
-            n = (max(2, c) if args.quick else (4 if c < 4 else 2 * c))
-            for name, (_, _, base) in systems.items():
-                n_sys = min(n, 8) if name == "sluice-serial" else n
-                plan = {"kind": "closed", "label": f"c={c}", "concurrency": c,
-                        "n_requests": n_sys}
-                rows.append(measure_phase(name, base, plan))
-        cap = next(r for r in rows if r["system"] == "sluice-continuous"
-                   and r["concurrency"] == 8)["requests_per_s"]
-        factors = [0.5, 1.3] if args.quick else [0.5, 0.8, 1.0, 1.3]
-        n_open = 8 if args.quick else 20
-        print(f"open loop (capacity {cap:.3f} req/s)", flush=True)
-        for f in factors:
-            plan = {"kind": "open", "label": f"{f}x", "load_factor": f,
-                    "rate_per_s": f * cap, "n_requests": n_open, "seed": 7}
-            for name in ("sluice-continuous", "sluice-static", "llama-server"):
-                rows.append(measure_phase(name, systems[name][2], plan))
 
-    print("shared system prompt: prefix reuse on vs off (sluice continuous)", flush=True)
-    prefixed = [SYSTEM_PREFIX + f"Question {i}: " + p for i, p in enumerate(PROMPTS)]
-    prefix_rows = []
-    for reuse in (True, False):
-        port = free_port()
-        cmd, _ = sluice_cmd(sluice_toml(gguf, "continuous", prefix_reuse=reuse), port)
-        base = f"http://127.0.0.1:{port}"
-        with running(cmd, f"{base}/ready"):
-            asyncio.run(closed_loop(base, MODEL, prefixed, concurrency=1, n_requests=1,
-                                    max_tokens=4))
-            samples, wall = asyncio.run(closed_loop(
-                base, MODEL, prefixed, concurrency=4, n_requests=8 if args.quick else 16,
-                max_tokens=32))
-        row = {"prefix_reuse": reuse, **summarize(samples, wall, ttft_slo_s=TTFT_SLO_S,
-                                                   tpot_slo_s=TPOT_SLO_S)}
-        prefix_rows.append(row)
-        print(f"  prefix_reuse={reuse!s:5s}: ttft p50 {ms(row['ttft_p50_s'])} "
-              f"p95 {ms(row['ttft_p95_s'])}  {row['tokens_per_s']:.1f} tok/s", flush=True)
-    result = {
-        "benchmark": "llm_bench",
-        "quick": args.quick,
-        "model": f"{MODEL} (Gemma 3 270M Q4_K_M)",
-        "n_ctx": N_CTX, "slots": N_SLOTS, "threads": THREADS, "max_tokens": MAX_TOKENS,
-        "ttft_slo_s": TTFT_SLO_S, "tpot_slo_s": TPOT_SLO_S,
-        "raw_backend_ceiling_tokens_per_s": ceiling,
-        "capacity_requests_per_s": cap,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
-        "duration_s": round(time.time() - t_start, 1),
-        "rows": rows,
-        "ratios": ratios(rows),
-        "prefix_reuse": prefix_rows,
-    }
-    name = "llm_bench"
-    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2))
-    plot(result, RESULTS / f"{name}.png")
-    print(json.dumps(result["ratios"], indent=2))
-    return 0
+def commit() -> str | None:
+    """The checkout's commit, if this runs from a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per closed-loop level: sluice (continuous) and llama-server side by side, with the
+    ratios sluice / llama-server."""
+    def row(system: str, label: str) -> dict[str, Any] | None:
+        return next((r for r in rows if r["system"] == system and r["label"] == label), None)
+
+    out = []
+    for mine in (r for r in rows if r["system"] == SLUICE and r["kind"] == "closed"):
+        peer = row(PEER, mine["label"])
+        if peer is None:
+            continue
+        out.append({
+            "clients": mine["concurrency"],
+            "sluice_tokens_per_s": round(mine["tokens_per_s"], 1),
+            "llama_server_tokens_per_s": round(peer["tokens_per_s"], 1),
+            "tokens_per_s_ratio": ratio(mine["tokens_per_s"], peer["tokens_per_s"]),
+            "sluice_ttft_p50_s": mine["ttft_p50_s"], "llama_server_ttft_p50_s": peer["ttft_p50_s"],
+            "ttft_p50_ratio": ratio(mine["ttft_p50_s"], peer["ttft_p50_s"]),
+            "sluice_tpot_p50_s": mine["tpot_p50_s"], "llama_server_tpot_p50_s": peer["tpot_p50_s"],
+            "tpot_p50_ratio": ratio(mine["tpot_p50_s"], peer["tpot_p50_s"]),
+        })
+    return out
+
+
+def headline_markdown(result: dict[str, Any]) -> str:
+    """The README's table: one row per client count."""
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.0f} ms"
+
+    def x(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}×"
+
+    body = [[str(h["clients"]), f"{h['sluice_tokens_per_s']:.1f}",
+             f"{h['llama_server_tokens_per_s']:.1f}", f"**{x(h['tokens_per_s_ratio'])}**",
+             f"{s(h['sluice_ttft_p50_s'])} / {s(h['llama_server_ttft_p50_s'])}",
+             f"{s(h['sluice_tpot_p50_s'])} / {s(h['llama_server_tpot_p50_s'])}"]
+            for h in result["headline"]]
+    table = markdown_table(["clients", "sluice tok/s", "llama-server tok/s", "ratio",
+                            "TTFT p50 (sluice / llama-server)",
+                            "TPOT p50 (sluice / llama-server)"], body)
+    m = result["machine"]
+    return (f"{table}\n\n{result['model_label']}, {result['threads']} threads, "
+            f"{result['slots']} slots, {result['max_tokens']} new tokens a request; "
+            f"`python -m bench{' --quick' if result['quick'] else ''}`, "
+            f"{result['started'][:10]}, {m['cpus']} × {m['cpu']}.")
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """sluice (continuous) against every other system, per level."""
     def get(system: str, label: str, key: str) -> float | None:
         for r in rows:
             if r["system"] == system and r["label"] == label:
                 return r[key]  # type: ignore[no-any-return]
         return None
 
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return None if a is None or b in (None, 0) else round(a / b, 3)  # type: ignore[operator]
-
     out: dict[str, Any] = {}
     for r in rows:
-        if r["system"] != "sluice-continuous":
+        if r["system"] != SLUICE:
             continue
         lab = r["label"]
         out[lab] = {
             "tokens_per_s_vs_llama_server": ratio(r["tokens_per_s"],
-                                                  get("llama-server", lab, "tokens_per_s")),
+                                                  get(PEER, lab, "tokens_per_s")),
             "tokens_per_s_vs_serial": ratio(r["tokens_per_s"],
                                             get("sluice-serial", lab, "tokens_per_s")),
             "tokens_per_s_vs_static": ratio(r["tokens_per_s"],
                                             get("sluice-static", lab, "tokens_per_s")),
-            "ttft_p95_vs_llama_server": ratio(r["ttft_p95_s"],
-                                              get("llama-server", lab, "ttft_p95_s")),
+            "ttft_p95_vs_llama_server": ratio(r["ttft_p95_s"], get(PEER, lab, "ttft_p95_s")),
             "goodput_vs_llama_server": ratio(r["goodput_per_s"],
-                                             get("llama-server", lab, "goodput_per_s")),
+                                             get(PEER, lab, "goodput_per_s")),
         }
     return out
+
+
+def prefix_reuse_rows(model: str, gguf: Path, quick: bool) -> list[dict[str, Any]]:
+    """A shared system prompt: TTFT with prefix reuse on against off (sluice continuous)."""
+    print("shared system prompt: prefix reuse on vs off (sluice continuous)", flush=True)
+    prefixed = [SYSTEM_PREFIX + f"Question {i}: " + p for i, p in enumerate(PROMPTS)]
+    out = []
+    for reuse in (True, False):
+        port = free_port()
+        cmd, _ = sluice_cmd(sluice_toml(model, gguf, "continuous", prefix_reuse=reuse), port)
+        base = f"http://127.0.0.1:{port}"
+        with running(cmd, f"{base}/ready"):
+            asyncio.run(closed_loop(base, model, prefixed, concurrency=1, n_requests=1,
+                                    max_tokens=4))
+            samples, wall = asyncio.run(closed_loop(
+                base, model, prefixed, concurrency=4, n_requests=8 if quick else 16,
+                max_tokens=32))
+        row = {"prefix_reuse": reuse, **summarize(samples, wall, ttft_slo_s=TTFT_SLO_S,
+                                                   tpot_slo_s=TPOT_SLO_S)}
+        out.append(row)
+        print(f"  prefix_reuse={reuse!s:5s}: ttft p50 {ms(row['ttft_p50_s'])} "
+              f"p95 {ms(row['ttft_p95_s'])}  {row['tokens_per_s']:.1f} tok/s", flush=True)
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``python -m bench`` and ``sluice bench``."""
+    parser.add_argument("--quick", action="store_true",
+                        help="sluice and llama-server at 1 and 8 clients only (minutes)")
+    parser.add_argument("--model", default=GEMMA, choices=sorted(BENCH_MODELS),
+                        help=f"the packaged model to serve (default {GEMMA}, the reference)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "llm_bench.json",
+                        help="the JSON to write (the PNG goes beside it)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="sluice against llama.cpp's llama-server on the same model, side by side: "
+                    "the README's headline table.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure, print the headline table and write the JSON and PNG."""
+    model = args.model
+    label, gguf_of = BENCH_MODELS[model]
+    gguf = gguf_of()
+    server_bin = find_llama_server()
+    t_start = time.time()
+    ceiling = None
+    if not args.quick:
+        ceiling = raw_ceiling(gguf, threads=THREADS)
+        print(f"bare backend loop at batch {N_SLOTS}: {ceiling:.1f} tok/s", flush=True)
+    modes = ("continuous",) if args.quick else ("continuous", "static", "serial")
+    systems: dict[str, tuple[list[str], str, str]] = {}
+    for mode in modes:
+        port = free_port()
+        cmd, _ = sluice_cmd(sluice_toml(model, gguf, mode), port)
+        systems[f"sluice-{mode}"] = (cmd, f"http://127.0.0.1:{port}/ready",
+                                     f"http://127.0.0.1:{port}")
+    port = free_port()
+    systems[PEER] = (llama_server_cmd(server_bin, gguf, port, n_ctx=N_CTX, n_slots=N_SLOTS,
+                                      threads=THREADS),
+                     f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}")
+    levels = [1, 8] if args.quick else [1, 2, 4, 8, 16]
+    rows: list[dict[str, Any]] = []
+    cap = None
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        for name, (cmd, ready, base) in systems.items():
+            stack.enter_context(running(cmd, ready, log_path=RESULTS / f"llm_bench_{name}.log"))
+            asyncio.run(closed_loop(base, model, PROMPTS, concurrency=1, n_requests=1,
+                                    max_tokens=8))  # warm-up, not measured
+        print(f"closed loop, {label}", flush=True)
+        for i, c in enumerate(levels):
+            n = 2 * c if c >= 4 else 4
+            order = list(systems) if i % 2 == 0 else list(reversed(systems))
+            for name in order:
+                n_sys = min(n, 8) if name == "sluice-serial" else n
+                plan = {"kind": "closed", "label": f"c={c}", "concurrency": c,
+                        "n_requests": n_sys}
+                rows.append(measure(name, systems[name][2], model, plan))
+        if not args.quick:
+            cap = next(r for r in rows if r["system"] == SLUICE
+                       and r["concurrency"] == 8)["requests_per_s"]
+            print(f"open loop (capacity {cap:.3f} req/s)", flush=True)
+            for f in (0.5, 0.8, 1.0, 1.3):
+                plan = {"kind": "open", "label": f"{f}x", "load_factor": f,
+                        "rate_per_s": f * cap, "n_requests": 20, "seed": 7}
+                for name in ("sluice-continuous", "sluice-static", PEER):
+                    rows.append(measure(name, systems[name][2], model, plan))
+    result: dict[str, Any] = {
+        "benchmark": "llm_bench", "quick": args.quick,
+        "model": model, "model_label": label, "llama_cpp_python": LLAMA_CPP_PYTHON_VERSION,
+        "n_ctx": N_CTX, "slots": N_SLOTS, "threads": THREADS, "max_tokens": MAX_TOKENS,
+        "ttft_slo_s": TTFT_SLO_S, "tpot_slo_s": TPOT_SLO_S,
+        "raw_backend_ceiling_tokens_per_s": ceiling, "capacity_requests_per_s": cap,
+        "machine": machine(), "commit": commit(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t_start)),
+        "rows": rows, "headline": headline(rows), "ratios": ratios(rows),
+        "prefix_reuse": None if args.quick else prefix_reuse_rows(model, gguf, args.quick),
+    }
+    result["duration_s"] = round(time.time() - t_start, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(result, args.out.with_suffix(".png"))
+    print()
+    print(headline_markdown(result))
+    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
+    return 0
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -203,26 +310,35 @@ def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    opened = any(r["kind"] == "open" for r in rows)
+    fig, axes = plt.subplots(1, 4 if opened else 2, figsize=(18 if opened else 10, 4.5))
+    levels = sorted({r["concurrency"] for r in rows if r["kind"] == "closed"})
     for system in sorted({r["system"] for r in rows}):
-        closed = [r for r in rows if r["system"] == system and r["kind"] == "closed"]
-        axes[0].plot([r["concurrency"] for r in closed], [r["tokens_per_s"] for r in closed],
-                     marker="o", label=system)
-    plot_open_loop(rows, {"ttft_p95_ms": axes[1], "goodput_per_s": axes[2]})
+        closed = sorted((r for r in rows if r["system"] == system and r["kind"] == "closed"),
+                        key=lambda r: r["concurrency"])
+        x = [r["concurrency"] for r in closed]
+        axes[0].plot(x, [r["tokens_per_s"] for r in closed], marker="o", label=system)
+        axes[1].plot(x, [(r["ttft_p50_s"] or 0) * 1000 for r in closed], marker="o",
+                     label=system)
     axes[0].set(xscale="log", xlabel="concurrent clients", ylabel="generated tokens/s",
                 title="Closed loop: aggregate throughput")
-    axes[0].set_xticks([1, 2, 4, 8, 16], labels=["1", "2", "4", "8", "16"])
-    axes[1].set(xlabel="offered load (× capacity)", ylabel="TTFT p95 (ms)",
-                title="Open loop: TTFT p95")
-    axes[2].set(xlabel="offered load (× capacity)", ylabel="requests/s meeting SLOs",
-                title=GOODPUT_TITLE)
+    axes[1].set(xscale="log", xlabel="concurrent clients", ylabel="TTFT p50 (ms)",
+                title="Closed loop: time to first token")
+    for ax in axes[:2]:
+        ax.set_xticks(levels, labels=[str(c) for c in levels])
+    if opened:
+        plot_open_loop(rows, {"ttft_p95_ms": axes[2], "goodput_per_s": axes[3]})
+        axes[2].set(xlabel="offered load (× capacity)", ylabel="TTFT p95 (ms)",
+                    title="Open loop: TTFT p95")
+        axes[3].set(xlabel="offered load (× capacity)", ylabel="requests/s meeting SLOs",
+                    title=GOODPUT_TITLE)
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{result['model']}, {result['threads']} threads, {result['slots']} slots, "
-                 f"{result['max_tokens']} new tokens")
+    fig.suptitle(f"{result['model_label']}, {result['threads']} threads, {result['slots']} "
+                 f"slots, {result['max_tokens']} new tokens ({result['started'][:10]})")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""``sluice serve | models | chat | prepare | profile | simulate`` — the command line.
+"""``sluice serve | models | chat | prepare | profile | simulate | costs | bench`` — the
+command line.
 
 Settings come from the TOML file (``--config`` or ``$SLUICE_CONFIG``), with flags and
 ``SLUICE_*`` environment variables over it; with no file, the packaged Gemma 3 270M is
@@ -294,6 +295,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """The headline benchmark lives in the source tree (``bench/`` is not installed): run it
+    from the checkout in the current folder."""
+    root = Path.cwd()
+    if not (root / "bench" / "llm_bench.py").is_file():
+        print("sluice bench: run it from a sluice source checkout (bench/llm_bench.py is "
+              f"not under {root}); the benchmarks are not part of the installed package",
+              file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(root))
+    from bench.llm_bench import main as bench_main
+
+    return int(bench_main(args.args))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -344,7 +360,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_simulate(sub)
     add_costs(sub)
-    args = parser.parse_args(argv)
+    bench = sub.add_parser("bench", help="sluice against llama-server on the packaged model "
+                                         "(from a source checkout)",
+                           description="Run bench/llm_bench.py from the source checkout in "
+                                       "the current folder: the README's headline table.")
+    bench.add_argument("args", nargs=argparse.REMAINDER,
+                       help="its flags: --quick, --model ID, --out PATH")
+    bench.set_defaults(func=cmd_bench, log_level="warning")
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench":
+        args.args = [*extra, *args.args]  # its own flags, parsed by bench/llm_bench.py
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(args.log_level, getattr(args, "log_format", "text"))
     try:
         return int(args.func(args))

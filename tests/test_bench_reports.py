@@ -214,3 +214,44 @@ def test_step_mix_over_time_and_the_return_to_the_best_variant() -> None:
     # from 0: the first window of arrivals >= 90 % on big is [1.0, 1.5), ending 1.5 s in
     assert back_on_best_s(samples, "sentiment-big", 0.0, 2.0) == pytest.approx(1.5)
     assert back_on_best_s(samples, "sentiment-none", 0.0, 2.0) is None
+
+
+def llm_row(system: str, clients: int, tokens_per_s: float, ttft_s: float,
+            tpot_s: float) -> dict[str, Any]:
+    return {"system": system, "kind": "closed", "label": f"c={clients}",
+            "concurrency": clients, "tokens_per_s": tokens_per_s, "ttft_p50_s": ttft_s,
+            "ttft_p95_s": ttft_s * 2, "tpot_p50_s": tpot_s, "goodput_per_s": 1.0}
+
+
+def test_llm_headline_pairs_each_level_with_llama_server_and_divides() -> None:
+    from bench.llm_bench import headline, headline_markdown
+
+    rows = [llm_row("sluice-continuous", 1, 30.0, 0.1, 0.03),
+            llm_row("llama-server", 1, 25.0, 0.2, 0.04),
+            llm_row("sluice-continuous", 8, 120.0, 0.4, 0.06),
+            llm_row("llama-server", 8, 100.0, 0.5, 0.08),
+            llm_row("sluice-static", 8, 60.0, 0.9, 0.1),
+            llm_row("sluice-continuous", 16, 130.0, 1.0, 0.1)]  # no peer row: left out
+    table = headline(rows)
+    assert [h["clients"] for h in table] == [1, 8]
+    assert table[0]["tokens_per_s_ratio"] == pytest.approx(1.2)
+    assert table[1]["tokens_per_s_ratio"] == pytest.approx(1.2)
+    assert table[1]["ttft_p50_ratio"] == pytest.approx(0.8)
+    assert table[1]["tpot_p50_ratio"] == pytest.approx(0.75)
+    text = headline_markdown({"headline": table, "model_label": "Gemma 3 270M Q4_K_M",
+                              "threads": 2, "slots": 8, "max_tokens": 128, "quick": True,
+                              "started": "2026-12-02T11:00:00Z",
+                              "machine": {"cpus": 2, "cpu": "Xeon"}})
+    lines = text.splitlines()
+    assert lines[0].startswith("| clients | sluice tok/s | llama-server tok/s | ratio")
+    assert lines[3] == "| 8 | 120.0 | 100.0 | **1.20×** | 400 ms / 500 ms | 60 ms / 80 ms |"
+    assert "Gemma 3 270M Q4_K_M" in text and "--quick" in text and "2026-12-02" in text
+
+
+def test_sluice_bench_outside_a_checkout_says_where_to_run_it(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from sluice.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--quick"]) == 2
+    assert "source checkout" in capsys.readouterr().err

