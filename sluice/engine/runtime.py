@@ -327,14 +327,35 @@ class Runtime:
                 for req, name in zip(reqs, named, strict=True):
                     self._enqueue(req, now)
                     self.variants.admitted(req, name if name in self.variants.groups else None)
-        for req in reqs:
-            if rejection is not None:
-                self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
-                req.finish(RequestStatus.REJECTED, now, error=rejection.message,
-                           error_code=rejection.reason)
-            else:
+        if rejection is not None:
+            self._reject(reqs, rejection, now)
+        else:
+            for req in reqs:
                 self.observer.admitted(req)
         return rejection
+
+    def refuse_early(self, reqs: Sequence[Request]) -> Rejection | None:
+        """The queue's admission check alone (capacity, draining, deadline against the
+        completion rate), for a caller about to do costly work for ``reqs`` (tokenize a
+        prompt, compile a grammar): a refusal ends them ``REJECTED`` exactly as
+        ``try_submit_unit`` would; ``None`` leaves them untouched, and ``try_submit_unit``
+        decides again when they are submitted."""
+        if not reqs:
+            return None
+        now = self.clock()
+        with self._cv:
+            rejection = self._admission_check(reqs[0], now)
+        if rejection is not None:
+            for req in reqs:
+                req.listeners.append(self._on_event(req))
+            self._reject(reqs, rejection, now)
+        return rejection
+
+    def _reject(self, reqs: Sequence[Request], rejection: Rejection, now: float) -> None:
+        for req in reqs:
+            self.observer.rejected(req.model_id, req.tenant_id, rejection.reason)
+            req.finish(RequestStatus.REJECTED, now, error=rejection.message,
+                       error_code=rejection.reason)
 
     def submit(self, req: Request, timeout_s: float | None = None) -> Rejection | None:
         """Like ``try_submit`` but waits (up to ``timeout_s``) for room in the queue."""

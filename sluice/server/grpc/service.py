@@ -3,7 +3,8 @@
 Per call: the metadata is the headers (``authorization`` → tenant through ``Auth``;
 ``x-sluice-priority`` as over HTTP); the body is validated by the same pydantic models as the
 HTTP bodies (field names match, so an error names the same field); requests are built,
-admitted (tenant quota, then runtime admission) and awaited by the functions the routes use.
+admitted (tenant quota, then runtime admission) and awaited by the serving core
+(``sluice.server.core``), as the HTTP routes' are.
 The gRPC deadline is the request's sluice deadline: the time remaining when the call arrives
 becomes ``deadline_ms``, exactly like the body field over HTTP. Every ``APIError`` aborts the
 call with the status of ``sluice.server.grpc.errors``.
@@ -29,19 +30,21 @@ from sluice.engine.request import Final, RequestStatus
 from sluice.engine.request import Request as RtRequest
 from sluice.server import access
 from sluice.server.context import AppContext
-from sluice.server.errors import APIError, bad_param, validation_error
-from sluice.server.grpc.errors import grpc_error
-from sluice.server.middleware import request_id_from
-from sluice.server.routes.common import (
+from sluice.server.core import (
+    ServeRequest,
+    TextPrompt,
     admit,
     embedding_spec,
     final_api_error,
-    generative_request,
     model_list,
     one_shot_requests,
+    open_generation,
     spec_of_kind,
     tokenizer_of,
 )
+from sluice.server.errors import APIError, bad_param, validation_error
+from sluice.server.grpc.errors import grpc_error
+from sluice.server.middleware import request_id_from
 from sluice.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -167,10 +170,11 @@ class InferenceService(pb_grpc.InferenceServicer):
         async with _Call(self.ctx, context, "Generate") as call:
             try:
                 tenant = self._tenant(call.headers)
-                req = await self._generative(request, call.headers, tenant,
-                                             deadline_ms(context))
-                handles = await admit(self.ctx, [req])
-                async for event in handles[0].events():
+                ask = self._generative(request, deadline_ms(context))
+                gen = await open_generation(self.ctx, call.headers, tenant, ask)
+                req = gen.request
+                handles = [gen.handle]
+                async for event in gen.events():
                     if isinstance(event, Final):
                         if event.status != RequestStatus.COMPLETED:
                             raise final_api_error(event)
@@ -184,9 +188,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             finally:
                 self._settle(handles, context)
 
-    async def _generative(self, request: pb.GenerateRequest, headers: Mapping[str, str],
-                          tenant: TenantConfig, deadline: float | None) -> RtRequest:
-        """The runtime request for a ``GenerateRequest``, validated as the HTTP bodies are:
+    def _generative(self, request: pb.GenerateRequest, deadline: float | None) -> ServeRequest:
+        """The core's request for a ``GenerateRequest``, validated as the HTTP bodies are:
         ``messages`` as a chat completion, ``prompt`` as a completion."""
         fields: dict[str, Any] = {"model": request.model, "top_k": request.top_k,
                                   "ignore_eos": request.ignore_eos}
@@ -210,13 +213,12 @@ class InferenceService(pb_grpc.InferenceServicer):
         else:
             body = validated(CompletionRequest, {**fields, "prompt": request.prompt})
             text, names = request.prompt, ("prompt", "max_tokens")
-        return await generative_request(
-            ctx, headers, body.model, tenant, text=text, token_ids=None,
-            max_tokens=body.max_tokens,
-            params={"temperature": body.temperature, "top_p": body.top_p,
-                    "top_k": body.top_k, "seed": body.seed, "stop": body.stop_list(),
-                    "ignore_eos": body.ignore_eos},
-            priority=None, deadline_ms=deadline, names=names)
+        return ServeRequest(
+            body.model, TextPrompt(text), max_tokens=body.max_tokens,
+            sampling={"temperature": body.temperature, "top_p": body.top_p,
+                      "top_k": body.top_k, "seed": body.seed, "stop": body.stop_list(),
+                      "ignore_eos": body.ignore_eos},
+            deadline_ms=deadline, names=names)
 
     async def _one_shot(self, call: _Call, model: str, inputs: list[str]
                         ) -> tuple[list[Final], list[RtRequest]]:

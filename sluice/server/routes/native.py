@@ -5,18 +5,21 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sluice.server.errors import APIError, bad_param, public_text, unknown_model
+from sluice.server.core import (
+    ChatPrompt,
+    ServeRequest,
+    TextPrompt,
+    decision_headers,
+    open_generation,
+)
+from sluice.server.errors import APIError, bad_param, unknown_model
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
     body_headers,
     ctx_of,
-    decision_headers,
-    generative_request,
     one_shot,
     run_generative,
-    tokenize_chat,
-    tokenizer_of,
 )
 from sluice.server.schemas import InferRequest
 from sluice.server.shapes import InferShape
@@ -45,24 +48,15 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
         shape = InferShape(f"infer-{reqs[0].request_id}", body.model)
         return JSONResponse(shape.full(finals[0]),
                             headers={**decision_headers(reqs[0]), **headers})
-    tok = tokenizer_of(ctx, body.model)
-    text: str | None = body.input if isinstance(body.input, str) else None
-    ids: list[int] | None = None
-    if not isinstance(body.input, str):
-        try:
-            prompt = tok.apply_chat([m.as_dict() for m in body.input])
-        except ValueError as exc:
-            raise bad_param("input", f"Invalid messages: {public_text(str(exc))}") from None
-        ids = await tokenize_chat(tok, prompt, "input")
-    req = await generative_request(
-        ctx, request.headers, body.model, tenant, text=text, token_ids=ids,
-        max_tokens=body.max_new_tokens,
-        params={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-                "seed": None if body.seed is None else body.seed % 2**64,
-                "stop": tuple(body.stop or ())},
+    prompt = (TextPrompt(body.input) if isinstance(body.input, str)
+              else ChatPrompt([m.as_dict() for m in body.input]))
+    gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
+        body.model, prompt, max_tokens=body.max_new_tokens,
+        sampling={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+                  "seed": None if body.seed is None else body.seed % 2**64,
+                  "stop": tuple(body.stop or ())},
         priority=body.priority, deadline_ms=body.deadline_ms,
-        names=("input", "max_new_tokens"),
-    )
-    shape = InferShape(f"infer-{req.request_id}", body.model)
-    return await run_generative(request, req, shape, stream=body.stream, include_usage=True,
+        names=("input", "max_new_tokens")))
+    shape = InferShape(f"infer-{gen.request.request_id}", body.model)
+    return await run_generative(request, gen, shape, stream=body.stream, include_usage=True,
                                 headers=headers)

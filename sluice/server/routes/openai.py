@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Any
 
@@ -10,23 +9,27 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from sluice.server import access
-from sluice.server.errors import bad_param, public_text, unknown_model
-from sluice.server.params import checked, format_constraint, sampling_kwargs, tool_plan
+from sluice.server.core import (
+    ChatPrompt,
+    ServeRequest,
+    TextPrompt,
+    TokenPrompt,
+    decision_headers,
+    embedding_spec,
+    model_list,
+    open_generation,
+    spec_of_kind,
+    tokenizer_of,
+)
+from sluice.server.errors import bad_param, unknown_model
+from sluice.server.params import format_constraint, sampling_kwargs, tool_plan
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
     body_headers,
     ctx_of,
-    decision_headers,
-    embedding_spec,
-    generative_request,
-    model_list,
     one_shot,
     run_generative,
-    spec_of_kind,
-    tokenize_chat,
-    tokenizer_of,
 )
 from sluice.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from sluice.server.shapes import ChatShape, CompletionShape, TokenText
@@ -46,31 +49,20 @@ async def chat_completions(
     spec_of_kind(ctx, body.model, "generative")
     tok = tokenizer_of(ctx, body.model)
     plan = tool_plan(body)
-    try:
-        prompt = tok.apply_chat([m.as_dict() for m in body.messages], plan.tools or None)
-    except ValueError as exc:
-        raise bad_param("messages", f"Invalid messages: {public_text(str(exc))}") from None
-    params = sampling_kwargs(body, tok)
     constraint, param = ((plan.constraint, "tools") if plan.constraint is not None
                          else (format_constraint(body.response_format), "response_format"))
-    # Compiling is quick, but the first constraint of a model builds its grammar vocabulary
-    # (1-3 s): never on the event loop.
-    params["constraint"] = (None if constraint is None
-                            else await asyncio.to_thread(checked, constraint, tok, param))
-    req = await generative_request(
-        ctx, request.headers, body.model, tenant, text=None,
-        token_ids=await tokenize_chat(tok, prompt, "messages"),
-        max_tokens=body.max_completion_tokens or body.max_tokens, params=params,
+    gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
+        body.model, ChatPrompt([m.as_dict() for m in body.messages], plan.tools),
+        sampling=sampling_kwargs(body, tok),
+        max_tokens=body.max_completion_tokens or body.max_tokens,
+        constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms,
         names=("messages", "max_completion_tokens" if body.max_completion_tokens
-               else "max_tokens"),
-    )
-    if ctx.config.server.log_content:
-        access.note_prompt(prompt.text)
-    shape = ChatShape(f"chatcmpl-{req.request_id}", body.model,
+               else "max_tokens")))
+    shape = ChatShape(f"chatcmpl-{gen.request.request_id}", body.model,
                       tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await run_generative(request, req, shape, stream=body.stream,
+    return await run_generative(request, gen, shape, stream=body.stream,
                                 include_usage=include_usage, headers=headers,
                                 keep_events=bool(body.logprobs))
 
@@ -90,12 +82,12 @@ async def completions(body: CompletionRequest, request: Request, tenant: Tenant)
     prompt = body.prompt
     text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt[0], str)
                                                     else None)
-    ids = None if text is not None else [int(t) for t in prompt]
-    req = await generative_request(
-        ctx, request.headers, body.model, tenant, text=text, token_ids=ids,
-        max_tokens=body.max_tokens or 16, params=sampling_kwargs(body, tok),
-        priority=body.priority, deadline_ms=body.deadline_ms, names=("prompt", "max_tokens"),
-    )
+    gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
+        body.model,
+        TextPrompt(text) if text is not None else TokenPrompt([int(t) for t in prompt]),
+        sampling=sampling_kwargs(body, tok), max_tokens=body.max_tokens or 16,
+        priority=body.priority, deadline_ms=body.deadline_ms, names=("prompt", "max_tokens")))
+    req = gen.request
     echo = None
     if body.echo:
         echo = text if text is not None else b"".join(
@@ -104,7 +96,7 @@ async def completions(body: CompletionRequest, request: Request, tenant: Tenant)
                             tokens=TokenText(tok) if want_logprobs else None, echo=echo,
                             prompt_ids=req.prompt_tokens)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return await run_generative(request, req, shape, stream=body.stream,
+    return await run_generative(request, gen, shape, stream=body.stream,
                                 include_usage=include_usage, headers=headers,
                                 keep_events=want_logprobs)
 

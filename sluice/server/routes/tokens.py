@@ -19,16 +19,9 @@ from fastapi.responses import JSONResponse
 
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import chat_tokens
+from sluice.server.core import check_prompt_length, spec_of_kind, tokenizer_of
 from sluice.server.errors import bad_param, public_text
-from sluice.server.routes.common import (
-    ERROR_RESPONSES,
-    Tenant,
-    body_headers,
-    check_prompt_length,
-    ctx_of,
-    spec_of_kind,
-    tokenizer_of,
-)
+from sluice.server.routes.common import ERROR_RESPONSES, Tenant, body_headers, ctx_of
 from sluice.server.schemas import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(tags=["tokens"])

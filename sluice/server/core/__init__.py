@@ -1,0 +1,72 @@
+"""The transport-neutral serving core: every API (OpenAI chat, completions and responses,
+Anthropic Messages, native ``/v1/infer``, gRPC) is an adapter that translates its wire body
+into one ``ServeRequest``, calls ``open_generation`` (or ``admit`` for one-shot inputs), and
+translates the ``Generation``'s events back into its wire format and its error shape.
+
+Invariants every adapter relies on:
+
+- the tenant comes from the transport (``Auth``) before the body is looked at;
+- quota and runtime admission happen here, once per API request, in the order
+  ``generate`` states, and an overloaded server never compiles a grammar;
+- every refusal is an ``APIError`` (status, type, code, ``Retry-After``); the adapter only
+  renders it;
+- an admitted request ends in exactly one terminal state, whose ``Final`` is the last event.
+"""
+
+from sluice.server.core.controls import (
+    controls,
+    decision_headers,
+    embedding_spec,
+    model_list,
+    plan_headers,
+    spec_of_kind,
+    tokenizer_of,
+    ttft_deadline,
+    ttft_target,
+)
+from sluice.server.core.generate import (
+    ChatPrompt,
+    Generation,
+    Prompt,
+    ServeRequest,
+    TextPrompt,
+    TokenPrompt,
+    admit,
+    final_api_error,
+    one_shot_requests,
+    open_admitted,
+    open_generation,
+)
+from sluice.server.core.prompt import (
+    check_prompt_length,
+    token_limit,
+    tokenize_chat,
+    tokenize_text,
+)
+
+__all__ = [
+    "ChatPrompt",
+    "Generation",
+    "Prompt",
+    "ServeRequest",
+    "TextPrompt",
+    "TokenPrompt",
+    "admit",
+    "check_prompt_length",
+    "controls",
+    "decision_headers",
+    "embedding_spec",
+    "final_api_error",
+    "model_list",
+    "one_shot_requests",
+    "open_admitted",
+    "open_generation",
+    "plan_headers",
+    "spec_of_kind",
+    "token_limit",
+    "tokenize_chat",
+    "tokenize_text",
+    "tokenizer_of",
+    "ttft_deadline",
+    "ttft_target",
+]

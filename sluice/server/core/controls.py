@@ -1,0 +1,190 @@
+"""A request's controls from its transport: priority, deadline and first-token deadline
+(body field or gRPC deadline, then ``x-sluice-*`` headers or gRPC metadata, then the
+tenant's defaults), the model it names, and the decision headers the runtime's choices give
+back."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from sluice.backends.base import ModelSpec, Tokenizer
+from sluice.config import TenantConfig
+from sluice.engine.request import Request as RtRequest
+from sluice.server.context import AppContext
+from sluice.server.errors import APIError, bad_param, unknown_model
+
+log = logging.getLogger("sluice.server")
+
+
+def spec_of_kind(ctx: AppContext, model: str, kind: str) -> ModelSpec:
+    """The model's spec: 404 when unknown, 400 ``model_kind_mismatch`` when not ``kind``."""
+    spec = ctx.runtime.spec_for(model)
+    if spec is None:
+        raise unknown_model(model)
+    if spec.kind != kind:
+        want = "a generative" if kind == "generative" else "an embedding/one-shot"
+        raise bad_param("model", f"The model '{model}' is not {want} model",
+                        code="model_kind_mismatch")
+    return spec
+
+
+def embedding_spec(ctx: AppContext, model: str) -> ModelSpec:
+    """An embedding model's spec (404 unknown, 400 ``model_kind_mismatch`` otherwise)."""
+    spec = spec_of_kind(ctx, model, "oneshot")
+    if spec.task != "embedding":
+        raise bad_param("model", f"The model '{model}' is not an embedding model",
+                        code="model_kind_mismatch")
+    return spec
+
+
+def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
+    """The model's tokenizer; a model file that cannot even be read (missing, corrupt,
+    truncated) is the model failing to load: 500 ``model_load_failed``."""
+    try:
+        return ctx.runtime.tokenizer(model)
+    except Exception as exc:
+        log.error("model %s: tokenizer failed to load: %s", model, exc)
+        raise APIError(500, "The model could not be loaded.", type="server_error",
+                       code="model_load_failed") from None
+
+
+def _header_number(headers: Mapping[str, str], name: str, lo: float,
+                   hi: float) -> float | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise bad_param(name, f"Header {name} must be a number") from None
+    if not lo < value <= hi:
+        raise bad_param(name, f"Header {name} must be in ({lo}, {hi}]")
+    return value
+
+
+def controls(
+    ctx: AppContext, headers: Mapping[str, str], tenant: TenantConfig, priority: int | None,
+    deadline_ms: float | None,
+) -> tuple[int, float | None]:
+    """Priority and absolute deadline: body (or the gRPC deadline), then headers (or gRPC
+    metadata), then the tenant's defaults. A request may lower its priority but never raise
+    it above the tenant's ceiling (``priority_ceiling``): asking for more gets the ceiling."""
+    if priority is None:
+        header = _header_number(headers, "x-sluice-priority", -1, 9)
+        if header is not None and not header.is_integer():
+            raise bad_param("x-sluice-priority", "Header x-sluice-priority must be an integer")
+        priority = int(header) if header is not None else tenant.priority
+    priority = max(priority, tenant.most_urgent_priority)
+    if deadline_ms is None:
+        deadline_ms = _header_number(headers, "x-sluice-deadline-ms", 0, 86_400_000)
+    if deadline_ms is None:
+        deadline_ms = tenant.default_deadline_ms
+    deadline_s = None if deadline_ms is None else ctx.runtime.clock() + deadline_ms / 1000.0
+    return priority, deadline_s
+
+
+def ttft_deadline(ctx: AppContext, headers: Mapping[str, str],
+                  tenant: TenantConfig) -> float | None:
+    """A generative request's absolute first-token deadline: the ``x-sluice-ttft-deadline-ms``
+    header (or gRPC metadata), then the tenant's default; ``None`` leaves the model's
+    default (``ttft_deadline_ms``) to the runtime."""
+    ms = _header_number(headers, "x-sluice-ttft-deadline-ms", 0, 86_400_000)
+    if ms is None:
+        ms = tenant.default_ttft_deadline_ms
+    return None if ms is None else ctx.runtime.clock() + ms / 1000.0
+
+
+def ttft_target(ctx: AppContext, headers: Mapping[str, str],
+                tenant: TenantConfig) -> float | None:
+    """A generative request's absolute first-token target (soft): the
+    ``x-sluice-ttft-target-ms`` header (or gRPC metadata), then the tenant's default;
+    ``None`` leaves the model's default (``ttft_target_ms``) to the runtime."""
+    ms = _header_number(headers, "x-sluice-ttft-target-ms", 0, 86_400_000)
+    if ms is None:
+        ms = tenant.default_ttft_target_ms
+    return None if ms is None else ctx.runtime.clock() + ms / 1000.0
+
+
+def decision_headers(req: RtRequest) -> dict[str, str]:
+    """The ``x-sluice-*`` headers that say how the runtime decided (id, tenant, priority
+    served at, worker, queue wait, route, variant, predicted wait), and what to check a
+    planned request's prediction against (``plan_headers``)."""
+    headers = {"x-sluice-request-id": str(req.request_id), "x-sluice-tenant": req.tenant_id,
+               "x-sluice-priority": str(req.priority)}
+    if req.worker_id is not None:
+        headers["x-sluice-worker"] = str(req.worker_id)
+    t = req.times
+    if t.started_s is not None and t.queued_s is not None:
+        headers["x-sluice-queue-wait-ms"] = f"{(t.started_s - t.queued_s) * 1000:.1f}"
+    if req.route_reason:
+        headers["x-sluice-route"] = req.route_reason.replace("\n", " ")[:200]
+    if req.variant:
+        headers["x-sluice-variant"] = req.variant
+    if req.predicted_wait_s is not None:
+        headers["x-sluice-predicted-wait-ms"] = f"{req.predicted_wait_s * 1000:.1f}"
+    return headers | plan_headers(req)
+
+
+def plan_headers(req: RtRequest) -> dict[str, str]:
+    """HTTP only (diagnostics, not in gRPC's ``Decision``): for a one-shot request, the
+    batch it ran in and its run time; for one that named a model group, the planner's
+    reason, predicted sojourn (from its arrival) and predicted run time of the batch it
+    was placed in, beside the server's own sojourn, and
+    whether the pool was idle and the most accurate variant would have met the deadline
+    alone (``VariantChoice``). ``plan-reason`` is ``replanned`` when it ran elsewhere."""
+    headers: dict[str, str] = {}
+    t = req.times
+    if req.batch_size is not None:
+        headers["x-sluice-batch-size"] = str(req.batch_size)
+        if t.started_s is not None and t.finished_s is not None:
+            headers["x-sluice-run-ms"] = f"{(t.finished_s - t.started_s) * 1000:.1f}"
+    plan = req.plan
+    if plan is None:
+        return headers
+    moved = plan.variant is not None and req.variant != plan.variant
+    headers["x-sluice-plan-reason"] = "replanned" if moved else plan.reason
+    if math.isfinite(plan.predicted_sojourn_s):
+        headers["x-sluice-predicted-sojourn-ms"] = f"{plan.predicted_sojourn_s * 1000:.1f}"
+    chosen = next((p for p in plan.predictions if p.variant == plan.variant), None)
+    if chosen is not None:  # its batch's time, before the pessimism factor
+        headers["x-sluice-predicted-run-ms"] = f"{chosen.service_s * 1000:.1f}"
+    if t.finished_s is not None:
+        headers["x-sluice-sojourn-ms"] = f"{(t.finished_s - req.arrival_s) * 1000:.1f}"
+    if plan.pool_idle is not None:
+        headers["x-sluice-pool-idle"] = str(int(plan.pool_idle))
+    if plan.accurate_fits_alone is not None:
+        headers["x-sluice-accurate-fits-alone"] = str(int(plan.accurate_fits_alone))
+    # the low-load test's inputs: the group's arrival rate, its standard error, the line
+    headers["x-sluice-plan-arrival"] = (f"{plan.arrival_per_s:.3f} {plan.arrival_stderr_per_s:.3f} "
+                                        f"{plan.low_load_line_per_s:.3f}")
+    return headers
+
+
+def model_list(ctx: AppContext) -> list[dict[str, Any]]:
+    """Configured models and groups, with where each model is resident (``/v1/models``,
+    gRPC ``ListModels``)."""
+    snap = ctx.runtime.snapshot()
+    data: list[dict[str, Any]] = []
+    for spec in ctx.runtime.specs.values():
+        resident_on = [w.worker_id for w in snap.workers if spec.model_id in w.resident]
+        failed = [w.failed_models[spec.model_id] for w in snap.workers
+                  if spec.model_id in w.failed_models]
+        data.append({
+            "id": spec.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "sluice",
+            "kind": spec.kind,
+            "task": spec.task,
+            "resident": bool(resident_on),
+            "resident_on": resident_on,
+            "status": "failed" if failed and not resident_on else "available",
+        })
+    for group_id, group in ctx.runtime.variants.groups.items():
+        data.append({"id": group_id, "object": "model", "created": 0, "owned_by": "sluice",
+                     "kind": "group", "task": ctx.runtime.variants.lead_spec(group_id).task,
+                     "variants": list(group.variants), "policy": group.planner.policy})
+    return data

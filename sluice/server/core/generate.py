@@ -1,0 +1,218 @@
+"""One internal request for every API, and its admission.
+
+An adapter (OpenAI chat or completions, Anthropic Messages, OpenAI Responses, native
+``/v1/infer``, gRPC) validates its wire body, builds a ``ServeRequest`` and calls
+``open_generation``; what comes back is a ``Generation``: the admitted runtime request and
+its event stream (``TokenEvent`` per token, then exactly one ``Final``).
+
+``open_generation``'s order is the invariant every surface shares:
+
+1. the model (404 unknown, 400 not generative) and its tokenizer;
+2. priority and deadlines (body, then headers or gRPC metadata, then the tenant);
+3. the prompt rendered and tokenized off the event loop, refused by its length before it is
+   tokenized (``check_prompt_length``, so the tokenizer's work is bounded by one sequence),
+   and the token limit checked against the context;
+4. the tenant's quota (429, ``Retry-After`` from the bucket): it reserves the exact prompt
+   tokens plus the limit, so it follows the tokenizer;
+5. for a request with a decoding constraint, the runtime's queue check
+   (``Runtime.refuse_early``: 503 overloaded or draining), then the constraint compiled off
+   the event loop (400 naming the field) — an overloaded server never compiles a grammar;
+6. runtime admission (``Runtime.open_unit``: variant plan, queue, deadline).
+
+Any refusal raises an ``APIError`` (the adapter renders it in its API's shape); a request
+created here and refused has ended ``REJECTED``. An admitted request ends in exactly one
+terminal state, whose ``Final`` is the last event of ``Generation.events``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sluice.backends.base import Tokenizer
+from sluice.config import TenantConfig
+from sluice.engine.bridge import AsyncHandle
+from sluice.engine.request import Constraint, Final, RequestStatus, SamplingParams, TokenEvent
+from sluice.engine.request import Request as RtRequest
+from sluice.engine.runtime import Rejected
+from sluice.server import access
+from sluice.server.context import AppContext
+from sluice.server.core.controls import (
+    controls,
+    spec_of_kind,
+    tokenizer_of,
+    ttft_deadline,
+    ttft_target,
+)
+from sluice.server.core.prompt import token_limit, tokenize_chat, tokenize_text
+from sluice.server.errors import APIError, bad_param, final_error, public_text, rejection_error
+from sluice.server.params import checked
+
+
+@dataclass(frozen=True)
+class TextPrompt:
+    """A prompt given as text (BOS added, special tokens in it parsed as the model's)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A conversation in OpenAI message shapes (``role``, ``content``, ``tool_calls``,
+    ``tool_call_id``), rendered with the model's template with ``tools`` offered; user text
+    stays plain text."""
+
+    messages: Sequence[Mapping[str, Any]]
+    tools: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True)
+class TokenPrompt:
+    """A prompt given as token ids (each checked against the vocabulary)."""
+
+    ids: Sequence[int]
+
+
+Prompt = TextPrompt | ChatPrompt | TokenPrompt
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    """What a client asked for, whatever API it came through.
+
+    ``sampling`` holds ``SamplingParams`` fields except ``max_tokens`` and ``constraint``
+    (the adapter checks them against the model first). ``names`` are the request's own field
+    names for the prompt and the token limit, so an error names what the client sent.
+    """
+
+    model: str
+    prompt: Prompt
+    sampling: Mapping[str, Any] = field(default_factory=dict)
+    max_tokens: int | None = None
+    """The token limit asked for; ``None``: ``default_max_tokens``, capped by the room left."""
+    default_max_tokens: int | None = None
+    """The limit when none is asked; ``None``: the server's ``default_max_tokens``."""
+    constraint: Constraint | None = None
+    """Decoding constrained to a JSON schema, JSON or a grammar (a forced tool call too)."""
+    constraint_param: str = "response_format"
+    """The field a constraint that does not compile is blamed on."""
+    priority: int | None = None
+    deadline_ms: float | None = None
+    names: tuple[str, str] = ("messages", "max_tokens")
+
+
+@dataclass
+class Generation:
+    """An admitted generative request: the runtime request (its ``request_id``,
+    ``prompt_tokens`` and decisions) and its handle."""
+
+    request: RtRequest
+    handle: AsyncHandle
+    tokenizer: Tokenizer
+
+    def events(self) -> AsyncIterator[TokenEvent | Final]:
+        """Every ``TokenEvent`` as it is produced, then exactly one ``Final`` (last)."""
+        return self.handle.events()
+
+    def cancel(self) -> None:
+        """End the request ``CANCELLED`` unless it already ended (the client left)."""
+        if self.handle.final is None:
+            self.handle.cancel()
+
+
+def final_api_error(final: Final) -> APIError:
+    """The error for a request that ended without completing."""
+    return final_error(final.error_code, final.error, final.status.name, final.retry_after_s)
+
+
+async def admit(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
+    """The tenant's quota (429), then runtime admission (503), for the runtime requests of
+    one API request, admitted as one unit (``Runtime.open_unit``): all or none, and never
+    refused for holding more inputs than the queue. On a refusal every request has ended
+    ``REJECTED``, so the quota reservation is given back."""
+    access.note_admitted(reqs)
+    await ctx.quota.admit(reqs)
+    return open_admitted(ctx, reqs)
+
+
+def open_admitted(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
+    """Runtime admission for requests the quota has already reserved for."""
+    try:
+        return ctx.runtime.open_unit(reqs)
+    except Rejected as exc:
+        raise rejection_error(exc.rejection) from None
+
+
+def _refuse(req: RtRequest, err: APIError, now: float) -> APIError:
+    """End ``req`` ``REJECTED`` for a 400 found after its quota was reserved (settling it)."""
+    req.finish(RequestStatus.REJECTED, now, error=err.message, error_code=err.code)
+    return err
+
+
+async def _prompt_tokens(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> list[int]:
+    prompt, param = ask.prompt, ask.names[0]
+    if isinstance(prompt, TokenPrompt):
+        bad = [t for t in prompt.ids if not 0 <= t < tok.vocab_size]
+        if bad:
+            raise bad_param(param, f"token ids must be in [0, {tok.vocab_size}); got {bad[0]}")
+        return list(prompt.ids)
+    if isinstance(prompt, TextPrompt):
+        if ctx.config.server.log_content:
+            access.note_prompt(prompt.text)
+        return await tokenize_text(tok, prompt.text, param)
+    try:
+        rendered = tok.apply_chat(list(prompt.messages), list(prompt.tools) or None)
+    except ValueError as exc:
+        raise bad_param(param, f"Invalid messages: {public_text(str(exc))}") from None
+    if ctx.config.server.log_content:
+        access.note_prompt(rendered.text)
+    return await tokenize_chat(tok, rendered, param)
+
+
+async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: TenantConfig,
+                          ask: ServeRequest) -> Generation:
+    """Admit ``ask`` in the order the module states and return its ``Generation``.
+    ``headers``: the HTTP headers or gRPC metadata (``x-sluice-*`` controls)."""
+    spec_of_kind(ctx, ask.model, "generative")
+    tok = tokenizer_of(ctx, ask.model)
+    prio, deadline_s = controls(ctx, headers, tenant, ask.priority, ask.deadline_ms)
+    ttft_s = ttft_deadline(ctx, headers, tenant)
+    target_s = ttft_target(ctx, headers, tenant)
+    tokens = await _prompt_tokens(ctx, tok, ask)
+    default = (ask.default_max_tokens if ask.default_max_tokens is not None
+               else ctx.config.server.default_max_tokens)
+    limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names)
+    req = ctx.runtime.new_request(
+        ask.model, prompt_tokens=tokens,
+        params=SamplingParams(max_tokens=limit, constraint=ask.constraint, **ask.sampling),
+        tenant_id=tenant.id, priority=prio, deadline_s=deadline_s,
+        ttft_deadline_s=ttft_s, ttft_target_s=target_s)
+    access.note_admitted([req])
+    await ctx.quota.admit([req])
+    if ask.constraint is not None:
+        early = ctx.runtime.refuse_early([req])
+        if early is not None:
+            raise rejection_error(early)
+        # Compiling is quick, but the first constraint of a model builds its grammar
+        # vocabulary (1-3 s): never on the event loop.
+        try:
+            await asyncio.to_thread(checked, ask.constraint, tok, ask.constraint_param)
+        except APIError as err:
+            raise _refuse(req, err, ctx.runtime.clock()) from None
+    [handle] = open_admitted(ctx, [req])
+    return Generation(req, handle, tok)
+
+
+def one_shot_requests(
+    ctx: AppContext, headers: Mapping[str, str], model: str, tenant: TenantConfig,
+    inputs: list[Any], priority: int | None, deadline_ms: float | None,
+) -> list[RtRequest]:
+    """One runtime request per input (so dynamic batching sees each)."""
+    prio, deadline_s = controls(ctx, headers, tenant, priority, deadline_ms)
+    return [
+        ctx.runtime.new_request(model, input=x, tenant_id=tenant.id, priority=prio,
+                                deadline_s=deadline_s)
+        for x in inputs
+    ]

@@ -1,0 +1,79 @@
+"""Prompts to tokens, within the model's context: a length bound that refuses a prompt
+before tokenizing it, tokenizing off the event loop, and the token limit a request gets."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sluice.backends.base import Tokenizer
+from sluice.backends.chat import ChatPrompt, chat_tokens
+from sluice.server.errors import APIError
+
+
+def check_prompt_length(tok: Tokenizer, text: str, param: str, *,
+                        whole_context: bool = False) -> None:
+    """Refuse (400 ``context_length_exceeded``) a prompt whose length alone proves it cannot
+    fit one sequence (``whole_context``: the model's whole context, for ``/tokenize``),
+    before any tokenizing: a token stands for at most ``max_token_bytes()`` bytes, so the
+    text has at least ``bytes / max_token_bytes()`` tokens. Linear in the text, cheap next to
+    tokenizing it (seconds for a megabyte of special-token text on llama.cpp)."""
+    most = tok.max_token_bytes()
+    if most is None:
+        return
+    n_bytes = len(text.encode("utf-8"))
+    least_tokens = -(-n_bytes // most)
+    room, where = ((tok.n_ctx_per_seq * tok.n_seq_max, "in all") if whole_context
+                   else (tok.n_ctx_per_seq, "per sequence"))
+    if least_tokens >= room:
+        raise APIError(
+            400,
+            f"This model's context holds {room} tokens {where}; the prompt "
+            f"({n_bytes} bytes) has at least {least_tokens}.",
+            param=param, code="context_length_exceeded",
+        )
+
+
+def _bounded_tokenize(tok: Tokenizer, text: str, param: str) -> list[int]:
+    check_prompt_length(tok, text, param)
+    return tok.tokenize(text, add_bos=True)
+
+
+def _bounded_chat_tokens(tok: Tokenizer, prompt: ChatPrompt, param: str) -> list[int]:
+    check_prompt_length(tok, prompt.text, param)
+    return chat_tokens(tok, prompt)
+
+
+async def tokenize_text(tok: Tokenizer, text: str, param: str) -> list[int]:
+    """A text prompt's tokens (BOS first), in a worker thread, never on the event loop;
+    refused by its length first when it cannot fit (``check_prompt_length``)."""
+    return await asyncio.to_thread(_bounded_tokenize, tok, text, param)
+
+
+async def tokenize_chat(tok: Tokenizer, prompt: ChatPrompt, param: str) -> list[int]:
+    """A chat prompt's tokens (user text plain), as ``tokenize_text``."""
+    return await asyncio.to_thread(_bounded_chat_tokens, tok, prompt, param)
+
+
+def token_limit(tok: Tokenizer, n_prompt: int, asked: int | None, default_tokens: int,
+                names: tuple[str, str]) -> int:
+    """The request's token limit: ``asked``, or ``default_tokens`` capped by the room left
+    in one sequence. 400 ``context_length_exceeded`` when the prompt leaves no room or the
+    prompt plus ``asked`` exceeds a sequence; ``names``: the request's fields for the prompt
+    and the limit (the error's ``param``)."""
+    room = tok.n_ctx_per_seq - n_prompt
+    if room <= 0:
+        raise APIError(
+            400,
+            f"This model's context holds {tok.n_ctx_per_seq} tokens per sequence; the prompt "
+            f"has {n_prompt}.", param=names[0], code="context_length_exceeded",
+        )
+    if asked is None:
+        return min(default_tokens, room)
+    if n_prompt + asked > tok.n_ctx_per_seq:
+        raise APIError(
+            400,
+            f"This model's context holds {tok.n_ctx_per_seq} tokens per sequence; the prompt "
+            f"({n_prompt}) plus {names[1]} ({asked}) exceeds it.",
+            param=names[1], code="context_length_exceeded",
+        )
+    return asked
