@@ -51,6 +51,7 @@ def config_toml(scheduler: str, a_limits: str = "") -> str:
 [server]
 default_model = "{MODEL}"
 drain_timeout_s = 2
+open_metrics = true  # the bench reads /metrics without a key (tenant keys close it)
 
 [scheduling]
 scheduler = "{scheduler}"

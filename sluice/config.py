@@ -332,7 +332,16 @@ class ServerConfig(_Strict):
     """Open ``/admin`` to anyone when no admin key is set: local development only."""
     metrics_key: str | None = None
     """Guards ``/metrics`` and ``/status.json`` (``Authorization: Bearer`` or
-    ``X-Metrics-Key``); also ``$SLUICE_METRICS_KEY``. Unset: they are open."""
+    ``X-Metrics-Key``); also ``$SLUICE_METRICS_KEY``. Unset: they are open on a server
+    without tenant keys, and closed (403 ``metrics_disabled``) on one with them, unless
+    ``open_metrics`` is set."""
+    open_metrics: bool = False
+    """Open ``/metrics`` and ``/status.json`` without a metrics key on a server with tenant
+    keys (a scraper on a private network); they show every tenant's traffic."""
+    require_keys: bool = False
+    """Every request needs a tenant's API key: the server refuses to start without one,
+    rather than let any client claim a tenant (its priority, its quota) by
+    ``X-Tenant-ID``."""
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     default_model: str | None = None
     default_max_tokens: int = Field(default=256, ge=1)

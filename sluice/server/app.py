@@ -24,7 +24,7 @@ from sluice.backends.registry import make_backends
 from sluice.config import Config
 from sluice.engine.runtime import Runtime
 from sluice.server import errors
-from sluice.server.auth import Auth
+from sluice.server.auth import Auth, startup_warnings
 from sluice.server.context import AppContext
 from sluice.server.errors import APIError
 from sluice.server.metrics import PrometheusObserver, SnapshotCollector, tenant_labels
@@ -50,10 +50,15 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
         runtime=runtime,
         auth=Auth(config.tenants, config.server.admin_key_value(),
                   open_admin=config.server.open_admin,
-                  metrics_key=config.server.metrics_key),
+                  metrics_key=config.server.metrics_key,
+                  open_metrics=config.server.open_metrics,
+                  require_keys=config.server.require_keys),
         registry=registry,
         quota=quota,
     )
+
+    for warning in startup_warnings(config.tenants, ctx.auth):
+        log.warning("%s", warning)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -18,6 +18,14 @@ ADMIN_DISABLED = (
     "--admin-key-file (or $SLUICE_ADMIN_KEY_FILE, server.admin_key_file) and send it as "
     "X-Admin-Key; or, for local development only, open them with server.open_admin = true "
     "(--open-admin).")
+METRICS_DISABLED = (
+    "/metrics and /status.json are closed: tenant API keys are configured and no metrics "
+    "key is. Set one with server.metrics_key (or $SLUICE_METRICS_KEY) and send it as "
+    "'Authorization: Bearer <key>' or X-Metrics-Key; or open them with "
+    "server.open_metrics = true.")
+NO_KEYS_REQUIRED = (
+    "server.require_keys is set but no tenant has an API key (tenants[].api_keys or "
+    "tenants[].api_keys_file)")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
@@ -34,11 +42,12 @@ class Auth:
 
     With API keys configured, ``Authorization: Bearer <key>`` is required (401 otherwise).
     With none, the server is open: the tenant is ``X-Tenant-ID`` if given, else
-    ``default``.
+    ``default``; ``require_keys`` refuses to build such an ``Auth`` (``ValueError``).
     """
 
     def __init__(self, tenants: Sequence[TenantConfig], admin_key: str | None, *,
-                 open_admin: bool = False, metrics_key: str | None = None) -> None:
+                 open_admin: bool = False, metrics_key: str | None = None,
+                 open_metrics: bool = False, require_keys: bool = False) -> None:
         # Only digests of the keys are held: the tenants kept here carry none.
         keyless = [t.model_copy(update={"api_keys": [], "api_keys_file": None})
                    for t in tenants]
@@ -53,6 +62,9 @@ class Auth:
         self._admin = hash_key(admin_key).encode() if admin_key else None
         self._open_admin = open_admin
         self._metrics = hash_key(metrics_key).encode() if metrics_key else None
+        self._open_metrics = open_metrics
+        if require_keys and not self._keys:
+            raise ValueError(NO_KEYS_REQUIRED)
 
     @property
     def enabled(self) -> bool:
@@ -105,13 +117,42 @@ class Auth:
             raise APIError(401, "Admin key required", type="authentication_error",
                            code="invalid_admin_key")
 
+    @property
+    def metrics_closed(self) -> bool:
+        """``/metrics`` and ``/status.json`` refuse every request: tenants have keys, no
+        metrics key is set, and they were not opened (``server.open_metrics``)."""
+        return self._metrics is None and self.enabled and not self._open_metrics
+
     def require_metrics(self, request: Request) -> None:
         """The metrics key on ``/metrics`` and ``/status.json``, when one is set (401
-        ``invalid_metrics_key`` otherwise); open without one."""
+        ``invalid_metrics_key`` otherwise). Without one they are open on a server without
+        tenant keys, and closed (403 ``metrics_disabled``) on one with them unless opened:
+        they show every tenant's traffic."""
         if self._metrics is None:
+            if self.metrics_closed:
+                raise APIError(403, METRICS_DISABLED, type="permission_error",
+                               code="metrics_disabled")
             return
         key = request.headers.get("x-metrics-key") or _bearer(request.headers)
         if key is None or not hmac.compare_digest(self._metrics, hash_key(key).encode()):
             raise APIError(401, "Metrics key required: send 'Authorization: Bearer <key>' or "
                                 "X-Metrics-Key", type="authentication_error",
                            code="invalid_metrics_key")
+
+
+def startup_warnings(tenants: Sequence[TenantConfig], auth: Auth) -> list[str]:
+    """What an operator should know at start-up about who can reach what."""
+    out: list[str] = []
+    if auth.metrics_closed:
+        out.append(METRICS_DISABLED)
+    if not auth.enabled:
+        limited = [t.id for t in tenants
+                   if any(v is not None for v in t.limits.model_dump().values())
+                   or t.priority_ceiling is not None]
+        if limited:
+            out.append(
+                f"tenants {limited} have limits but no API keys: any client can claim one "
+                "with X-Tenant-ID (its priority, its quota), or escape its quota by naming "
+                "another. Give them api_keys (or api_keys_file) and set "
+                "server.require_keys = true.")
+    return out

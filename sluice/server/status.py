@@ -7,10 +7,13 @@ from dataclasses import asdict
 from typing import Any
 
 from sluice.engine.runtime import Runtime
+from sluice.server.errors import public_text
 
 
 def status_json(runtime: Runtime) -> dict[str, Any]:
-    """Queue, workers, resident models and batches, as plain JSON."""
+    """Queue, workers, resident models and batches, as plain JSON; exception text (a model's
+    load error, a worker's cause of death) with its file paths redacted, as in error
+    bodies (the detail is in the log)."""
     snap = runtime.snapshot()
     now = runtime.clock()
     workers = []
@@ -25,7 +28,7 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
             "resident_bytes": state.resident_bytes,
             "last_batch_size": state.last_batch_size,
             "models": [model_entry(asdict(m), now) for m in state.models],
-            "failed_models": dict(state.failed_models),
+            "failed_models": {m: public_text(e) for m, e in state.failed_models.items()},
         })
     return {
         "queue_depth": snap.queue_depth,
@@ -38,7 +41,8 @@ def status_json(runtime: Runtime) -> dict[str, Any]:
         "workers": workers,
         "variants": runtime.variants.snapshot(),
         "groups": runtime.variants.groups_snapshot(),
-        "recoveries": [asdict(r) for r in runtime.recoveries()],
+        "recoveries": [{**asdict(r), "cause": public_text(r.cause)}
+                       for r in runtime.recoveries()],
     }
 
 

@@ -198,7 +198,7 @@ def table_server(serve_module: Callable[..., LiveServer]) -> LiveServer:
         tenants=[{"id": "acme", "api_keys": [KEY]}, {"id": "other", "api_keys": ["sk-other"]},
                  {"id": "limited", "api_keys": ["sk-table-limited"],
                   "limits": {"requests_per_s": 0.001, "burst": 1}}],
-        server={"admin_key": ADMIN, "default_model": CHAT},
+        server={"admin_key": ADMIN, "default_model": CHAT, "open_metrics": True},
     ))
 
 

@@ -32,7 +32,9 @@ EMBED = {"model": "synth-a", "input": "hello there"}
 
 def tenant_server(serve: Callable[..., LiveServer], limits: dict[str, Any], *,
                   models: list[dict[str, Any]] | None = None, **sections: Any) -> LiveServer:
-    """A server where tenant ``t`` (key ``key-t``) has ``limits`` and ``other`` has none."""
+    """A server where tenant ``t`` (key ``key-t``) has ``limits`` and ``other`` has none;
+    ``/metrics`` open to the tests' scrapes."""
+    sections.setdefault("server", {"open_metrics": True})
     return serve(config_with(
         models=models or [synth_chat(), synth_embed()],
         tenants=[{"id": "t", "api_keys": ["key-t"], "limits": limits},

@@ -134,7 +134,8 @@ limits = {{ requests_per_s = {RATE}, burst = {BURST} }}
 
 @pytest.fixture
 def two_replicas(redis: RedisProcess, tmp_path: Path) -> Iterator[list[Replica]]:
-    base = SYNTHETIC_TOML.read_text() + TENANT_TOML
+    base = SYNTHETIC_TOML.read_text().replace("[server]\n", "[server]\nopen_metrics = true\n",
+                                              1) + TENANT_TOML
     by_file = tmp_path / "by-file.toml"
     by_file.write_text(base + f"""
 [quota]
@@ -205,6 +206,7 @@ def test_redis_down_keeps_serving_then_shared_quotas_resume(
                   "limits": {"requests_per_s": 1.0, "burst": 4}}],
         quota={"backend": "redis", "redis_url": redis.url, "replicas": 2,
                "reconnect_interval_s": 0.2, "timeout_ms": 200},
+        server={"open_metrics": True},
     )
     replicas = [serve(config), serve(config)]
     urls = [r.url for r in replicas]
