@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Callable
 from importlib.resources import files
 from typing import Any
@@ -46,12 +47,38 @@ def _num(value: float | None) -> str:
     return "0" if value is None else repr(float(value))
 
 
+REFUSING_LIMITS = frozenset({"requests", "tokens", "too_large", "concurrent"})
+"""The limits ``reserve.lua`` may name in a refusal."""
+
+
+def parse_reserve_reply(reply: Any) -> tuple[bool, str, float, float, float, int]:
+    """``reserve.lua``'s reply as (ok, refusing limit, retry after s, request tokens left,
+    token tokens left, in flight); ``QuotaBackendError`` for anything else: another shape,
+    a value that is not a number, a refusal naming no known limit, a negative or infinite
+    wait (only ``too_large`` waits forever), a level that is not finite (a tampered or
+    corrupt bucket)."""
+    try:
+        ok_raw, limit, retry_raw, rt_raw, tt_raw, in_flight_raw = reply
+        ok, retry = int(ok_raw), float(retry_raw)
+        rt, tt, in_flight = float(rt_raw), float(tt_raw), int(in_flight_raw)
+    except (TypeError, ValueError) as exc:
+        raise QuotaBackendError(f"unexpected reply from the reserve script: {exc}") from None
+    refused_ok = ok == 0 and limit in REFUSING_LIMITS and (
+        math.isfinite(retry) or limit == "too_large")
+    granted_ok = ok == 1 and limit == "" and retry == 0
+    if not (refused_ok or granted_ok) or retry < 0 or in_flight < 0 \
+            or not (math.isfinite(rt) and math.isfinite(tt)):
+        raise QuotaBackendError(f"unexpected reply from the reserve script: {reply!r:.200}")
+    return bool(ok), str(limit), retry, rt, tt, in_flight
+
+
 class RedisQuotaStore:
     """Quota state in Redis, one Lua script per reservation and per release.
 
     ``clock``: ``None`` decides on Redis's own clock (``TIME``), which every replica shares;
     tests pass an explicit clock to compare the script with ``TenantQuota`` step by step (the
-    keys then get no expiry). Raises ``QuotaBackendError`` on any Redis failure.
+    keys then get no expiry). Raises ``QuotaBackendError`` on any failure: unreachable, an
+    error reply, a timeout, or a reply of an unexpected shape or value.
     """
 
     def __init__(self, url: str, *, key_prefix: str = "sluice", timeout_s: float = 0.25,
@@ -86,11 +113,9 @@ class RedisQuotaStore:
         return "" if self._clock is None else repr(self._clock())
 
     async def _call(self, awaitable: Any) -> Any:
-        from redis.exceptions import RedisError
-
         try:
             return await asyncio.wait_for(awaitable, self._timeout_s * 2)
-        except (TimeoutError, RedisError, OSError) as exc:
+        except Exception as exc:  # RedisError, OSError, a timeout, a reply it cannot parse
             raise QuotaBackendError(f"{type(exc).__name__}: {exc}") from exc
 
     async def reserve(self, tenant_id: str, limits: QuotaLimits, tokens: float, member: str,
@@ -103,15 +128,14 @@ class RedisQuotaStore:
         ]
         keys = [*self.keys(tenant_id), self.hold_key(tenant_id, member)]
         reply = await self._call(self._reserve(keys=keys, args=args))
-        ok, limit, retry, rt, tt, in_flight = reply
-        ok = bool(int(ok))
+        ok, limit, retry, rt, tt, in_flight = parse_reserve_reply(reply)
         hold = Hold(tenant_id, limits, member, tokens if limits.tokens_per_s else 0.0,
                     shared=True)
         return QuotaCheck(
-            ok=ok, limit=None if ok else str(limit), retry_after_s=0.0 if ok else float(retry),
-            remaining_requests=float(rt) if limits.requests_per_s else None,
-            remaining_tokens=float(tt) if limits.tokens_per_s else None,
-            in_flight=int(in_flight) if limits.max_concurrent else None,
+            ok=ok, limit=None if ok else limit, retry_after_s=0.0 if ok else retry,
+            remaining_requests=rt if limits.requests_per_s else None,
+            remaining_tokens=tt if limits.tokens_per_s else None,
+            in_flight=in_flight if limits.max_concurrent else None,
             hold=hold if ok else None, limits=limits,
         )
 
