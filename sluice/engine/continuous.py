@@ -546,6 +546,8 @@ class ContinuousEngine:
             self.model.copy_sequence(prefix.donor_slot, seq.slot, prefix.n_tokens)
         seq.n_fed = prefix.n_tokens
         self.reused_prefix_tokens += prefix.n_tokens
+        req = seq.group.req
+        req.cached_prompt_tokens = max(req.cached_prompt_tokens, prefix.n_tokens)
 
     def _first_sequence(self, group: _Group, adm: Admission) -> _Sequence:
         """Choice 0 of a just-admitted request (its grammar compiled, its parameters

@@ -210,6 +210,9 @@ class Request:
     final: Final | None = None
     times: Timestamps = field(init=False)
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    """Generative: prompt tokens whose KV was reused (a running sequence's or a retained
+    prefix) instead of computed; set by the engine as it admits the request."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:

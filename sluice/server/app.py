@@ -29,6 +29,7 @@ from sluice.server.context import AppContext
 from sluice.server.errors import APIError
 from sluice.server.metrics import PrometheusObserver, SnapshotCollector, tenant_labels
 from sluice.server.middleware import AccessLogMiddleware, GuardMiddleware
+from sluice.server.peer_metrics import PeerMetricsCollector
 from sluice.server.quota import QuotaCollector, QuotaGate
 from sluice.server.routes import ROUTERS
 
@@ -38,11 +39,15 @@ log = logging.getLogger("sluice.server")
 def create_app(config: Config, backends: Mapping[str, Backend] | None = None) -> FastAPI:
     """Build the app and its runtime; the runtime starts and stops with the app."""
     registry = CollectorRegistry()
-    observer = PrometheusObserver(registry, tenant_labels(t.id for t in config.tenants))
+    observer = PrometheusObserver(registry, tenant_labels(t.id for t in config.tenants),
+                                  generative=[m.id for m in config.models
+                                              if m.kind == "generative"])
     if backends is None:
         backends = make_backends(m.backend for m in config.models)
     runtime = Runtime(config.runtime_config(), backends, observer=observer)
     registry.register(SnapshotCollector(runtime.snapshot))
+    registry.register(PeerMetricsCollector(runtime.snapshot, observer.llama,
+                                           config.engine.kv_block_tokens))
     quota = QuotaGate(config.quota, config.tenants, observer)
     registry.register(QuotaCollector(quota))
     ctx = AppContext(

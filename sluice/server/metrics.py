@@ -5,11 +5,12 @@ registry, so several servers can live in one process (tests).
 Names follow what dashboards for vLLM expect where the meaning is the same (the mapping is
 in docs/api.md): TTFT, TPOT (a request's mean time per output token after the first), ITL
 (every gap between two tokens of a sequence), requests running and waiting, KV use, and
-prefix-cache queries and hits in tokens."""
+prefix-cache queries and hits in tokens. The ``vllm:*`` names the Gateway API Inference
+Extension reads and llama-server's ``llamacpp:*`` names come from ``peer_metrics``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 from sluice.engine.observer import Observer
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runtime import RuntimeSnapshot
+from sluice.server.peer_metrics import LlamaTally, requests_running, requests_waiting
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
@@ -50,8 +52,12 @@ class PrometheusObserver(Observer):
     to its label; by default every id is its own label)."""
 
     def __init__(self, registry: CollectorRegistry,
-                 tenant_label: Callable[[str], str] | None = None) -> None:
+                 tenant_label: Callable[[str], str] | None = None,
+                 generative: Collection[str] = ()) -> None:
+        """``generative``: the generative model ids (their steps are llama-server's
+        decodes in ``llama``, the tally behind the ``llamacpp:*`` names)."""
         self._tenant = tenant_label or (lambda tenant_id: tenant_id)
+        self.llama = LlamaTally(generative)
         self.requests = Counter(
             "sluice_requests", "Requests by terminal state", ["model", "tenant", "state"],
             registry=registry,
@@ -170,6 +176,7 @@ class PrometheusObserver(Observer):
         child.observe(seconds)
 
     def finished(self, req: Request) -> None:
+        self.llama.finished(req)
         model, tenant, t = req.model_id, self._tenant(req.tenant_id), req.times
         self.requests.labels(model, tenant, req.status.name.lower()).inc()
         if req.kind == "generative" and t.started_s is not None:
@@ -201,6 +208,7 @@ class PrometheusObserver(Observer):
 
     def batch(self, worker_id: int, model_id: str, size: int) -> None:
         self.batch_size.labels(model_id).observe(size)
+        self.llama.step(model_id, size)
 
     def model_loaded(self, worker_id: int, model_id: str, seconds: float) -> None:
         self.loads.labels(str(worker_id), model_id).inc()
@@ -284,8 +292,8 @@ class SnapshotCollector(Collector):
         yield hits
         yield GaugeMetricFamily(
             "sluice_requests_running", "Requests executing on a worker (all models)",
-            value=sum(w.active_count for w in snap.workers))
+            value=requests_running(snap))
         yield GaugeMetricFamily(
             "sluice_requests_waiting",
             "Requests admitted and not yet running: the global queue, worker inboxes, and "
-            "requests waiting for KV blocks", value=snap.queue_depth + sum(snap.inbox_depths))
+            "requests waiting for KV blocks", value=requests_waiting(snap))
