@@ -191,6 +191,11 @@ class EngineSection(_Strict):
     retain_prefixes: bool = True
     """An ended sequence's idle slot keeps its KV as a prefix donor (reclaimed on demand)."""
     max_retained_slots: int | None = Field(default=None, ge=0)
+    share_prefix_across_tenants: bool = False
+    """Let one tenant's request reuse the KV of another tenant's prompt prefix. Off: prefix
+    reuse (running donors and retained slots alike) stays within a tenant, since a faster
+    first token would tell a tenant how another tenant's prompt begins. On: more reuse
+    when tenants share a system prompt, at that cost."""
 
 
 class SchedulingConfig(_Strict):
@@ -497,6 +502,7 @@ class Config(_Strict):
             min_prefix_tokens=self.engine.min_prefix_tokens,
             retain_prefixes=self.engine.retain_prefixes,
             max_retained_slots=self.engine.max_retained_slots,
+            share_prefix_across_tenants=self.engine.share_prefix_across_tenants,
             line_order="priority_deadline" if self.scheduling.scheduler == "priority_edf"
             else "arrival",
         )

@@ -144,6 +144,7 @@ class _Sequence:
         return RunningSeq(
             self.slot, self.req.request_id, self.n_prompt, self.n_fed, self.generated,
             self.tokens, prompt_logprobs=self.group.prompt_logprobs is not None,
+            tenant=self.req.tenant_id,
         )
 
 
@@ -163,7 +164,7 @@ def _waiting_view(req: Request) -> WaitingSeq:
     since = req.times.started_s or req.arrival_s
     p = req.params
     return WaitingSeq(req.request_id, req.prompt_tokens, p.max_tokens, since, n=max(1, p.n),
-                      prompt_logprobs=p.prompt_logprobs)
+                      prompt_logprobs=p.prompt_logprobs, tenant=req.tenant_id)
 
 
 class _RequestFault(Exception):
@@ -199,6 +200,8 @@ class ContinuousEngine:
         self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
         """Idle slots holding nothing; the planner hands out the lowest first."""
         self._retained: dict[int, list[int]] = {}
+        self._retained_tenant: dict[int, str] = {}
+        """Whose prompt each retained slot's KV came from (read only for retained slots)."""
         """Idle slots that kept their last sequence's KV: slot -> the tokens it holds, in
         insertion order (least recently used first)."""
         self.steps = 0
@@ -411,6 +414,7 @@ class ContinuousEngine:
         self._vacate(src, dst)
         # same place in the least-recently-used order, new slot
         self._retained = {dst if s == src else s: t for s, t in self._retained.items()}
+        self._retained_tenant[dst] = self._retained_tenant.pop(src, "")
 
     def _vacate(self, src: int, dst: int) -> None:
         """After ``src``'s KV was copied to the free ``dst``: ``src`` is emptied and free,
@@ -462,7 +466,8 @@ class ContinuousEngine:
             free_slots=tuple(sorted(self._free_slots)),
             kv=self.kv.snapshot(),
             now=now,
-            retained=tuple(RetainedSeq(slot, tokens, self._lent_blocks(tokens))
+            retained=tuple(RetainedSeq(slot, tokens, self._lent_blocks(tokens),
+                                       self._retained_tenant.get(slot, ""))
                            for slot, tokens in self._retained.items()),
         )
 
@@ -711,6 +716,7 @@ class ContinuousEngine:
         used); its blocks go back to the allocator. Past ``max_retained_slots`` the least
         recently used retained slot is cleared."""
         self.kv.free(seq.slot)
+        self._retained_tenant[seq.slot] = seq.req.tenant_id
         for oldest in retain_prefix(self.config, self._retained, seq.slot,
                                     seq.tokens[: seq.n_fed]):
             self._free_slot(oldest)

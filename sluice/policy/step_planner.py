@@ -103,6 +103,10 @@ class EngineConfig:
     the planner only sees ``StepView.retained``)."""
     max_retained_slots: int | None = None
     """Most slots holding a retained prefix at once (None: every idle slot may)."""
+    share_prefix_across_tenants: bool = False
+    """Reuse one tenant's prompt prefix for another's request. Off: a donor serves only
+    requests of its own tenant, since a first token that comes faster would tell a tenant
+    that another tenant's prompt began with what it sent."""
     prompt_logprobs_chunk_tokens: int = 32
     """Longest prefill piece of a prompt whose log-probabilities are wanted (its pass
     returns a logits row per token)."""
@@ -147,6 +151,9 @@ class RunningSeq:
     while planning (the engine passes its own list rather than copying it every step)."""
     prompt_logprobs: bool = False
     """Its prefill chunks want every position's logits (and are kept short)."""
+    tenant: str = ""
+    """Whose prompt it holds: a prefix donor only for that tenant's requests (unless
+    ``share_prefix_across_tenants``)."""
 
     @property
     def prefilling(self) -> bool:
@@ -167,6 +174,9 @@ class WaitingSeq:
     """Choices: the slots it takes (each reserving ``reserve_tokens``)."""
     prompt_logprobs: bool = False
     """It wants every prompt position's logits: no prefix copy, short chunks."""
+    tenant: str = ""
+    """Whose request it is: it reuses only that tenant's prefixes (unless
+    ``share_prefix_across_tenants``)."""
 
     @property
     def reserve_tokens(self) -> int:
@@ -184,6 +194,8 @@ class RetainedSeq:
     kv_blocks: int = 0
     """Blocks of the shared pool that KV fills (a unified KV cache); 0 when each slot has
     its own stream, so the retained KV takes nothing from other slots."""
+    tenant: str = ""
+    """Whose prompt the KV came from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,8 +426,8 @@ class _Draft:
         self.free_left = list(view.free_slots)
         self.retained_left = list(view.retained)
         """Retained slots not yet handed out or evicted, least recently used first."""
-        self.kept: list[tuple[int, Sequence[int], int]] = []
-        """Donors made by this plan: (slot, prompt, tokens kept in place)."""
+        self.kept: list[tuple[int, Sequence[int], int, str]] = []
+        """Donors made by this plan: (slot, prompt, tokens kept in place, tenant)."""
 
     def plan(self) -> StepPlan:
         for seq in self.view.running:
@@ -464,7 +476,7 @@ class _Draft:
             if self.tokens_left <= 0:
                 return "tokens"
             reuse = self.config.prefix_reuse and not head.prompt_logprobs
-            prefix = self._prefix_for(head.prompt_tokens) if reuse else None
+            prefix = self._prefix_for(head.prompt_tokens, head.tenant) if reuse else None
             free, retained = list(self.free_left), list(self.retained_left)
             slots: list[int] = []
             if prefix is not None and (home := _find(retained, prefix.donor_slot)) is not None:
@@ -486,7 +498,7 @@ class _Draft:
             self.held_tokens += head.n * len(head.prompt_tokens)
             self.kv = kv_after
             if prefix is not None and prefix.donor_slot == slots[0]:
-                self.kept.append((slots[0], head.prompt_tokens, prefix.n_tokens))
+                self.kept.append((slots[0], head.prompt_tokens, prefix.n_tokens, head.tenant))
             n_fed = prefix.n_tokens if prefix else 0
             self.admissions.append(Admission(head.request_id, slots[0], head.reserve_tokens,
                                              prefix, tuple(slots[1:]), tuple(evict)))
@@ -524,23 +536,27 @@ class _Draft:
         ready = full or wake is None or view.now >= wake
         return (idle, "slots") if ready else (0, "mode")
 
-    def _prefix_for(self, prompt: Sequence[int]) -> PrefixCopy | None:
-        """The longest prefix of ``prompt`` a donor holds, leaving one prompt token to
-        feed for logits: retained slots not yet handed out (most recently used first),
-        then slots kept in place earlier in this plan, then the running sequences' fed
-        tokens; the first wins a tie.
+    def _prefix_for(self, prompt: Sequence[int], tenant: str) -> PrefixCopy | None:
+        """The longest prefix of ``prompt`` a donor of ``tenant`` holds (any donor with
+        ``share_prefix_across_tenants``), leaving one prompt token to feed for logits:
+        retained slots not yet handed out (most recently used first), then slots kept in
+        place earlier in this plan, then the running sequences' fed tokens; the first wins
+        a tie.
 
         A request admitted earlier in this plan by a copy is no better donor: what it has
         it copied from a donor that offers at least as long a prefix and comes first."""
         limit = len(prompt) - 1
         if limit < self.config.min_prefix_tokens:
             return None
-        donors: list[tuple[int, Sequence[int], int]] = [
-            (r.slot, r.tokens, len(r.tokens)) for r in reversed(self.retained_left)]
+        donors: list[tuple[int, Sequence[int], int, str]] = [
+            (r.slot, r.tokens, len(r.tokens), r.tenant) for r in reversed(self.retained_left)]
         donors += self.kept
-        donors += [(r.slot, r.tokens, r.n_fed) for r in self.view.running]
+        donors += [(r.slot, r.tokens, r.n_fed, r.tenant) for r in self.view.running]
+        shared = self.config.share_prefix_across_tenants
         best_len, best_slot = 0, -1
-        for slot, tokens, n_held in donors:
+        for slot, tokens, n_held, owner in donors:
+            if not shared and owner != tenant:
+                continue
             n = common_prefix_tokens(prompt, tokens, min(limit, n_held))
             if n > best_len:
                 best_len, best_slot = n, slot

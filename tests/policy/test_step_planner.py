@@ -187,6 +187,22 @@ def test_prefix_reuse_ignores_short_prefixes_and_can_be_off() -> None:
     assert off.chunks[-1].start_pos == 0 and off.chunks[-1].n_tokens == 20
 
 
+def test_prefix_reuse_stays_within_a_tenant_unless_shared() -> None:
+    """A donor (running or retained) serves only its own tenant's requests by default."""
+    prompt = tuple(range(500, 520))
+    running = replace(prefilling(0, n_prompt=20, n_fed=20, tokens=prompt), tenant="a")
+    retained = RetainedSeq(1, prompt, tenant="a")
+    for tenant, cfg, want in (("b", config(), None), ("a", config(), 19),
+                              ("b", config(share_prefix_across_tenants=True), 19)):
+        waits = (replace(waiting(7, prompt=prompt), tenant=tenant),)
+        plan = plan_step(cfg, replace(view((running,), waits, free_slots=(2, 3)),
+                                      retained=(retained,)))
+        [adm] = plan.admissions
+        assert (adm.prefix.n_tokens if adm.prefix else None) == want, (tenant, cfg)
+        if want is not None and cfg.share_prefix_across_tenants is False:
+            assert adm.prefix is not None and adm.prefix.donor_slot == 1  # kept in place
+
+
 def test_a_retained_donor_is_admitted_into_in_place_and_beats_a_running_one() -> None:
     shared = tuple(range(500, 530))
     kept = RetainedSeq(3, (*shared[:20], 9, 9, 9))  # an ended sequence's KV in idle slot 3

@@ -23,6 +23,8 @@ from tests.server.live import (
     LiveServer,
     assert_error,
     config_with,
+    metric_sum,
+    scrape,
     synth_chat,
 )
 
@@ -146,3 +148,40 @@ def test_require_keys_refuses_to_start_without_keys_and_needs_one_with(
                    json={"model": CHAT, "prompt": "hi", "max_tokens": 2})
         assert_error(r, 401)
         _serves(c, **ACME)
+
+
+# -- prefix reuse stays within a tenant unless shared ----------------------------------------
+
+
+SYSTEM = " ".join(f"rule{i}" for i in range(48))  # 48 words: 48 synthetic tokens
+
+
+def _hits(c: httpx.Client) -> float:
+    return metric_sum(scrape(c), "sluice_prefix_cache_hits_total")
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_prefix_reuse_is_keyed_by_tenant_unless_shared(serve: Callable[..., LiveServer],
+                                                       shared: bool) -> None:
+    """Tenant A's prompt leaves its KV retained; B sending the same prompt reuses none of it
+    by default (a faster first token would tell B how A's prompt begins), A itself does;
+    with ``engine.share_prefix_across_tenants`` B reuses it too."""
+    live = serve(config_with(
+        models=[synth_chat()], workers={"count": 1}, tenants=TENANTS,
+        engine={"share_prefix_across_tenants": shared}, server={"open_metrics": True}))
+    beta = {"authorization": "Bearer sk-beta"}
+
+    def ask(c: httpx.Client, headers: dict[str, str], tail: str) -> None:
+        r = c.post("/v1/completions", headers=headers,
+                   json={"model": CHAT, "prompt": f"{SYSTEM} {tail}", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+
+    with live.client() as c:
+        ask(c, ACME, "first question")
+        before = _hits(c)
+        ask(c, beta, "another question")
+        after_beta = _hits(c)
+        ask(c, ACME, "second question")
+        after_acme = _hits(c)
+    assert after_acme - after_beta >= 48  # A reuses its own prefix either way
+    assert (after_beta - before >= 48) is shared, (before, after_beta)
