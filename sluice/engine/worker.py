@@ -133,6 +133,8 @@ class ModelState:
     """When it finished loading (the runtime's clock)."""
     keep_alive: str = "until evicted"
     """``pinned``, ``until evicted`` or its idle time (``300s``): ``KeepAlive.describe``."""
+    keep_alive_idle_s: float | None = None
+    """Its keep-alive's idle time (``None``: pinned or until evicted)."""
     expires_at_s: float | None = None
     """When it unloads if no request comes first (the runtime's clock); ``None`` while in
     use, pinned, or kept until evicted."""
@@ -667,6 +669,7 @@ class Worker:
                     step_times=engine.step_times.snapshot() if engine else {},
                     loaded_at_s=self._loaded_at_s.get(m.model_id, m.last_used_s),
                     keep_alive=m.keep_alive.describe(),
+                    keep_alive_idle_s=m.keep_alive.idle_s,
                     expires_at_s=m.expires_at_s,
                 )
             )

@@ -13,8 +13,10 @@ from typing import Any
 from sluice.backends.base import ModelSpec, Tokenizer
 from sluice.config import TenantConfig
 from sluice.engine.request import Request as RtRequest
+from sluice.engine.worker import spec_keep_alive
 from sluice.server.context import AppContext
 from sluice.server.errors import APIError, bad_param, unknown_model
+from sluice.server.lifecycle import loaded_models
 
 log = logging.getLogger("sluice.server")
 
@@ -165,13 +167,17 @@ def plan_headers(req: RtRequest) -> dict[str, str]:
 
 def model_list(ctx: AppContext) -> list[dict[str, Any]]:
     """Configured models and groups, with where each model is resident (``/v1/models``,
-    gRPC ``ListModels``)."""
+    gRPC ``ListModels``), its ``state`` (``loaded``, ``unloaded`` or ``failed``), its
+    ``keep_alive`` and ``expires_at`` (Unix seconds its keep-alive unloads it at if no
+    request comes first; ``None``: not by time, or not loaded)."""
     snap = ctx.runtime.snapshot()
+    loaded = {m.model_id: m for m in loaded_models(ctx.runtime)}
     data: list[dict[str, Any]] = []
     for spec in ctx.runtime.specs.values():
         resident_on = [w.worker_id for w in snap.workers if spec.model_id in w.resident]
         failed = [w.failed_models[spec.model_id] for w in snap.workers
                   if spec.model_id in w.failed_models]
+        here = loaded.get(spec.model_id)
         data.append({
             "id": spec.model_id,
             "object": "model",
@@ -182,6 +188,10 @@ def model_list(ctx: AppContext) -> list[dict[str, Any]]:
             "resident": bool(resident_on),
             "resident_on": resident_on,
             "status": "failed" if failed and not resident_on else "available",
+            "state": "loaded" if resident_on else "failed" if failed else "unloaded",
+            "keep_alive": here.keep_alive if here else spec_keep_alive(spec).describe(),
+            "expires_at": None if here is None or here.expires_at_unix is None
+            else round(here.expires_at_unix, 3),
         })
     for group_id, group in ctx.runtime.variants.groups.items():
         data.append({"id": group_id, "object": "model", "created": 0, "owned_by": "sluice",

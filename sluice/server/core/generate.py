@@ -37,6 +37,7 @@ from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Constraint, Final, RequestStatus, SamplingParams, TokenEvent
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.runtime import Rejected
+from sluice.policy.keep_alive import KeepAlive
 from sluice.server import access
 from sluice.server.context import AppContext
 from sluice.server.core.controls import (
@@ -100,6 +101,15 @@ class ServeRequest:
     """The field a constraint that does not compile is blamed on."""
     priority: int | None = None
     deadline_ms: float | None = None
+    keep_alive: KeepAlive | None = None
+    """How long the model stays loaded once idle after this request (Ollama's field);
+    ``None``: its configured keep-alive."""
+    context_tokens: int | None = None
+    """Prompt + generation at most, when smaller than the sequence's context (Ollama's
+    ``num_ctx``)."""
+    fit_to_context: bool = False
+    """A ``max_tokens`` past the room left is cut to it (Ollama's ``num_predict``) rather than
+    refused."""
     names: tuple[str, str] = ("messages", "max_tokens")
 
 
@@ -183,12 +193,13 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
     tokens = await _prompt_tokens(ctx, tok, ask)
     default = (ask.default_max_tokens if ask.default_max_tokens is not None
                else ctx.config.server.default_max_tokens)
-    limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names)
+    limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names,
+                        context_tokens=ask.context_tokens, fit=ask.fit_to_context)
     req = ctx.runtime.new_request(
         ask.model, prompt_tokens=tokens,
         params=SamplingParams(max_tokens=limit, constraint=ask.constraint, **ask.sampling),
         tenant_id=tenant.id, priority=prio, deadline_s=deadline_s,
-        ttft_deadline_s=ttft_s, ttft_target_s=target_s)
+        ttft_deadline_s=ttft_s, ttft_target_s=target_s, keep_alive=ask.keep_alive)
     access.note_admitted([req])
     await ctx.quota.admit([req])
     if ask.constraint is not None:
@@ -208,11 +219,12 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
 def one_shot_requests(
     ctx: AppContext, headers: Mapping[str, str], model: str, tenant: TenantConfig,
     inputs: list[Any], priority: int | None, deadline_ms: float | None,
+    keep_alive: KeepAlive | None = None,
 ) -> list[RtRequest]:
     """One runtime request per input (so dynamic batching sees each)."""
     prio, deadline_s = controls(ctx, headers, tenant, priority, deadline_ms)
     return [
         ctx.runtime.new_request(model, input=x, tenant_id=tenant.id, priority=prio,
-                                deadline_s=deadline_s)
+                                deadline_s=deadline_s, keep_alive=keep_alive)
         for x in inputs
     ]

@@ -55,25 +55,27 @@ async def tokenize_chat(tok: Tokenizer, prompt: ChatPrompt, param: str) -> list[
 
 
 def token_limit(tok: Tokenizer, n_prompt: int, asked: int | None, default_tokens: int,
-                names: tuple[str, str]) -> int:
+                names: tuple[str, str], *, context_tokens: int | None = None,
+                fit: bool = False) -> int:
     """The request's token limit: ``asked``, or ``default_tokens`` capped by the room left
-    in one sequence. 400 ``context_length_exceeded`` when the prompt leaves no room or the
-    prompt plus ``asked`` exceeds a sequence; ``names``: the request's fields for the prompt
-    and the limit (the error's ``param``)."""
-    room = tok.n_ctx_per_seq - n_prompt
+    in one sequence (``context_tokens``: a smaller context the request asked for, such as
+    Ollama's ``num_ctx``). 400 ``context_length_exceeded`` when the prompt leaves no room or
+    the prompt plus ``asked`` exceeds the context (``fit``: ``asked`` is cut to the room
+    instead, as Ollama's ``num_predict``); ``names``: the request's fields for the prompt and
+    the limit (the error's ``param``)."""
+    context = tok.n_ctx_per_seq if context_tokens is None else min(context_tokens,
+                                                                   tok.n_ctx_per_seq)
+    holds = (f"This model's context holds {context} tokens per sequence"
+             if context == tok.n_ctx_per_seq else f"The context asked for holds {context} tokens")
+    room = context - n_prompt
     if room <= 0:
-        raise APIError(
-            400,
-            f"This model's context holds {tok.n_ctx_per_seq} tokens per sequence; the prompt "
-            f"has {n_prompt}.", param=names[0], code="context_length_exceeded",
-        )
+        raise APIError(400, f"{holds}; the prompt has {n_prompt}.", param=names[0],
+                       code="context_length_exceeded")
     if asked is None:
         return min(default_tokens, room)
-    if n_prompt + asked > tok.n_ctx_per_seq:
-        raise APIError(
-            400,
-            f"This model's context holds {tok.n_ctx_per_seq} tokens per sequence; the prompt "
-            f"({n_prompt}) plus {names[1]} ({asked}) exceeds it.",
-            param=names[1], code="context_length_exceeded",
-        )
+    if n_prompt + asked > context:
+        if fit:
+            return room
+        raise APIError(400, f"{holds}; the prompt ({n_prompt}) plus {names[1]} ({asked}) "
+                            f"exceeds it.", param=names[1], code="context_length_exceeded")
     return asked

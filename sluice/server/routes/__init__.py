@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sluice.server.routes import admin, native, openai, operations, tokens
+from sluice.server.routes import admin, native, ollama, openai, operations, tokens
 
 ROUTERS: tuple[APIRouter, ...] = (openai.router, native.router, tokens.router,
-                                  admin.router, operations.router)
+                                  ollama.router, admin.router, operations.router)
 """Every router, in the order the app includes them."""
 
 __all__ = ["ROUTERS"]

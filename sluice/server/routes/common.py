@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from sluice.config import TenantConfig
 from sluice.engine.request import Final, RequestStatus, TokenEvent
 from sluice.engine.request import Request as RtRequest
+from sluice.policy.keep_alive import KeepAlive
 from sluice.server.context import AppContext
 from sluice.server.core import (
     Generation,
@@ -84,7 +85,7 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def _race_disconnect(request: Request, awaitable: Any) -> Any | None:
+async def race_disconnect(request: Request, awaitable: Any) -> Any | None:
     """The awaitable's result, or None if the client went away first."""
     task = asyncio.ensure_future(awaitable)
     watch = asyncio.ensure_future(_wait_disconnect(request))
@@ -130,7 +131,7 @@ async def run_generative(
                     events.append(event)
             return handle.final
 
-        final = await _race_disconnect(request, consume())
+        final = await race_disconnect(request, consume())
         if final is None:
             handle.cancel()
             return Response(status_code=499)
@@ -141,7 +142,7 @@ async def run_generative(
         return JSONResponse(shape.full(final, events), headers={**decision_headers(req), **extra})
 
     stream_events = handle.events().__aiter__()
-    first = await _race_disconnect(request, stream_events.__anext__())
+    first = await race_disconnect(request, stream_events.__anext__())
     if first is None:
         handle.cancel()
         return Response(status_code=499)
@@ -183,14 +184,14 @@ def _with_headers(err: APIError, req: RtRequest) -> APIError:
 
 async def one_shot(
     request: Request, model: str, tenant: TenantConfig, inputs: list[Any],
-    priority: int | None, deadline_ms: float | None,
+    priority: int | None, deadline_ms: float | None, keep_alive: KeepAlive | None = None,
 ) -> tuple[list[Final], list[RtRequest]]:
     """Submit one request per input, await them all (a client that leaves cancels them)."""
     ctx = ctx_of(request)
     reqs = one_shot_requests(ctx, request.headers, model, tenant, inputs, priority,
-                             deadline_ms)
+                             deadline_ms, keep_alive)
     handles = await admit(ctx, reqs)
-    finals = await _race_disconnect(request, asyncio.gather(*(h.result() for h in handles)))
+    finals = await race_disconnect(request, asyncio.gather(*(h.result() for h in handles)))
     if finals is None:
         for h in handles:
             h.cancel()
