@@ -743,7 +743,7 @@ class ContinuousEngine:
         self._drop_sequence(seq, now, retain=True)
         group = seq.group
         group.finished[seq.choice] = ChoiceFinal(seq.choice, seq.text.text, reason,
-                                                 seq.generated)
+                                                 seq.generated, seq.text.matched)
         if not group.live and not group.fork_slots:
             self._end(group, RequestStatus.COMPLETED, now)
 
@@ -766,6 +766,7 @@ class ContinuousEngine:
             first = choices[0]
             final.setdefault("finish_reason", first.finish_reason)
             final.setdefault("text", first.text)
+            final.setdefault("stop_sequence", first.stop_sequence)
             final.setdefault("completion_tokens", sum(c.completion_tokens for c in choices))
             if group.n > 1:
                 final.setdefault("choices", choices)

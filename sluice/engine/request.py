@@ -121,6 +121,8 @@ class ChoiceFinal:
     finish_reason: str
     """"stop" | "length" | ..."""
     completion_tokens: int
+    stop_sequence: str | None = None
+    """The stop string that ended this choice (``None``: EOS, grammar, length, ...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +146,8 @@ class Final:
     """When params.prompt_logprobs (first None)."""
     retry_after_s: float | None = None
     """A refusal's computed suggestion of when to retry (``None``: no suggestion)."""
+    stop_sequence: str | None = None
+    """The stop string that ended choice 0 (``None``: EOS, grammar, length, ...)."""
 
 
 Event = TokenEvent | Final

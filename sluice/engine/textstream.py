@@ -20,6 +20,8 @@ class TextStream:
         self._text = ""
         self._shown = 0
         self.stopped = False
+        self.matched: str | None = None
+        """The stop string that ended the text, once ``stopped``."""
 
     @property
     def text(self) -> str:
@@ -33,6 +35,7 @@ class TextStream:
         self._text += self._decoder.decode(piece)
         cut = self._find_stop()
         if cut is not None:
+            self.matched = next(s for s in self._stop if self._text.startswith(s, cut))
             self._text = self._text[:cut]
             self.stopped = True
             return self._take(len(self._text))

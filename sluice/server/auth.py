@@ -40,7 +40,8 @@ def _bearer(headers: Mapping[str, str]) -> str | None:
 class Auth:
     """Resolves the tenant of a request.
 
-    With API keys configured, ``Authorization: Bearer <key>`` is required (401 otherwise).
+    With API keys configured, a key is required (401 otherwise): ``Authorization: Bearer
+    <key>``, or ``x-api-key: <key>`` as Anthropic's clients send it.
     With none, the server is open: the tenant is ``X-Tenant-ID`` if given, else
     ``default``; ``require_keys`` refuses to build such an ``Auth`` (``ValueError``).
     """
@@ -83,9 +84,10 @@ class Auth:
                 raise APIError(400, "Invalid X-Tenant-ID header", param="x-tenant-id",
                                code="invalid_value")
             return self.named_tenant(name)
-        key = _bearer(headers)
+        key = _bearer(headers) or headers.get("x-api-key", "").strip() or None
         if key is None:
-            raise unauthorized("Missing API key: send 'Authorization: Bearer <key>'")
+            raise unauthorized("Missing API key: send 'Authorization: Bearer <key>' (or "
+                               "'x-api-key: <key>')")
         digest = hash_key(key).encode()
         found: TenantConfig | None = None
         for stored, tenant in self._keys:  # no early exit: same time for every key

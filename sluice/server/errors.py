@@ -1,4 +1,7 @@
-"""One error shape for every failure: ``{"error": {"message", "type", "param", "code"}}``.
+"""One error for every failure, rendered in the shape of the API it came through: OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` everywhere but Anthropic Messages
+(``/v1/messages``), whose shape is ``{"type": "error", "error": {"type", "message"}}`` with
+Anthropic's status codes (``error_response`` picks by path).
 
 Each case has one status (the table is in docs/api.md); nothing internal leaks into a
 message of a 500.
@@ -9,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import Request
@@ -58,10 +62,15 @@ class APIError(Exception):
         self.retry_after_s = retry_after_s
         self.headers = dict(headers or {})
 
-    def response(self) -> JSONResponse:
+    def all_headers(self) -> dict[str, str]:
+        """The error's headers, ``Retry-After`` (whole seconds, at least 1) included."""
         headers = dict(self.headers)
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        return headers
+
+    def response(self) -> JSONResponse:
+        headers = self.all_headers()
         body = {
             "error": {
                 "message": self.message,
@@ -71,6 +80,47 @@ class APIError(Exception):
             }
         }
         return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+ANTHROPIC_STATUS: dict[int, tuple[int, str]] = {
+    400: (400, "invalid_request_error"),
+    401: (401, "authentication_error"),
+    403: (403, "permission_error"),
+    404: (404, "not_found_error"),
+    413: (413, "request_too_large"),
+    429: (429, "rate_limit_error"),
+    500: (500, "api_error"),
+    503: (529, "overloaded_error"),
+    504: (504, "timeout_error"),
+}
+"""sluice's status → Anthropic's status and error type (others: 4xx
+``invalid_request_error``, 5xx 500 ``api_error``); overload is Anthropic's 529."""
+
+
+def anthropic_error(err: APIError) -> tuple[int, dict[str, Any]]:
+    """``err`` as Anthropic Messages reports it: its status and body."""
+    default = (err.status, "invalid_request_error") if err.status < 500 else (500, "api_error")
+    status, etype = ANTHROPIC_STATUS.get(err.status, default)
+    return status, {"type": "error", "error": {"type": etype, "message": err.message}}
+
+
+def _anthropic_response(err: APIError) -> JSONResponse:
+    status, body = anthropic_error(err)
+    return JSONResponse(body, status_code=status, headers=err.all_headers())
+
+
+ERROR_SHAPES: tuple[tuple[str, Callable[[APIError], JSONResponse]], ...] = (
+    ("/v1/messages", _anthropic_response),
+)
+"""Path prefixes whose API has its own error shape (every other path: OpenAI's)."""
+
+
+def error_response(err: APIError, path: str) -> JSONResponse:
+    """``err`` in the shape of the API at ``path``."""
+    for prefix, render in ERROR_SHAPES:
+        if path == prefix or path.startswith(prefix + "/"):
+            return render(err)
+    return err.response()
 
 
 def bad_param(param: str, message: str, code: str = "invalid_value") -> APIError:
@@ -144,9 +194,9 @@ def final_error(code: str | None, message: str | None, status_name: str,
     return APIError(status, public or etype, type=etype, code=code, retry_after_s=retry)
 
 
-async def api_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def api_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, APIError)
-    return exc.response()
+    return error_response(exc, request.url.path)
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "dict", "list"})
@@ -190,20 +240,23 @@ def validation_error(errors: list[Any]) -> APIError:
     return bad_param(param or "body", f"Invalid value for '{param}': {msg}")
 
 
-async def validation_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def validation_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return validation_error(list(exc.errors())).response()
+    return error_response(validation_error(list(exc.errors())), request.url.path)
 
 
-async def http_error_handler(_: Request, exc: Exception) -> JSONResponse:
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
         exc.status_code)
     if exc.status_code == 400:
         # FastAPI's body parser: not UTF-8, nested too deep, an integer too long, ...
-        return APIError(400, "Request body is not valid JSON", code="invalid_json").response()
-    return APIError(exc.status_code, str(exc.detail), code=code).response()
+        return error_response(APIError(400, "Request body is not valid JSON",
+                                       code="invalid_json"), request.url.path)
+    return error_response(APIError(exc.status_code, str(exc.detail), code=code),
+                          request.url.path)
 
 
-async def unhandled_error_handler(_: Request, exc: Exception) -> JSONResponse:
-    return APIError(500, "Internal error.", type="server_error", code="internal_error").response()
+async def unhandled_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    return error_response(APIError(500, "Internal error.", type="server_error",
+                                   code="internal_error"), request.url.path)

@@ -3,17 +3,15 @@ log (one line per request)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
-from typing import Any
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.server import access
-from sluice.server.errors import APIError
+from sluice.server.errors import APIError, error_response
 
 log = logging.getLogger("sluice.server")
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -62,8 +60,9 @@ class GuardMiddleware:
             await send(message)
 
         length = headers.get(b"content-length")
+        path = str(scope.get("path", ""))
         if length is not None and (not length.isdigit() or int(length) > self.max_body_bytes):
-            await self._too_large(send_with_id)
+            await self._too_large(scope, receive, send_with_id)
             return
         seen = 0
 
@@ -80,7 +79,7 @@ class GuardMiddleware:
             await self.app(scope, counting_receive, send_with_id)
         except _TooLarge:
             if not started:
-                await self._too_large(send_with_id)
+                await self._too_large(scope, receive, send_with_id)
         except Exception:
             # Starlette's ServerErrorMiddleware sits outside this one: its 500 would lack
             # x-request-id, and uvicorn drops a keep-alive connection after an escaped error.
@@ -88,27 +87,12 @@ class GuardMiddleware:
                 raise
             log.exception("unhandled error in request %s", request_id)
             internal = APIError(500, "Internal error.", type="server_error", code="internal_error")
-            await internal.response()(scope, counting_receive, send_with_id)
+            await error_response(internal, path)(scope, counting_receive, send_with_id)
 
-    async def _too_large(self, send: Send) -> None:
-        body: dict[str, Any] = {
-            "error": {
-                "message": f"Request body is larger than {self.max_body_bytes} bytes",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "body_too_large",
-            }
-        }
-        raw = json.dumps(body).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(raw)).encode())],
-            }
-        )
-        await send({"type": "http.response.body", "body": raw})
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        err = APIError(413, f"Request body is larger than {self.max_body_bytes} bytes",
+                       code="body_too_large")
+        await error_response(err, str(scope.get("path", "")))(scope, receive, send)
 
 
 class AccessLogMiddleware:

@@ -88,20 +88,32 @@ class ToolPlan:
         return bool(self.names)
 
 
-def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
-    choice = body.tool_choice
-    if not body.tools or choice == "none":
+def plan_tools(tools: list[dict[str, Any]], choice: str, *, strict: bool = False) -> ToolPlan:
+    """The plan for ``tools`` (OpenAI tool shapes) under ``choice``, in any API's terms:
+    ``none`` (not offered), ``auto`` (offered, calls parsed), ``required`` (a call to any of
+    them) or the name of the one function to call; a required or named call constrains
+    decoding to the call's schema, so it always parses."""
+    if not tools or choice == "none":
         return ToolPlan([], [])
-    tools = [t.as_dict() for t in body.tools]
-    names = [t.function.name for t in body.tools]
+    names = [t["function"]["name"] for t in tools]
     constraint = None
-    if choice == "required" or isinstance(choice, NamedToolChoice):
-        only = choice.function.name if isinstance(choice, NamedToolChoice) else None
-        strict = any(bool(t.function.strict) for t in body.tools
-                     if only is None or t.function.name == only)
+    if choice != "auto":
+        only = None if choice == "required" else choice
         constraint = Constraint("json_schema", spec=json.dumps(call_schema(tools, only)),
                                 strict=strict)
     return ToolPlan(tools, names, constraint)
+
+
+def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
+    """A chat request's plan (``plan_tools``; ``strict`` if the called function asks)."""
+    choice = body.tool_choice
+    if not body.tools or choice == "none":
+        return ToolPlan([], [])
+    only = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    strict = any(bool(t.function.strict) for t in body.tools
+                 if only is None or t.function.name == only)
+    mode = only or ("required" if choice == "required" else "auto")
+    return plan_tools([t.as_dict() for t in body.tools], mode, strict=strict)
 
 
 def checked(constraint: Constraint | None, tok: Tokenizer, param: str) -> Constraint | None:

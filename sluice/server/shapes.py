@@ -10,20 +10,19 @@ Logprobs are rendered from the events' token ids with the tokenizer's bytes.
 from __future__ import annotations
 
 import math
-import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import ToolCall, parse_tool_calls
 from sluice.engine.request import Final, TokenEvent, TokenLogprob
+from sluice.server.core.output import CallHold, new_call_id
 from sluice.server.schemas import usage
 
 LOGPROB_FLOOR = -9999.0
 """What a logprob of -inf is reported as (JSON has no infinity; OpenAI uses this value)."""
-_CALL_STARTS = ("{", "[", "```", "<tool_call>")
 
 
 def _logprob(value: float) -> float:
@@ -120,7 +119,7 @@ class ChatShape(Shape):
         self.tokens = tokens
         """Set when the request asked for logprobs."""
         self.tool_names = list(tool_names)
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, CallHold] = {}
 
     def logprob_entry(self, event: TokenEvent) -> dict[str, Any]:
         assert self.tokens is not None
@@ -145,10 +144,11 @@ class ChatShape(Shape):
             "index": choice, "delta": delta, "logprobs": self._logprobs(events),
             "finish_reason": finish_reason}])
 
-    def _held_of(self, choice: int) -> _Held:
+    def _held_of(self, choice: int) -> CallHold:
         held = self._held.get(choice)
         if held is None:
-            held = self._held[choice] = _Held(mode="undecided" if self.tool_names else "content")
+            mode = "undecided" if self.tool_names else "content"
+            held = self._held[choice] = CallHold(mode=mode)
         return held
 
     def on_token(self, event: TokenEvent) -> list[dict[str, Any]]:
@@ -212,29 +212,8 @@ class ChatShape(Shape):
         return body
 
 
-@dataclass
-class _Held:
-    """A streamed choice's text not yet sent: while it may still be a tool call (it starts
-    like one), it is held back until the end and parsed."""
-
-    text: str = ""
-    events: list[TokenEvent] = field(default_factory=list)
-    mode: str = "undecided"
-    """``undecided`` (only whitespace or the start of a call marker so far), ``call``
-    (starts like a call: held to the end) or ``content`` (streamed)."""
-
-    def decide(self) -> None:
-        start = self.text.lstrip()
-        if not start:
-            return
-        if start.startswith(_CALL_STARTS):
-            self.mode = "call"
-        elif not any(m.startswith(start) for m in _CALL_STARTS):
-            self.mode = "content"
-
-
 def _call(call: ToolCall) -> dict[str, Any]:
-    return {"id": f"call_{secrets.token_hex(12)}", "type": "function",
+    return {"id": new_call_id(), "type": "function",
             "function": {"name": call.name, "arguments": call.arguments}}
 
 

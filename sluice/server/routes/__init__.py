@@ -4,10 +4,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from sluice.server.routes import admin, native, ollama, openai, operations, tokens
+from sluice.server.routes import (
+    admin,
+    anthropic,
+    native,
+    ollama,
+    openai,
+    operations,
+    responses,
+    tokens,
+)
 
-ROUTERS: tuple[APIRouter, ...] = (openai.router, native.router, tokens.router,
-                                  ollama.router, admin.router, operations.router)
+ROUTERS: tuple[APIRouter, ...] = (openai.router, responses.router, anthropic.router,
+                                  native.router, tokens.router, ollama.router, admin.router,
+                                  operations.router)
 """Every router, in the order the app includes them."""
 
 __all__ = ["ROUTERS"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Sequence
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,6 +27,7 @@ from sluice.server.core import (
     final_api_error,
     one_shot_requests,
 )
+from sluice.server.core.output import Failed, OutputEvent, OutputSplitter, output_events
 from sluice.server.errors import APIError, bad_param
 from sluice.server.schemas import ignored_fields
 from sluice.server.shapes import Shape
@@ -171,6 +172,69 @@ async def run_generative(
         finally:
             if handle.final is None:
                 handle.cancel()
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={**decision_headers(req), **extra,
+                                      "cache-control": "no-cache"})
+
+
+class OutputRenderer(Protocol):
+    """How an API renders the core's output events: one body for a completed request's
+    events (the last a ``Done``), or a stream (``opening``, then ``render`` per batch; a
+    ``Failed`` in the batch renders as the API's in-stream error)."""
+
+    def body(self, events: Sequence[OutputEvent]) -> dict[str, Any]: ...
+
+    def opening(self) -> list[bytes]: ...
+
+    def render(self, events: Sequence[OutputEvent]) -> list[bytes]: ...
+
+
+async def run_output(request: Request, gen: Generation, splitter: OutputSplitter,
+                     renderer: OutputRenderer, *, stream: bool,
+                     headers: dict[str, str] | None = None) -> Response:
+    """Answer the admitted ``gen`` through ``splitter`` and ``renderer``: one JSON body, or
+    (``stream``) the renderer's SSE events. A failure before the first token is an HTTP
+    error (the adapter's error shape); a client that disconnects cancels the request."""
+    extra = dict(headers or {})
+    req = gen.request
+    if not stream:
+        async def consume() -> list[OutputEvent]:
+            return [event async for event in output_events(gen, splitter)]
+
+        events = await race_disconnect(request, consume())
+        if events is None:
+            gen.cancel()
+            return Response(status_code=499)
+        if isinstance(events[-1], Failed):
+            raise _with_headers(events[-1].error, req)
+        return JSONResponse(renderer.body(events), headers={**decision_headers(req), **extra})
+
+    raw = gen.events().__aiter__()
+    first = await race_disconnect(request, raw.__anext__())
+    if first is None:
+        gen.cancel()
+        return Response(status_code=499)
+    if isinstance(first, Final) and first.status != RequestStatus.COMPLETED:
+        raise _with_headers(final_api_error(first), req)
+
+    async def body() -> AsyncIterator[bytes]:
+        event: TokenEvent | Final = first
+        try:
+            for chunk in renderer.opening():
+                yield chunk
+            while True:
+                if isinstance(event, Final):
+                    for chunk in renderer.render(splitter.finish(event)):
+                        yield chunk
+                    return
+                batch = splitter.push(event.text)
+                if batch:
+                    for chunk in renderer.render(batch):
+                        yield chunk
+                event = await raw.__anext__()
+        finally:
+            gen.cancel()
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={**decision_headers(req), **extra,

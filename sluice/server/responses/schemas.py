@@ -1,0 +1,198 @@
+"""OpenAI Responses request bodies (``POST /v1/responses``), stateless: validated by pydantic
+as the other bodies are (a bad field is a 400 naming it; unknown fields ignored and named).
+``previous_response_id``, ``conversation`` and ``background`` need a response store, which
+sluice does not keep: they are refused with a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from sluice.server.schemas import (
+    MAX_TOOLS,
+    DeadlineMs,
+    FunctionName,
+    JsonSchemaFormat,
+    Priority,
+    _Body,
+)
+
+MAX_TEXT_CHARS = 4_000_000
+
+
+class InputPart(_Body):
+    """A content part of an input message: text (``input_text``, or ``output_text`` in an
+    assistant turn of the history); images and files are accepted by the schema so the
+    refusal can name them (a text-only model answers 400)."""
+
+    type: Literal["input_text", "output_text", "text", "input_image", "input_file",
+                  "refusal"]
+    text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
+    refusal: str | None = None
+
+
+class MessageItem(_Body):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputPart]
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallItem(_Body):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=256)
+    name: FunctionName
+    arguments: str = Field(default="{}", max_length=1_000_000)
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Body):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=256)
+    output: str | list[InputPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(p.text or "" for p in self.output)
+
+
+class ReasoningItem(_Body):
+    """Earlier reasoning sent back by the client: dropped from the prompt."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+
+
+def _item_type(v: Any) -> str:
+    return str(v.get("type", "message")) if isinstance(v, dict) else str(
+        getattr(v, "type", "message"))
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_type),
+]
+"""An input item by its ``type`` (a message may leave it out)."""
+
+
+class FunctionTool(_Body):
+    type: Literal["function"]
+    name: FunctionName
+    description: str | None = Field(default=None, max_length=100_000)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "object") != "object":
+            raise ValueError("parameters must be a JSON schema with type 'object'")
+        if v is not None and len(json.dumps(v)) > 100_000:
+            raise ValueError("parameters is too large")
+        return v
+
+
+class NamedTool(_Body):
+    type: Literal["function"]
+    name: FunctionName
+
+
+class TextFormat(_Body):
+    """``text.format``: ``text``, ``json_object`` or ``json_schema`` (name, schema,
+    strict, at this level as the Responses API has it)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str = Field(default="response", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> TextFormat:
+        if self.type == "json_schema" and self.schema_ is None:
+            raise ValueError("format type 'json_schema' needs a schema")
+        return self
+
+    def as_json_schema(self) -> JsonSchemaFormat:
+        return JsonSchemaFormat.model_validate({"name": self.name, "schema": self.schema_,
+                                                "strict": self.strict})
+
+
+class TextConfig(_Body):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class Reasoning(_Body):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesRequest(_Body):
+    model: str = Field(min_length=1, max_length=256)
+    input: str | list[InputItem] = Field(max_length=1024)
+    instructions: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
+    max_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: Reasoning | None = None
+    stream: bool = False
+    store: bool | None = None
+    """Accepted; nothing is stored (the response says ``store: false``)."""
+    metadata: dict[str, str] | None = None
+    user: str | None = Field(default=None, max_length=256)
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    background: bool | None = None
+    seed: int | None = None
+    # sluice extensions
+    priority: Priority | None = None
+    deadline_ms: DeadlineMs | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, v: str | list[Any]) -> str | list[Any]:
+        if isinstance(v, list) and not v:
+            raise ValueError("input must not be empty")
+        return v
+
+    @field_validator("tools")
+    @classmethod
+    def _unique(cls, v: list[FunctionTool] | None) -> list[FunctionTool] | None:
+        names = [t.name for t in v or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _needs_tools(cls, v: Any, info: ValidationInfo) -> Any:
+        if v in (None, "none", "auto"):
+            return v
+        tools = info.data.get("tools") or []
+        if not tools:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(v, NamedTool) and v.name not in [t.name for t in tools]:
+            raise ValueError(f"function {v.name!r} is not among the tools")
+        return v

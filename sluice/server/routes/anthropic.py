@@ -1,0 +1,89 @@
+"""Anthropic Messages: ``POST /v1/messages`` (one ``message``, or Anthropic's event stream)
+and ``POST /v1/messages/count_tokens``. The key comes as ``x-api-key`` or ``Authorization:
+Bearer``; ``anthropic-version`` is accepted whatever its value; errors are in Anthropic's
+shape and status codes (``errors.error_response``: overload is 529 ``overloaded_error``,
+quota 429 ``rate_limit_error``, both with ``retry-after``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from sluice.backends.base import Tokenizer
+from sluice.backends.chat import chat_tokens
+from sluice.engine.request import Constraint
+from sluice.server.anthropic.schemas import CountTokensRequest, MessagesRequest
+from sluice.server.anthropic.translate import MessageRenderer, chat_messages, tool_plan
+from sluice.server.core import (
+    ChatPrompt,
+    ServeRequest,
+    check_prompt_length,
+    open_generation,
+    spec_of_kind,
+    tokenizer_of,
+)
+from sluice.server.core.output import OutputSplitter
+from sluice.server.errors import bad_param, public_text
+from sluice.server.routes.common import (
+    ERROR_RESPONSES,
+    Tenant,
+    body_headers,
+    ctx_of,
+    run_output,
+)
+
+router = APIRouter(tags=["anthropic"])
+RESPONSES = {**ERROR_RESPONSES, 529: {"description": "overloaded (Anthropic's status)"}}
+
+
+@router.post("/v1/messages", responses=RESPONSES)
+async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> Response:
+    """Anthropic's Messages API: text, ``tool_use`` and ``tool_result`` blocks, tools with
+    ``tool_choice`` (a forced call is constrained to its ``input_schema``), structured
+    output (``output_config.format``), stop sequences; ``stream`` gives Anthropic's
+    events."""
+    ctx = ctx_of(request)
+    headers = body_headers(request, body)
+    spec_of_kind(ctx, body.model, "generative")
+    plan = tool_plan(body)
+    constraint, param = plan.constraint, "tools"
+    fmt = body.output_config.format if body.output_config else None
+    if constraint is None and fmt is not None:
+        constraint = Constraint("json_schema", spec=json.dumps(fmt.schema_))
+        param = "output_config.format"
+    gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
+        body.model, ChatPrompt(chat_messages(body), plan.tools),
+        sampling={"temperature": body.temperature, "top_p": body.top_p,
+                  "top_k": body.top_k, "stop": tuple(body.stop_sequences or ())},
+        max_tokens=body.max_tokens, constraint=constraint, constraint_param=param,
+        priority=body.priority, deadline_ms=body.deadline_ms))
+    renderer = MessageRenderer(f"msg_{gen.request.request_id}", body.model,
+                               len(gen.request.prompt_tokens))
+    return await run_output(request, gen, OutputSplitter(plan.names), renderer,
+                            stream=body.stream, headers=headers)
+
+
+def _count(tok: Tokenizer, body: CountTokensRequest) -> int:
+    plan = tool_plan(body)
+    try:
+        prompt = tok.apply_chat(chat_messages(body), plan.tools or None)
+    except ValueError as exc:
+        raise bad_param("messages", f"Invalid messages: {public_text(str(exc))}") from None
+    check_prompt_length(tok, prompt.text, "messages", whole_context=True)
+    return len(chat_tokens(tok, prompt))
+
+
+@router.post("/v1/messages/count_tokens", responses=RESPONSES)
+async def count_tokens(body: CountTokensRequest, request: Request,
+                       tenant: Tenant) -> JSONResponse:
+    """The prompt tokens a Messages request with this conversation, system and tools
+    would run (its ``usage.input_tokens``)."""
+    ctx = ctx_of(request)
+    headers = body_headers(request, body)
+    spec_of_kind(ctx, body.model, "generative")
+    tok = tokenizer_of(ctx, body.model)
+    n = await asyncio.to_thread(_count, tok, body)
+    return JSONResponse({"input_tokens": n}, headers=headers)
