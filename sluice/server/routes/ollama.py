@@ -39,7 +39,13 @@ from sluice.server.core import (
 )
 from sluice.server.errors import APIError, validation_error
 from sluice.server.lifecycle import loaded_models
-from sluice.server.routes.common import IGNORED_HEADER, ctx_of, one_shot, race_disconnect
+from sluice.server.routes.common import (
+    ERROR_RESPONSES,
+    IGNORED_HEADER,
+    ctx_of,
+    one_shot,
+    race_disconnect,
+)
 
 router = APIRouter(tags=["ollama"])
 NDJSON = "application/x-ndjson"
@@ -246,14 +252,14 @@ async def _stream(request: Request, gen: Generation, model: str, field: str,
     return StreamingResponse(lines(), media_type=NDJSON, headers=headers)
 
 
-@router.post("/api/chat")
+@router.post("/api/chat", responses=ERROR_RESPONSES)
 async def chat(request: Request) -> Response:
     """Ollama chat: ``messages``, ``tools``, ``format``, ``options``, ``stream``,
     ``keep_alive``."""
     return await _answer(request, _chat)
 
 
-@router.post("/api/generate")
+@router.post("/api/generate", responses=ERROR_RESPONSES)
 async def generate(request: Request) -> Response:
     """Ollama generate: ``prompt`` (with ``system``, through the model's chat template unless
     ``raw``), ``format``, ``options``, ``stream``, ``keep_alive``."""
@@ -294,13 +300,13 @@ async def _embeddings(request: Request) -> Response:
     return JSONResponse({"embedding": vectors[0]}, headers=_headers(body))
 
 
-@router.post("/api/embed")
+@router.post("/api/embed", responses=ERROR_RESPONSES)
 async def embed(request: Request) -> Response:
     """Ollama embed: ``input`` (a string or a list) → ``embeddings``."""
     return await _answer(request, _embed)
 
 
-@router.post("/api/embeddings")
+@router.post("/api/embeddings", responses=ERROR_RESPONSES)
 async def embeddings(request: Request) -> Response:
     """Ollama's older embeddings endpoint: ``prompt`` → ``embedding``."""
     return await _answer(request, _embeddings)
@@ -365,7 +371,7 @@ async def ps(request: Request) -> Response:
     return await _answer(request, _ps)
 
 
-@router.post("/api/show")
+@router.post("/api/show", responses=ERROR_RESPONSES)
 async def show(request: Request) -> Response:
     """One model's details, context length, template name and capabilities."""
     return await _answer(request, _show)
