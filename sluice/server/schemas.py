@@ -45,6 +45,13 @@ def check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
+def check_unique_names(names: list[str], what: str) -> None:
+    """Tool names, on every surface that takes tools: no name twice (``what`` names them
+    in the error)."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} must be unique")
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -295,9 +302,7 @@ class ChatCompletionRequest(_Sampling):
     @field_validator("tools")
     @classmethod
     def _tool_schemas(cls, v: list[ToolDef] | None) -> list[ToolDef] | None:
-        names = [t.function.name for t in v or []]
-        if len(set(names)) != len(names):
-            raise ValueError("tool function names must be unique")
+        check_unique_names([t.function.name for t in v or []], "tool function names")
         for t in v or []:
             if len(json.dumps(t.function.parameters or {})) > 100_000:
                 raise ValueError(f"the parameters of {t.function.name!r} are too large")

@@ -16,6 +16,7 @@ from sluice.server.schemas import (
     Priority,
     _Body,
     check_stop,
+    check_unique_names,
 )
 
 MAX_TEXT_CHARS = 4_000_000
@@ -149,9 +150,7 @@ class CountTokensRequest(_Body):
     @field_validator("tools")
     @classmethod
     def _unique_tools(cls, v: list[Tool] | None) -> list[Tool] | None:
-        names = [t.name for t in v or []]
-        if len(set(names)) != len(names):
-            raise ValueError("tool names must be unique")
+        check_unique_names([t.name for t in v or []], "tool names")
         return v
 
     @field_validator("tool_choice")

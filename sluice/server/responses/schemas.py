@@ -24,6 +24,7 @@ from sluice.server.schemas import (
     JsonSchemaFormat,
     Priority,
     _Body,
+    check_unique_names,
 )
 
 MAX_TEXT_CHARS = 4_000_000
@@ -180,9 +181,7 @@ class ResponsesRequest(_Body):
     @field_validator("tools")
     @classmethod
     def _unique(cls, v: list[FunctionTool] | None) -> list[FunctionTool] | None:
-        names = [t.name for t in v or []]
-        if len(set(names)) != len(names):
-            raise ValueError("tool names must be unique")
+        check_unique_names([t.name for t in v or []], "tool names")
         return v
 
     @field_validator("tool_choice")
