@@ -17,7 +17,7 @@ retain them in, a request finds its prefix at home and skips most of its prefill
 Routers run interleaved (``--repeats`` rounds of each), in one process, side by
 side. Reports TTFT p50/p95, end-to-end p50, tokens/s and the ratios; JSON + PNG.
 
-Run under ``flock /tmp/sluice-heavy.lock`` (it takes both cores for a few minutes).
+Run it alone on the host: it takes both cores for a few minutes.
 """
 
 from __future__ import annotations

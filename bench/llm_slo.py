@@ -3,7 +3,7 @@ against llama.cpp's llama-server at -np 8 / 16 / 32, the same model file, the sa
 memory (32768 cells), 2 threads each, 128 new tokens (EOS ignored), on 127.0.0.1. sluice runs
 as a plain ``sluice serve`` (no config, no flag): its defaults must do it.
 
-The run is split into parts, each short enough for one hold of the heavy lock; each part
+The run is split into parts, each a few minutes long and run alone on the host; each part
 merges its rows into bench/results/llm_slo.json, and ``--report`` prints the table, the
 ratios against the issue's targets and writes the PNG.
 

@@ -10,7 +10,7 @@ the ratio; ``bench/results/prefix_retention.{json,png}``.
 
     python bench/prefix_retention.py
 
-Run under the heavy lock (two llama.cpp threads for about a minute).
+Run it alone on the host (two llama.cpp threads for about a minute).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ profile × its drift, faster or slower); ``sim_profile`` charges the profile as
 measured (a slower machine only as ``overhead_ms``).
 
 Writes bench/results/sim_validation.json and .png (a system not run keeps its last
-result). Under the heavy lock, one system a hold:
+result). One system a run, alone on the host:
 
     python bench/sim_validation.py --systems synthetic
     python bench/sim_validation.py --systems gemma --duration 30 \

@@ -19,7 +19,7 @@ steps by default) is shorter than the step-time model's, so it follows a drift t
 model's refit has not yet absorbed.
 
 **The cap is the prior: a measured error only tightens the margin.** A learned margin
-allowed above 0.85 (cap 0.97) was measured and failed (docs/benchmarks.md, session 22):
+allowed above 0.85 (cap 0.97) was measured and failed at 32 clients:
 the span ratio is measured at the concurrency the engine has been running, and the
 linear step model underpredicts a larger one more (worst span 1.04-1.08 at 8 at once,
 1.15-1.16 at 32). After 8 clients the margin rose to 0.92-0.96, the budget admitted all
