@@ -5,7 +5,8 @@ itself, with no coroutine, stream object or text decoding a token.
 Why: the load generator shares the 2 cores with the server under test, and on this host
 each millisecond of its CPU delays a decode step by about a millisecond
 (``bench/micro/engine_overhead.py --servers``); httpx spends about 0.2 ms of CPU a
-streamed token. Loopback, plain HTTP, one connection a request (``Connection: close``), bodies chunked or sized.
+streamed token. Loopback, plain HTTP, one connection a request (``Connection: close``),
+bodies chunked or sized.
 """
 
 from __future__ import annotations
