@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from sluice.backends.base import ModelSpec
+from sluice.backends.base import ModelSpec, ReasoningFormat
 from sluice.backends.faults import FaultPlan
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
@@ -51,6 +51,28 @@ class FaultsConfig(_Strict):
     def plan(self) -> FaultPlan:
         return FaultPlan(frozenset(self.kill_on_calls), frozenset(self.hang_on_calls),
                          self.kill_probability, self.hang_probability, self.hang_s, self.seed)
+
+
+class ReasoningConfig(_Strict):
+    """A generative model that thinks in tags before it answers."""
+
+    start: str = Field(default="<think>", min_length=1, max_length=64)
+    """The tag that opens the thinking."""
+    end: str = Field(default="</think>", min_length=1, max_length=64)
+    """The tag that closes it; the answer follows."""
+    opened: bool = False
+    """The chat template opens the thinking itself (the output starts inside it)."""
+    enabled: bool = True
+    """Thinking on unless a request turns it off (``reasoning_effort: "none"``,
+    ``chat_template_kwargs.enable_thinking: false``, Anthropic's ``thinking.type:
+    disabled``)."""
+    budget_tokens: int | None = Field(default=None, ge=0)
+    """Thinking tokens a request gets unless it asks (unset: no limit but its
+    ``max_tokens``); past them the end tag is written for the model."""
+
+    def format(self) -> ReasoningFormat:
+        return ReasoningFormat(self.start, self.end, self.opened, self.enabled,
+                               self.budget_tokens)
 
 
 class ModelConfig(_Strict):
@@ -92,6 +114,9 @@ class ModelConfig(_Strict):
     own ``keep_alive`` (Ollama's field) overrides it, except a pin."""
     pinned: bool = False
     """Never unloaded by time nor evicted for another model."""
+    reasoning: ReasoningConfig | None = None
+    """Generative: the model thinks in tags (``<think>`` … ``</think>`` by default); each API
+    returns the thinking apart from the answer."""
 
     @field_validator("keep_alive")
     @classmethod
@@ -133,6 +158,7 @@ class ModelConfig(_Strict):
             step_cost_warmup=self.step_cost_warmup,
             keep_alive_s=keep_alive.idle_s,
             pinned=keep_alive.pinned,
+            reasoning=None if self.reasoning is None else self.reasoning.format(),
         )
 
 

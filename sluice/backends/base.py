@@ -61,6 +61,24 @@ class ModelSpec:
     stays until evicted to make room. A request's ``keep_alive`` overrides it."""
     pinned: bool = False
     """Never unloaded by time nor evicted for another model (requests cannot unpin it)."""
+    reasoning: ReasoningFormat | None = None
+    """Generative models that think in tags: how, so each API can split the thinking from
+    the answer (``None``: the output is all answer)."""
+
+
+@dataclass(frozen=True)
+class ReasoningFormat:
+    """How a model marks its thinking, and what a request gets by default."""
+
+    start: str = "<think>"
+    end: str = "</think>"
+    opened: bool = False
+    """The template opens the thinking itself (the output starts inside it)."""
+    enabled: bool = True
+    """Thinking on unless a request turns it off."""
+    budget_tokens: int | None = None
+    """Thinking tokens a request gets unless it asks for another budget (``None``: no
+    limit but ``max_tokens``)."""
 
 
 class ModelLoadError(RuntimeError):

@@ -8,7 +8,9 @@ inputs. Faults: ``fail_load`` (every load raises), ``fail_on_calls`` (the listed
 1-based ``run_batch``/``forward`` calls raise) and ``nan_logits_after_token`` (the logits
 row after that token id is all NaN: one sequence's distribution breaks, not the pass), for
 tests. ``byte_tokens`` makes ids 3..258 the 256 single bytes, so grammars over text
-(JSON) can be decoded; ``all_logits`` chunks get a row per position.
+(JSON) can be decoded; ``all_logits`` chunks get a row per position. With ``byte_tokens``,
+``reply`` is a text the model writes byte by byte after any prompt, then EOS (a scripted
+answer: a model that thinks in tags, for instance).
 """
 
 from __future__ import annotations
@@ -178,6 +180,10 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
         self._cost = _CostModel(spec)
         eos_at = spec.options.get("eos_at_pos")
         self.eos_at_pos: int | None = None if eos_at is None else int(eos_at)
+        reply = spec.options.get("reply")
+        self.reply: bytes | None = None if reply is None else str(reply).encode()
+        self._prompt_end: dict[int, int] = {}
+        """Per slot, where its prompt ended (the reply's first byte follows it)."""
         nan_after = spec.options.get("nan_logits_after_token")
         self.nan_after_token: int | None = None if nan_after is None else int(nan_after)
         self.slot_len: dict[int, int] = {}
@@ -205,10 +211,13 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
             if end > self.n_ctx_per_seq:
                 raise BackendError(f"slot {c.seq_slot} overflows its {self.n_ctx_per_seq} tokens")
             self.slot_len[c.seq_slot] = end
+            if len(c.tokens) > 1 or c.start_pos == 0:
+                self._prompt_end[c.seq_slot] = end
             if c.all_logits:
                 rows.extend(self._logits(t, c.start_pos + i + 1) for i, t in enumerate(c.tokens))
             elif c.want_logits:
-                rows.append(self._logits(c.tokens[-1], end))
+                rows.append(self._scripted(c.seq_slot, end) if self.reply is not None
+                            else self._logits(c.tokens[-1], end))
         return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
 
     def _logits(self, last_token: int, next_pos: int) -> np.ndarray:
@@ -224,13 +233,24 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
         logits[SPECIAL_TOKENS + (h // span) % span] += 5.0
         return logits
 
+    def _scripted(self, slot: int, next_pos: int) -> np.ndarray:
+        """The ``reply``'s next byte (EOS past its end)."""
+        assert self.reply is not None
+        logits = np.zeros(self.vocab_size, dtype=np.float32)
+        i = next_pos - self._prompt_end.get(slot, next_pos)
+        # far above the rest, so any sampling temperature follows the script
+        logits[SPECIAL_TOKENS + self.reply[i] if i < len(self.reply) else EOS_ID] = 100.0
+        return logits
+
     def release_sequence(self, seq_slot: int) -> None:
         self.slot_len.pop(seq_slot, None)
+        self._prompt_end.pop(seq_slot, None)
 
     def copy_sequence(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
         if self.slot_len.get(src_slot, 0) < n_tokens:
             raise BackendError(f"slot {src_slot} holds fewer than {n_tokens} tokens")
         self.slot_len[dst_slot] = n_tokens
+        self._prompt_end[dst_slot] = n_tokens
 
     def trim_sequence(self, seq_slot: int, n_tokens: int) -> None:
         if not 0 <= n_tokens <= self.slot_len.get(seq_slot, 0):

@@ -55,6 +55,7 @@ from sluice.engine.request import (
     ChoiceFinal,
     Request,
     RequestStatus,
+    SamplingParams,
     TokenEvent,
     TokenLogprob,
     expired_what,
@@ -63,6 +64,7 @@ from sluice.engine.sampling import SamplingError, sample_token
 from sluice.engine.step_times import StepTimes
 from sluice.engine.step_warmup import measure_step_cost
 from sluice.engine.textstream import TextStream
+from sluice.engine.thinking import ThinkingBudget
 from sluice.policy.admission import clamp_retry_after
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.slot_layout import compaction_moves
@@ -131,6 +133,7 @@ class _Sequence:
     text: TextStream
     n_fed: int = 0
     generated: int = 0
+    thinking: ThinkingBudget | None = None
 
     @property
     def req(self) -> Request:
@@ -564,7 +567,7 @@ class ContinuousEngine:
         chooser = TokenChooser(req.params, group.seed, 0, req.prompt_tokens,
                                self.model.vocab_size, grammar)
         return _Sequence(group, 0, adm.slot, list(req.prompt_tokens), len(req.prompt_tokens),
-                         chooser, TextStream(req.params.stop))
+                         chooser, TextStream(req.params.stop), thinking=_budget(req.params))
 
     def _waiting_index(self, request_id: int) -> int:
         # Admissions come from the head of the line, so this is almost always index 0.
@@ -638,6 +641,7 @@ class ContinuousEngine:
                 group, choice, slot, list(parent.tokens), parent.n_prompt,
                 parent.chooser.fork(choice, group.seed, parent.tokens, self.model.vocab_size),
                 TextStream(group.req.params.stop), n_fed=parent.n_prompt,
+                thinking=_budget(group.req.params),
             )
             self.running[slot] = child
             group.live.append(child)
@@ -675,6 +679,9 @@ class ContinuousEngine:
                       error=f"{expired_what(seq.req, now)} passed while running",
                       error_code="deadline")
             return
+        forced = seq.thinking.next_forced() if seq.thinking is not None else None
+        if forced is not None:  # the thinking budget is spent: its end tag, not a sample
+            pick = Pick(forced)
         token = pick.token
         grammar = seq.chooser.grammar
         if token in self.model.eos_token_ids and (grammar is not None or not params.ignore_eos):
@@ -685,6 +692,8 @@ class ContinuousEngine:
         index = seq.generated
         seq.generated += 1
         delta = seq.text.push(self.model.token_bytes(token))
+        if seq.thinking is not None:
+            seq.thinking.observe(seq.text.text)
         seq.req.emit_token(TokenEvent(index=index, token_id=token, text=delta, time_s=now,
                                       choice=seq.choice, logprob=pick.logprob,
                                       top_logprobs=pick.top_logprobs))
@@ -833,6 +842,10 @@ def _step_cost_prior(model: GenerativeModel) -> StepCost:
         return StepCost.load(Path(path).expanduser())
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"step_cost_file {path}: {exc}") from exc
+
+
+def _budget(params: SamplingParams) -> ThinkingBudget | None:
+    return None if params.thinking is None else ThinkingBudget(params.thinking)
 
 
 def _reason_of(status: RequestStatus) -> str:

@@ -57,6 +57,18 @@ class Constraint:
 
 
 @dataclass(frozen=True, slots=True)
+class ThinkingLimit:
+    """How long a sequence may think: ``budget_tokens`` inside ``start`` … ``end`` (inside
+    from the first token when ``opened``), then ``end_tokens`` are forced."""
+
+    start: str
+    end: str
+    end_tokens: tuple[int, ...]
+    budget_tokens: int
+    opened: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens and when to stop."""
 
@@ -90,6 +102,8 @@ class SamplingParams:
     n: int = 1
     """Choices sharing one prefill."""
     constraint: Constraint | None = None
+    thinking: ThinkingLimit | None = None
+    """A budget of thinking tokens (``engine.thinking``); ``None``: no limit."""
 
 
 @dataclass(frozen=True, slots=True)

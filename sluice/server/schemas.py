@@ -273,6 +273,18 @@ class ChatCompletionRequest(_Sampling):
     tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    """For a model that thinks in tags: ``none`` turns thinking off; the others set its
+    budget of thinking tokens (``core.reasoning.EFFORT_BUDGET_TOKENS``)."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's and llama-server's template options: ``enable_thinking`` turns thinking on or
+    off (other keys are ignored)."""
+    thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
+    """sluice: thinking tokens before the end tag is written for the model."""
+
+    def enable_thinking(self) -> bool | None:
+        value = (self.chat_template_kwargs or {}).get("enable_thinking")
+        return value if isinstance(value, bool) else None
 
     @field_validator("messages")
     @classmethod

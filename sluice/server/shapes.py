@@ -18,7 +18,14 @@ from typing import Any
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import ToolCall, parse_tool_calls
 from sluice.engine.request import Final, TokenEvent, TokenLogprob
-from sluice.server.core.output import CallHold, new_call_id
+from sluice.server.core.output import (
+    CallHold,
+    ReasoningDelta,
+    ThinkingSplit,
+    new_call_id,
+    split_thinking,
+)
+from sluice.server.core.reasoning import ThinkingTags
 from sluice.server.schemas import usage
 
 LOGPROB_FLOOR = -9999.0
@@ -114,12 +121,46 @@ class ChatShape(Shape):
     chunk_name = "chat.completion.chunk"
 
     def __init__(self, response_id: str, model: str, *, tokens: TokenText | None = None,
-                 tool_names: Sequence[str] = ()) -> None:
+                 tool_names: Sequence[str] = (), thinking: ThinkingTags | None = None) -> None:
         super().__init__(response_id, model)
         self.tokens = tokens
         """Set when the request asked for logprobs."""
         self.tool_names = list(tool_names)
+        self.thinking = thinking
+        """Set for a model that thinks in tags: its thinking is ``reasoning_content`` and
+        ``reasoning`` (both names: clients read one or the other), apart from ``content``."""
         self._held: dict[int, CallHold] = {}
+        self._splits: dict[int, ThinkingSplit] = {}
+
+    def _split_of(self, choice: int) -> ThinkingSplit | None:
+        if self.thinking is None:
+            return None
+        split = self._splits.get(choice)
+        if split is None:
+            split = self._splits[choice] = ThinkingSplit(self.thinking)
+        return split
+
+    def _reasoning_chunk(self, choice: int, text: str, first: bool) -> dict[str, Any]:
+        delta: dict[str, Any] = {"reasoning_content": text, "reasoning": text}
+        if first:
+            delta = {"role": "assistant", "content": None, **delta}
+        return self._chunk(choice, delta)
+
+    def _answer_of(self, choice: int, text: str, first: bool,
+                   chunks: list[dict[str, Any]]) -> str:
+        """The answer part of ``text`` (all of it without thinking); the thinking part goes
+        out as reasoning chunks (added to ``chunks``)."""
+        split = self._split_of(choice)
+        if split is None:
+            return text
+        answer = []
+        for piece in split.push(text) if text else split.flush():
+            if isinstance(piece, ReasoningDelta):
+                chunks.append(self._reasoning_chunk(choice, piece.text,
+                                                    first and not chunks))
+            else:
+                answer.append(piece.text)
+        return "".join(answer)
 
     def logprob_entry(self, event: TokenEvent) -> dict[str, Any]:
         assert self.tokens is not None
@@ -156,26 +197,36 @@ class ChatShape(Shape):
         first = event.choice not in self._started
         self._started.add(event.choice)
         held.events.append(event)
-        held.text += event.text
+        chunks: list[dict[str, Any]] = []
+        if event.text:
+            held.text += self._answer_of(event.choice, event.text, first, chunks)
+            first = first and not chunks
         if self.tool_names and held.mode != "content":
             held.decide()
         if held.mode != "content":
-            return [self._chunk(event.choice, {"role": "assistant", "content": ""})] if first \
-                else []
+            return chunks + ([self._chunk(event.choice, {"role": "assistant", "content": ""})]
+                             if first else [])
         if not held.text and not first:
-            return []
+            return chunks
         delta: dict[str, Any] = {"content": held.text}
         if first:
             delta["role"] = "assistant"
         chunk = self._chunk(event.choice, delta, events=held.events)
         held.text, held.events = "", []
-        return [chunk]
+        return [*chunks, chunk]
 
     def on_final(self, final: Final) -> list[dict[str, Any]]:
-        chunks = []
+        chunks: list[dict[str, Any]] = []
         for c in choices_of(final):
             held = self._held_of(c.index)
             first = c.index not in self._started
+            if self.thinking is not None:
+                tail: list[dict[str, Any]] = []
+                held.text += self._answer_of(c.index, "", first, tail)
+                if tail:
+                    chunks += tail
+                    first = False
+                    self._started.add(c.index)
             role = {"role": "assistant"} if first else {}
             calls = None
             if self.tool_names and held.mode != "content":
@@ -196,9 +247,14 @@ class ChatShape(Shape):
     def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
         choices = []
         for c in choices_of(final):
-            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            text = c.text
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.thinking is not None:
+                reasoning, text = split_thinking(self.thinking, c.text)
+                message = {"role": "assistant", "content": text,
+                           "reasoning_content": reasoning or None, "reasoning": reasoning or None}
             finish = c.finish_reason
-            calls = parse_tool_calls(c.text, self.tool_names) if self.tool_names else None
+            calls = parse_tool_calls(text, self.tool_names) if self.tool_names else None
             if calls is not None:
                 message["content"] = calls[0] or None
                 message["tool_calls"] = [_call(t) for t in calls[1]]

@@ -14,9 +14,9 @@ from sluice.server.core.output import (
     OutputSplitter,
     ReasoningDelta,
     TextDelta,
-    ThinkingTags,
     ToolCallDelta,
 )
+from sluice.server.core.reasoning import ThinkingTags
 
 OUTPUT = "<think>Let me see: 2+2.</think>\n\nIt is 4."
 

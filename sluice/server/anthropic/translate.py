@@ -13,6 +13,7 @@ from typing import Any
 from sluice.server.anthropic.schemas import (
     CountTokensRequest,
     MediaBlock,
+    MessagesRequest,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
@@ -26,6 +27,7 @@ from sluice.server.core.output import (
     TextDelta,
     ToolCallDelta,
 )
+from sluice.server.core.reasoning import ThinkingAsk
 from sluice.server.errors import APIError, anthropic_error, bad_param
 from sluice.server.params import ToolPlan, plan_tools
 
@@ -98,6 +100,18 @@ def tool_plan(body: CountTokensRequest) -> ToolPlan:
     mode = "auto" if choice is None else {"any": "required", "tool": choice.name or "",
                                           "auto": "auto", "none": "none"}[choice.type]
     return plan_tools(tools, mode)
+
+
+def thinking_ask(body: MessagesRequest) -> ThinkingAsk:
+    """``thinking`` (``enabled`` with ``budget_tokens``, ``disabled``, ``adaptive``) and
+    ``output_config.effort``, for a model that thinks in tags."""
+    effort = body.output_config.effort if body.output_config else None
+    thinking = body.thinking
+    if thinking is None:
+        return ThinkingAsk.of(effort=effort)
+    if thinking.type == "disabled":
+        return ThinkingAsk(enabled=False)
+    return ThinkingAsk.of(effort=effort, enabled=True, budget_tokens=thinking.budget_tokens)
 
 
 def tool_use_id(call_id: str) -> str:

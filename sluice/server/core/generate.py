@@ -48,6 +48,7 @@ from sluice.server.core.controls import (
     ttft_target,
 )
 from sluice.server.core.prompt import token_limit, tokenize_chat, tokenize_text
+from sluice.server.core.reasoning import ThinkingAsk, ThinkingTags, thinking_plan
 from sluice.server.errors import APIError, bad_param, final_error, public_text, rejection_error
 from sluice.server.params import checked
 
@@ -110,6 +111,8 @@ class ServeRequest:
     fit_to_context: bool = False
     """A ``max_tokens`` past the room left is cut to it (Ollama's ``num_predict``) rather than
     refused."""
+    thinking: ThinkingAsk | None = None
+    """What the request asks of a model that thinks in tags (``None``: its defaults)."""
     names: tuple[str, str] = ("messages", "max_tokens")
 
 
@@ -121,6 +124,8 @@ class Generation:
     request: RtRequest
     handle: AsyncHandle
     tokenizer: Tokenizer
+    thinking: ThinkingTags | None = None
+    """The tags its output's thinking is split by (``None``: all answer)."""
 
     def events(self) -> AsyncIterator[TokenEvent | Final]:
         """Every ``TokenEvent`` as it is produced, then exactly one ``Final`` (last)."""
@@ -185,19 +190,21 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
                           ask: ServeRequest) -> Generation:
     """Admit ``ask`` in the order the module states and return its ``Generation``.
     ``headers``: the HTTP headers or gRPC metadata (``x-sluice-*`` controls)."""
-    spec_of_kind(ctx, ask.model, "generative")
+    spec = spec_of_kind(ctx, ask.model, "generative")
     tok = tokenizer_of(ctx, ask.model)
+    tags, limit = thinking_plan(spec, tok, ask.thinking, constrained=ask.constraint is not None)
     prio, deadline_s = controls(ctx, headers, tenant, ask.priority, ask.deadline_ms)
     ttft_s = ttft_deadline(ctx, headers, tenant)
     target_s = ttft_target(ctx, headers, tenant)
     tokens = await _prompt_tokens(ctx, tok, ask)
     default = (ask.default_max_tokens if ask.default_max_tokens is not None
                else ctx.config.server.default_max_tokens)
-    limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names,
+    n_limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names,
                         context_tokens=ask.context_tokens, fit=ask.fit_to_context)
     req = ctx.runtime.new_request(
         ask.model, prompt_tokens=tokens,
-        params=SamplingParams(max_tokens=limit, constraint=ask.constraint, **ask.sampling),
+        params=SamplingParams(max_tokens=n_limit, constraint=ask.constraint, thinking=limit,
+                              **ask.sampling),
         tenant_id=tenant.id, priority=prio, deadline_s=deadline_s,
         ttft_deadline_s=ttft_s, ttft_target_s=target_s, keep_alive=ask.keep_alive)
     access.note_admitted([req])
@@ -213,7 +220,7 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
         except APIError as err:
             raise _refuse(req, err, ctx.runtime.clock()) from None
     [handle] = open_admitted(ctx, [req])
-    return Generation(req, handle, tok)
+    return Generation(req, handle, tok, tags)
 
 
 def one_shot_requests(

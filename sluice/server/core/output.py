@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from sluice.backends.chat import parse_tool_calls
 from sluice.engine.request import Final, RequestStatus, TokenEvent
 from sluice.server.core.generate import Generation, final_api_error
+from sluice.server.core.reasoning import ThinkingTags
 from sluice.server.errors import APIError
 
 CALL_STARTS = ("{", "[", "```", "<tool_call>")
@@ -71,17 +72,6 @@ class Failed:
 
 
 OutputEvent = TextDelta | ReasoningDelta | ToolCallDelta | Done | Failed
-
-
-@dataclass(frozen=True)
-class ThinkingTags:
-    """How a model marks its thinking: ``start`` and ``end`` tags; ``opened`` when the
-    prompt already opened the thinking (the template ends with the start tag), so the
-    output starts inside it."""
-
-    start: str = "<think>"
-    end: str = "</think>"
-    opened: bool = False
 
 
 def new_call_id() -> str:
@@ -183,6 +173,14 @@ class ThinkingSplit:
             return [ReasoningDelta(rest)]
         rest = rest if self._answer_started else rest.lstrip()
         return [TextDelta(rest)] if rest else []
+
+
+def split_thinking(tags: ThinkingTags, text: str) -> tuple[str, str]:
+    """A whole output's ``(thinking, answer)``."""
+    split = ThinkingSplit(tags)
+    pieces = [*split.push(text), *split.flush()]
+    return ("".join(p.text for p in pieces if isinstance(p, ReasoningDelta)),
+            "".join(p.text for p in pieces if isinstance(p, TextDelta)))
 
 
 class OutputSplitter:

@@ -168,6 +168,8 @@ class ResponsesRequest(_Body):
     background: bool | None = None
     seed: int | None = None
     # sluice extensions
+    thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
+    """Thinking tokens before the end tag is written for the model."""
     priority: Priority | None = None
     deadline_ms: DeadlineMs | None = None
 

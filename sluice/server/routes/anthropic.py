@@ -16,7 +16,12 @@ from sluice.backends.base import Tokenizer
 from sluice.backends.chat import chat_tokens
 from sluice.engine.request import Constraint
 from sluice.server.anthropic.schemas import CountTokensRequest, MessagesRequest
-from sluice.server.anthropic.translate import MessageRenderer, chat_messages, tool_plan
+from sluice.server.anthropic.translate import (
+    MessageRenderer,
+    chat_messages,
+    thinking_ask,
+    tool_plan,
+)
 from sluice.server.core import (
     ChatPrompt,
     ServeRequest,
@@ -59,10 +64,10 @@ async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> R
         sampling={"temperature": body.temperature, "top_p": body.top_p,
                   "top_k": body.top_k, "stop": tuple(body.stop_sequences or ())},
         max_tokens=body.max_tokens, constraint=constraint, constraint_param=param,
-        priority=body.priority, deadline_ms=body.deadline_ms))
+        priority=body.priority, deadline_ms=body.deadline_ms, thinking=thinking_ask(body)))
     renderer = MessageRenderer(f"msg_{gen.request.request_id}", body.model,
                                len(gen.request.prompt_tokens))
-    return await run_output(request, gen, OutputSplitter(plan.names), renderer,
+    return await run_output(request, gen, OutputSplitter(plan.names, gen.thinking), renderer,
                             stream=body.stream, headers=headers)
 
 

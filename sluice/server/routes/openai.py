@@ -21,6 +21,7 @@ from sluice.server.core import (
     spec_of_kind,
     tokenizer_of,
 )
+from sluice.server.core.reasoning import ThinkingAsk
 from sluice.server.errors import bad_param, unknown_model
 from sluice.server.params import format_constraint, sampling_kwargs, tool_plan
 from sluice.server.routes.common import (
@@ -57,10 +58,13 @@ async def chat_completions(
         max_tokens=body.max_completion_tokens or body.max_tokens,
         constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms,
+        thinking=ThinkingAsk.of(effort=body.reasoning_effort, enabled=body.enable_thinking(),
+                                budget_tokens=body.thinking_budget_tokens),
         names=("messages", "max_completion_tokens" if body.max_completion_tokens
                else "max_tokens")))
     shape = ChatShape(f"chatcmpl-{gen.request.request_id}", body.model,
-                      tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names)
+                      tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names,
+                      thinking=gen.thinking)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await run_generative(request, gen, shape, stream=body.stream,
                                 include_usage=include_usage, headers=headers,

@@ -10,6 +10,7 @@ from fastapi.responses import Response
 
 from sluice.server.core import ChatPrompt, ServeRequest, open_generation, spec_of_kind
 from sluice.server.core.output import OutputSplitter
+from sluice.server.core.reasoning import ThinkingAsk
 from sluice.server.responses.schemas import ResponsesRequest
 from sluice.server.responses.translate import (
     ResponseRenderer,
@@ -47,7 +48,9 @@ async def responses(body: ResponsesRequest, request: Request, tenant: Tenant) ->
                   "seed": None if body.seed is None else body.seed % 2**64},
         max_tokens=body.max_output_tokens, constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms,
+        thinking=ThinkingAsk.of(effort=body.reasoning.effort if body.reasoning else None,
+                                budget_tokens=body.thinking_budget_tokens),
         names=("input", "max_output_tokens")))
     renderer = ResponseRenderer(f"resp_{gen.request.request_id:024x}", body)
-    return await run_output(request, gen, OutputSplitter(plan.names), renderer,
+    return await run_output(request, gen, OutputSplitter(plan.names, gen.thinking), renderer,
                             stream=body.stream, headers=headers)
