@@ -23,6 +23,7 @@ from pydantic import (
 
 from sluice.backends.base import ModelSpec, ReasoningFormat
 from sluice.backends.faults import FaultPlan
+from sluice.engine.constraints.limits import ConstraintLimits
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
 from sluice.engine.variants import GroupSpec
@@ -222,6 +223,25 @@ class EngineSection(_Strict):
     reuse (running donors and retained slots alike) stays within a tenant, since a faster
     first token would tell a tenant how another tenant's prompt begins. On: more reuse
     when tenants share a system prompt, at that cost."""
+
+
+class ConstraintsConfig(_Strict):
+    """What a request's decoding constraint (``response_format``, a required tool call) may
+    cost; past a limit it is refused (400 ``constraint_limit_exceeded`` naming the setting)
+    before it is compiled (see ``sluice.engine.constraints.limits``)."""
+
+    max_schema_bytes: int = Field(default=100_000, ge=1)
+    """The schema's (or regex's, or grammar's) text, in UTF-8 bytes."""
+    max_schema_depth: int = Field(default=64, ge=1)
+    """Nesting of the JSON schema's objects and arrays."""
+    max_schema_alternatives: int = Field(default=1_000, ge=1)
+    """``anyOf``/``oneOf``/``allOf`` branches plus ``enum`` values, over the whole schema."""
+    max_compile_ms: float = Field(default=2_000.0, gt=0)
+    """Compiling one grammar (not counting the model's grammar vocabulary, built once)."""
+
+    def limits(self) -> ConstraintLimits:
+        return ConstraintLimits(self.max_schema_bytes, self.max_schema_depth,
+                                self.max_schema_alternatives, self.max_compile_ms)
 
 
 class SchedulingConfig(_Strict):
@@ -474,6 +494,7 @@ class Config(_Strict):
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     batching: BatchingConfig = Field(default_factory=BatchingConfig)
     engine: EngineSection = Field(default_factory=EngineSection)
+    constraints: ConstraintsConfig = Field(default_factory=ConstraintsConfig)
     models: list[ModelConfig] = Field(min_length=1)
     tenants: list[TenantConfig] = Field(default_factory=list)
     groups: list[GroupConfig] = Field(default_factory=list)

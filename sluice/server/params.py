@@ -11,7 +11,12 @@ from typing import Any
 
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import call_schema
-from sluice.engine.constraints import ConstraintError, check_constraint
+from sluice.engine.constraints import (
+    ConstraintError,
+    ConstraintLimitError,
+    ConstraintLimits,
+    check_constraint,
+)
 from sluice.engine.request import Constraint
 from sluice.server.errors import bad_param, public_text
 from sluice.server.schemas import (
@@ -116,11 +121,16 @@ def tool_plan(body: ChatCompletionRequest) -> ToolPlan:
     return plan_tools([t.as_dict() for t in body.tools], mode, strict=strict)
 
 
-def checked(constraint: Constraint | None, tok: Tokenizer, param: str) -> Constraint | None:
-    """Compile ``constraint`` before admission: 400 naming ``param`` if the engine cannot."""
+def checked(constraint: Constraint | None, tok: Tokenizer, param: str,
+            limits: ConstraintLimits | None = None) -> Constraint | None:
+    """Compile ``constraint`` before admission: 400 naming ``param`` if the engine cannot,
+    400 ``constraint_limit_exceeded`` naming the limit if it breaks one of ``limits``."""
     if constraint is not None:
         try:
-            check_constraint(constraint, tok)
+            check_constraint(constraint, tok, limits)
+        except ConstraintLimitError as exc:
+            raise bad_param(param, f"Invalid {param}: {exc}",
+                            code="constraint_limit_exceeded") from None
         except ConstraintError as exc:
             raise bad_param(param, f"Invalid {param}: {public_text(str(exc))}") from None
     return constraint

@@ -33,9 +33,9 @@ def test_draining_server_refuses_before_compiling(
     compiled: list[str] = []
     real = core_generate.checked
 
-    def spy(constraint: Any, tok: Any, param: str) -> Any:
+    def spy(constraint: Any, tok: Any, param: str, *limits: Any) -> Any:
         compiled.append(param)
-        return real(constraint, tok, param)
+        return real(constraint, tok, param, *limits)
 
     monkeypatch.setattr(core_generate, "checked", spy)
     with live.client() as c:

@@ -17,6 +17,10 @@ through its stacks, milliseconds per token.
 The contract (``check_constraint`` before admission, so a bad grammar is the client's
 400; ``start_grammar`` when a sequence starts):
 
+- A constraint past the server's limits (``ConstraintLimits``: schema bytes, nesting,
+  alternatives, compile time) is refused naming the limit, before llguidance sees it (the
+  compile time after it: that grammar is not kept). Compiled grammars are cached up to
+  ``CACHE_SCHEMA_BYTES`` of their text (``limits.py``).
 - JSON is compact with one space after ``,`` and ``:`` (``whitespace_flexible`` off: a small
   model given free whitespace can emit newlines forever). ``json_object`` is any JSON object.
   ``strict`` json_schema refuses a schema keyword llguidance does not implement; non-strict
@@ -36,12 +40,22 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections.abc import Sequence
 
 import llguidance
 import numpy as np
 
 from sluice.backends.base import Tokenizer
+from sluice.engine.constraints.limits import (
+    CACHE_ENTRY_OVERHEAD_BYTES,
+    CACHE_SCHEMA_BYTES,
+    ConstraintError,
+    ConstraintLimitError,
+    ConstraintLimits,
+    SizedCache,
+    check_limits,
+)
 from sluice.engine.constraints.masking import apply_bitmask, is_allowed, mask_words
 from sluice.engine.constraints.vocab import ll_tokenizer
 from sluice.engine.request import Constraint
@@ -49,6 +63,8 @@ from sluice.engine.request import Constraint
 __all__ = [
     "CLOSE_HORIZON_TOKENS",
     "ConstraintError",
+    "ConstraintLimitError",
+    "ConstraintLimits",
     "GrammarState",
     "apply_bitmask",
     "check_constraint",
@@ -68,10 +84,6 @@ CLOSE_SEARCH_NODES = 400
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 KINDS = ("json_object", "json_schema", "regex", "lark")
-
-
-class ConstraintError(ValueError):
-    """The constraint cannot be compiled; the message is fit for the client."""
 
 
 class GrammarFailure(RuntimeError):
@@ -105,16 +117,49 @@ def grammar_text(constraint: Constraint) -> str:
     raise ConstraintError(f"unknown constraint kind {kind!r}; expected one of {KINDS}")
 
 
-def check_constraint(constraint: Constraint, tokenizer: Tokenizer) -> None:
+def check_constraint(constraint: Constraint, tokenizer: Tokenizer,
+                     limits: ConstraintLimits | None = None) -> None:
     """Compile ``constraint`` for ``tokenizer``'s vocabulary (cached, so the engine's
-    start is cheap); ``ConstraintError`` with a client-fit message if it cannot be."""
-    _compiled(constraint, ll_tokenizer(tokenizer))
+    start is cheap); ``ConstraintError`` with a client-fit message if it cannot be, a
+    ``ConstraintLimitError`` naming the limit if it breaks one of ``limits`` (the server's
+    defaults when None)."""
+    limits = limits or ConstraintLimits()
+    check_limits(constraint, limits)
+    lltok = ll_tokenizer(tokenizer)  # built once per model, before the compile is timed
+    key = (constraint, lltok)
+    if _CACHE.get(key) is not None:
+        return
+    started_s = time.perf_counter()
+    matcher = _compile(constraint, lltok)
+    took_ms = (time.perf_counter() - started_s) * 1000
+    if took_ms > limits.max_compile_ms:
+        raise ConstraintLimitError(
+            f"compiling the constraint took {took_ms:.0f} ms; this server allows "
+            f"{limits.max_compile_ms:.0f} (constraints.max_compile_ms)", "max_compile_ms")
+    _CACHE.put(key, matcher)
 
 
-@functools.lru_cache(maxsize=64)
+def _weight(key: tuple[Constraint, llguidance.LLTokenizer]) -> int:
+    return len(key[0].spec) + CACHE_ENTRY_OVERHEAD_BYTES
+
+
+_CACHE: SizedCache[tuple[Constraint, llguidance.LLTokenizer], llguidance.LLMatcher] = \
+    SizedCache(CACHE_SCHEMA_BYTES, _weight)
+"""Compiled grammars (callers ``deep_copy`` them), least recently used out past
+``CACHE_SCHEMA_BYTES`` of constraint text."""
+
+
 def _compiled(constraint: Constraint, lltok: llguidance.LLTokenizer) -> llguidance.LLMatcher:
-    """A fresh matcher for ``constraint`` (callers ``deep_copy`` it); the cache keeps the
-    64 most recent grammars compiled."""
+    """The compiled matcher for ``constraint``, from the cache or compiled (and cached)."""
+    key = (constraint, lltok)
+    matcher = _CACHE.get(key)
+    if matcher is None:
+        matcher = _compile(constraint, lltok)
+        _CACHE.put(key, matcher)
+    return matcher
+
+
+def _compile(constraint: Constraint, lltok: llguidance.LLTokenizer) -> llguidance.LLMatcher:
     grammar = grammar_text(constraint)
     matcher = llguidance.LLMatcher(lltok, grammar, log_level=0)
     if matcher.is_error():

@@ -216,7 +216,8 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
         # Compiling is quick, but the first constraint of a model builds its grammar
         # vocabulary (1-3 s): never on the event loop.
         try:
-            await asyncio.to_thread(checked, ask.constraint, tok, ask.constraint_param)
+            await asyncio.to_thread(checked, ask.constraint, tok, ask.constraint_param,
+                                    ctx.config.constraints.limits())
         except APIError as err:
             raise _refuse(req, err, ctx.runtime.clock()) from None
     [handle] = open_admitted(ctx, [req])
