@@ -395,6 +395,17 @@ class ServerConfig(_Strict):
     ``X-Tenant-ID``."""
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     default_model: str | None = None
+    """The model of a request that names none (llama-server's ``model`` is optional); unset:
+    the first model."""
+    unknown_model: Literal["refuse", "default"] = "refuse"
+    """A request naming a model that is not served: ``refuse`` (404 ``model_not_found``),
+    or on a server with one model ``default``: serve it with that model, as llama-server
+    does."""
+    model_aliases: dict[str, str] = Field(default_factory=dict)
+    """More names for configured models (``--alias a,b`` gives a model both names)."""
+    cors_origins: list[str] = Field(default_factory=list)
+    """Origins a browser may call from (CORS, llama-server's ``--cors-origins``; ``*``: any).
+    Empty (the default): no CORS headers, so browsers refuse cross-origin calls."""
     default_max_tokens: int = Field(default=256, ge=1)
     drain_timeout_s: float = Field(default=10.0, ge=0)
     log_content: bool = False
@@ -517,6 +528,12 @@ class Config(_Strict):
             raise ValueError(
                 f"server.default_model {self.server.default_model!r} is not a configured model"
             )
+        for alias, target in self.server.model_aliases.items():
+            if target not in ids:
+                raise ValueError(f"server.model_aliases[{alias!r}]: {target!r} is not a "
+                                 f"configured model")
+            if alias in ids:
+                raise ValueError(f"server.model_aliases[{alias!r}]: already a model id")
         by_id = {m.id: m for m in self.models}
         for g in self.groups:
             if g.id in by_id:

@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -79,6 +80,7 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
             ctx.preloaded = True
         except Exception as exc:
             log.error("default model %s failed to load: %s", config.default_model, exc)
+            ctx.load_error = errors.public_text(str(exc))
         grpc_server = await _start_grpc(ctx)
         log.info("sluice ready: %d model(s), %d worker(s)", len(runtime.specs),
                  len(runtime.workers))
@@ -104,6 +106,10 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
                   docs_url="/docs" if schema else None, redoc_url="/redoc" if schema else None)
     app.state.ctx = ctx
     app.add_middleware(GuardMiddleware, max_body_bytes=config.server.max_body_bytes)
+    if config.server.cors_origins:  # off unless configured: browsers then refuse other origins
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.server.cors_origins),
+                           allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=["x-sluice-request-id", "retry-after"])
     # Added last, so outermost: it logs every answer, the guard's 413s included.
     app.add_middleware(AccessLogMiddleware, log_content=config.server.log_content)
     app.add_exception_handler(APIError, errors.api_error_handler)

@@ -27,5 +27,8 @@ class AppContext:
     quota: QuotaGate
     preloaded: bool = False
     """The default model loaded at start-up (``/ready`` turns 200)."""
+    load_error: str | None = None
+    """Why the default model failed to load at start-up (fit for a public body), if it
+    did: ``/health`` fails until it is loaded."""
     grpc_port: int | None = None
     """The gRPC server's bound port, once started (``server.grpc_port``)."""

@@ -165,7 +165,9 @@ FINAL_STATUS: dict[str, tuple[int, str, str | None]] = {
     "deadline": (504, "deadline_exceeded", None),
     "deadline_infeasible": (503, "deadline_infeasible", None),
     "backend_error": (500, "server_error", "The model failed while running this request."),
-    "model_load_failed": (500, "server_error", "The model could not be loaded."),
+    # 503: the server cannot serve the model now (a fixed file, an admin load, or a
+    # replacement worker may make it serve); the detail, which may name files, is logged.
+    "model_load_failed": (503, "server_error", "The model could not be loaded."),
     "context_length_exceeded": (400, "invalid_request_error", None),
     "too_large": (503, "server_overloaded", None),
     "pinned_full": (503, "server_overloaded", None),

@@ -1,8 +1,10 @@
 """Liveness and readiness, as plain data.
 
 ``liveness`` (``/health``): the runtime's threads do their jobs: the dispatcher and the
-worker supervisor run, and no worker is dead without a replacement on the way. A failing
-liveness probe is a reason to restart the process.
+worker supervisor run, and no worker is dead without a replacement on the way; and the
+default model did not fail to load at start-up (or has loaded since), as llama-server's
+``/health`` fails when its model cannot load. A failing liveness probe is a reason to
+restart the process.
 
 ``readiness`` (``/ready``, the gRPC health service): a request sent now can be served: the
 default model is loaded (or loadable again after an eviction), every worker is up (not
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sluice.server.context import AppContext
 
@@ -25,16 +28,24 @@ class Readiness:
     """Ready or not, and the body that says why."""
 
     ok: bool
-    body: Mapping[str, str]
+    body: Mapping[str, Any]
     """``status``: ``ready``, ``loading``, ``failed``, ``recovering``, ``draining`` or
     ``dead``; ``model``: the default model; ``reason``: what is wrong, when something is."""
 
 
 def liveness(ctx: AppContext) -> Readiness:
-    """Alive: ``{"status": "ok"}``, or ``dead`` with the reason."""
+    """Alive: ``{"status": "ok"}``, or ``dead`` with the reason, or ``failed`` with the
+    default model's load error (and llama-server's ``error`` object)."""
     health = ctx.runtime.health()
     if not health.alive:
         return Readiness(False, {"status": "dead", "reason": health.problem})
+    model = ctx.config.default_model
+    if ctx.load_error is not None and not any(
+            model in w.resident for w in ctx.runtime.snapshot().workers):
+        reason = f"model {model} failed to load: {ctx.load_error}"
+        return Readiness(False, {"status": "failed", "model": model, "reason": reason,
+                                 "error": {"code": 503, "message": reason,
+                                           "type": "unavailable_error"}})
     return Readiness(True, {"status": "ok"})
 
 

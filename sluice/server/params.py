@@ -78,6 +78,42 @@ def format_constraint(fmt: ResponseFormat | None) -> Constraint | None:
                       strict=bool(fmt.json_schema.strict))
 
 
+def body_constraint(body: ChatCompletionRequest | CompletionRequest
+                    ) -> tuple[Constraint | None, str]:
+    """The decoding constraint a body asks for and the field it came from:
+    ``response_format`` (chat), llama-server's top-level ``json_schema`` or its GBNF
+    ``grammar`` (converted to llguidance's lark form). More than one is a 400, as in
+    llama-server; a grammar that does not parse is a 400 naming ``grammar``."""
+    asked: list[tuple[Constraint, str]] = []
+    fmt = getattr(body, "response_format", None)
+    from_format = format_constraint(fmt) if isinstance(fmt, ResponseFormat) else None
+    if from_format is not None:
+        asked.append((from_format, "response_format"))
+    if body.json_schema is not None:
+        asked.append((Constraint("json_schema", spec=json.dumps(body.json_schema)),
+                      "json_schema"))
+    if body.grammar is not None:
+        asked.append((Constraint("lark", spec=gbnf_as_lark(body.grammar)), "grammar"))
+    if len(asked) > 1:
+        names = " and ".join(name for _, name in asked)
+        raise bad_param(asked[1][1], f"Only one of response_format, json_schema and grammar "
+                                     f"may be given; got {names}")
+    return asked[0] if asked else (None, "response_format")
+
+
+def gbnf_as_lark(grammar: str) -> str:
+    """A GBNF grammar (llama.cpp's) as llguidance's lark grammar (400 naming ``grammar``
+    when it does not convert)."""
+    from llguidance.gbnf_to_lark import gbnf_to_lark
+
+    try:
+        return str(gbnf_to_lark(grammar))
+    # The converter reads client text and raises more than its own error type (a bare
+    # Exception for a grammar with no ``root`` rule): every failure is the grammar's.
+    except Exception as exc:
+        raise bad_param("grammar", f"Invalid grammar: {public_text(str(exc))}") from None
+
+
 @dataclass(frozen=True)
 class ToolPlan:
     """What a chat request does with its tools: render them (``tools``), parse calls from

@@ -209,7 +209,8 @@ class _Sampling(_Body):
     """Fields shared by chat and completions (OpenAI names, the llama-server and vLLM
     sampling extensions, and sluice's controls)."""
 
-    model: str = Field(min_length=1, max_length=256)
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    """The model; none: the server's default model (llama-server makes it optional)."""
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -235,6 +236,10 @@ class _Sampling(_Body):
     """Recent tokens the penalties look at; -1 = the whole context, 0 = none."""
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0, le=100_000)
+    grammar: str | None = Field(default=None, max_length=100_000)
+    """llama-server's GBNF grammar the output must match."""
+    json_schema: dict[str, Any] | None = None
+    """llama-server's JSON schema the output must match (beside ``response_format``)."""
     # sluice extensions
     ignore_eos: bool = False
     priority: Priority | None = None
@@ -342,7 +347,7 @@ class CompletionRequest(_Sampling):
 
 
 class EmbeddingRequest(_Body):
-    model: str = Field(min_length=1, max_length=256)
+    model: str | None = Field(default=None, min_length=1, max_length=256)
     input: str | list[str] = Field()
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(default=None, max_length=256)

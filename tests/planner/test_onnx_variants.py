@@ -148,7 +148,7 @@ def test_a_corrupt_onnx_file_is_a_clear_load_error_and_others_still_serve(
     live = serve(Config.model_validate(cfg))
     with live.client() as c:
         r = c.post("/v1/embeddings", json={"model": "broken", "input": "hello"})
-        assert r.status_code == 500 and r.json()["error"]["code"] == "model_load_failed"
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_load_failed"
         ok = c.post("/v1/embeddings", json={"model": "embed-l3-fp32", "input": "hello"})
         assert ok.status_code == 200 and len(ok.json()["data"][0]["embedding"]) > 0
         assert c.get("/health").status_code == 200

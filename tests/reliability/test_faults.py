@@ -59,7 +59,7 @@ def test_load_failure_marks_the_model_failed_and_spares_the_others(
     with live.client() as c:
         for _ in range(2):  # every try fails the same way; nothing sticks
             r = c.post("/v1/infer", json={"model": "broken", "input": "x"})
-            err = assert_error(r, 500, code="model_load_failed", type="server_error")
+            err = assert_error(r, 503, code="model_load_failed", type="server_error")
             assert err["message"] == "The model could not be loaded."
         models = {m["id"]: m for m in c.get("/v1/models").json()["data"]}
         assert models["broken"]["status"] == "failed"
@@ -142,7 +142,7 @@ def test_corrupt_and_truncated_gguf_are_clear_errors_and_nothing_else_breaks(
         assert c.get("/ready").status_code == 200  # the bad files did not stop start-up
         for model in ("corrupt", "truncated"):
             r = c.post("/v1/completions", json={"model": model, "prompt": "hi"})
-            err = assert_error(r, 500, code="model_load_failed", type="server_error")
+            err = assert_error(r, 503, code="model_load_failed", type="server_error")
             assert str(tmp_path) not in err["message"]
             assert_error(c.post(f"/admin/models/{model}/load"), 409, code="load_failed")
         r = c.post("/v1/completions", json={"model": "synth-chat", "prompt": "hi",

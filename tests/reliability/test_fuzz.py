@@ -1,5 +1,5 @@
 """A short schemathesis run against the server's own OpenAPI schema on 127.0.0.1 (the
-long one is ``bench/fuzz.py``): no 5xx (504 ``deadline`` aside, see there), and every
+long one is ``bench/fuzz.py``): no 5xx (the deadline refusals aside, see there), and every
 response conforms to the declared status codes, content types and schemas."""
 
 from __future__ import annotations

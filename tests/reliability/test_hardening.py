@@ -106,7 +106,7 @@ def test_status_json_redacts_the_paths_of_load_errors(serve: Callable[..., LiveS
         models=[synth_chat(), synth_chat("leaky-load")], workers={"count": 1},
         server={"default_model": CHAT}), backends={"synthetic": _LeakyBackend()})
     with live.client() as c:
-        assert_error(c.post("/v1/infer", json={"model": "leaky-load", "input": "hi"}), 500,
+        assert_error(c.post("/v1/infer", json={"model": "leaky-load", "input": "hi"}), 503,
                      code="model_load_failed")
         status = c.get("/status.json")
         assert status.status_code == 200

@@ -266,7 +266,7 @@ def test_error_bodies_carry_no_internal_paths(serve: Callable[..., LiveServer],
                                                     "max_tokens": 2, "stream": True})
         assert streamed.status_code in (200, 500)
         load = c.post("/v1/infer", json={"model": "leaky-load", "input": "hi"})
-        assert_error(load, 500, code="model_load_failed")
+        assert_error(load, 503, code="model_load_failed")
         admin = c.post("/admin/models/leaky-load/load")
         err = assert_error(admin, 409, code="load_failed")
         for body in (r.text, streamed.text, load.text, admin.text):

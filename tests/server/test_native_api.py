@@ -313,7 +313,7 @@ def test_ready_is_503_when_the_default_model_fails_to_load(
         assert r.status_code == 503
         assert r.json() == {"status": "failed", "model": "broken"}
         r = c.post("/v1/infer", json={"model": "broken", "input": "x", "max_new_tokens": 1})
-        err = assert_error(r, 500, code="model_load_failed", type="server_error")
+        err = assert_error(r, 503, code="model_load_failed", type="server_error")
         assert "injected" not in err["message"]
         r = c.get("/ready")
         assert r.status_code == 503

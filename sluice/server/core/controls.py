@@ -21,6 +21,23 @@ from sluice.server.lifecycle import loaded_models
 log = logging.getLogger("sluice.server")
 
 
+def model_name(ctx: AppContext, asked: str | None) -> str:
+    """The model a request is served by: the default model when it names none
+    (``server.default_model``), a configured model or one of its ``model_aliases``; an
+    unknown name is returned as it is (the caller's lookup answers 404), or with
+    ``server.unknown_model = "default"`` on a one-model server, the default model."""
+    server = ctx.config.server
+    if not asked:
+        return ctx.config.default_model
+    if ctx.runtime.spec_for(asked) is not None:
+        return asked
+    if asked in server.model_aliases:
+        return server.model_aliases[asked]
+    if server.unknown_model == "default" and len(ctx.runtime.specs) == 1:
+        return ctx.config.default_model
+    return asked
+
+
 def spec_of_kind(ctx: AppContext, model: str, kind: str) -> ModelSpec:
     """The model's spec: 404 when unknown, 400 ``model_kind_mismatch`` when not ``kind``."""
     spec = ctx.runtime.spec_for(model)
@@ -44,13 +61,13 @@ def embedding_spec(ctx: AppContext, model: str) -> ModelSpec:
 
 def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
     """The model's tokenizer; a model file that cannot even be read (missing, corrupt,
-    truncated) is the model failing to load: 500 ``model_load_failed``."""
+    truncated) is the model failing to load: 503 ``model_load_failed``."""
     try:
         return ctx.runtime.tokenizer(model)
     except Exception as exc:
         log.error("model %s: tokenizer failed to load: %s", model, exc)
-        raise APIError(500, "The model could not be loaded.", type="server_error",
-                       code="model_load_failed") from None
+        raise APIError(503, "The model could not be loaded.", type="server_error",
+                       code="model_load_failed", retry_after_s=1.0) from None
 
 
 def _header_number(headers: Mapping[str, str], name: str, lo: float,

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible surface: chat completions, completions, embeddings, models list."""
+"""The OpenAI-compatible surface: chat completions, completions, embeddings, models list;
+each also at llama-server's path without ``/v1``."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from sluice.server.core import (
     decision_headers,
     embedding_spec,
     model_list,
+    model_name,
     open_generation,
     spec_of_kind,
     tokenizer_of,
 )
 from sluice.server.core.reasoning import ThinkingAsk
 from sluice.server.errors import bad_param, unknown_model
-from sluice.server.params import format_constraint, sampling_kwargs, tool_plan
+from sluice.server.params import body_constraint, sampling_kwargs, tool_plan
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
@@ -39,6 +41,7 @@ router = APIRouter(tags=["openai"])
 
 
 @router.post("/v1/chat/completions", responses=ERROR_RESPONSES)
+@router.post("/chat/completions", include_in_schema=False)
 async def chat_completions(
     body: ChatCompletionRequest, request: Request, tenant: Tenant
 ) -> Response:
@@ -47,13 +50,14 @@ async def chat_completions(
     the output; ``response_format`` and required calls constrain decoding."""
     ctx = ctx_of(request)
     headers = body_headers(request, body)
-    spec_of_kind(ctx, body.model, "generative")
-    tok = tokenizer_of(ctx, body.model)
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
+    tok = tokenizer_of(ctx, model)
     plan = tool_plan(body)
     constraint, param = ((plan.constraint, "tools") if plan.constraint is not None
-                         else (format_constraint(body.response_format), "response_format"))
+                         else body_constraint(body))
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        body.model, ChatPrompt([m.as_dict() for m in body.messages], plan.tools),
+        model, ChatPrompt([m.as_dict() for m in body.messages], plan.tools),
         sampling=sampling_kwargs(body, tok),
         max_tokens=body.max_completion_tokens or body.max_tokens,
         constraint=constraint, constraint_param=param,
@@ -62,7 +66,7 @@ async def chat_completions(
                                 budget_tokens=body.thinking_budget_tokens),
         names=("messages", "max_completion_tokens" if body.max_completion_tokens
                else "max_tokens")))
-    shape = ChatShape(f"chatcmpl-{gen.request.request_id}", body.model,
+    shape = ChatShape(f"chatcmpl-{gen.request.request_id}", model,
                       tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names,
                       thinking=gen.thinking)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -72,31 +76,35 @@ async def chat_completions(
 
 
 @router.post("/v1/completions", responses=ERROR_RESPONSES)
+@router.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, request: Request, tenant: Tenant) -> Response:
     """OpenAI text completions (one prompt per request); ``echo`` puts the prompt first,
     with its logprobs when ``logprobs`` is set."""
     headers = body_headers(request, body)
     ctx = ctx_of(request)
-    spec_of_kind(ctx, body.model, "generative")
-    tok = tokenizer_of(ctx, body.model)
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
+    tok = tokenizer_of(ctx, model)
     want_logprobs = body.logprobs is not None
     if body.echo and want_logprobs and body.stream:
         raise bad_param("echo", "echo with logprobs is only available without stream "
                                 "(the prompt's logprobs arrive with the last token)")
+    constraint, param = body_constraint(body)
     prompt = body.prompt
     text = prompt if isinstance(prompt, str) else (prompt[0] if isinstance(prompt[0], str)
                                                     else None)
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        body.model,
+        model,
         TextPrompt(text) if text is not None else TokenPrompt([int(t) for t in prompt]),
         sampling=sampling_kwargs(body, tok), max_tokens=body.max_tokens or 16,
-        priority=body.priority, deadline_ms=body.deadline_ms, names=("prompt", "max_tokens")))
+        constraint=constraint, constraint_param=param, priority=body.priority,
+        deadline_ms=body.deadline_ms, names=("prompt", "max_tokens")))
     req = gen.request
     echo = None
     if body.echo:
         echo = text if text is not None else b"".join(
             tok.token_bytes(t) for t in req.prompt_tokens).decode("utf-8", "replace")
-    shape = CompletionShape(f"cmpl-{req.request_id}", body.model,
+    shape = CompletionShape(f"cmpl-{req.request_id}", model,
                             tokens=TokenText(tok) if want_logprobs else None, echo=echo,
                             prompt_ids=req.prompt_tokens)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -112,12 +120,14 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 
 
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES)
+@router.post("/embeddings", include_in_schema=False)
 async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -> Response:
     """OpenAI embeddings for one-shot embedding models."""
     headers = body_headers(request, body)
-    embedding_spec(ctx_of(request), body.model)
+    model = model_name(ctx_of(request), body.model)
+    embedding_spec(ctx_of(request), model)
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-    finals, reqs = await one_shot(request, body.model, tenant, inputs, body.priority,
+    finals, reqs = await one_shot(request, model, tenant, inputs, body.priority,
                                   body.deadline_ms)
     n_tokens = sum(len(str(x).split()) for x in inputs)
     payload = {
@@ -125,13 +135,14 @@ async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -
         "data": [{"object": "embedding", "index": i,
                   "embedding": _encode(f.result, body.encoding_format)}
                  for i, f in enumerate(finals)],
-        "model": body.model,
+        "model": model,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
     }
     return JSONResponse(payload, headers={**decision_headers(reqs[-1]), **headers})
 
 
 @router.get("/v1/models", responses={401: {"description": "bad key"}})
+@router.get("/models", include_in_schema=False)
 async def list_models(request: Request, tenant: Tenant) -> dict[str, Any]:
     """Configured models, with where each is resident."""
     return {"object": "list", "data": model_list(ctx_of(request))}

@@ -16,9 +16,11 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/health", responses={503: {"description": "a thread is dead"}})
+@router.get("/v1/health", include_in_schema=False)
 async def health(request: Request) -> JSONResponse:
-    """Alive: the dispatcher and the worker supervisor run, and every worker is up or
-    being replaced (503 with the reason otherwise)."""
+    """Alive: the dispatcher and the worker supervisor run, every worker is up or being
+    replaced, and the default model did not fail to load (503 with the reason otherwise);
+    also at llama-server's ``/v1/health``."""
     state = liveness(ctx_of(request))
     return JSONResponse(dict(state.body), status_code=200 if state.ok else 503)
 

@@ -1,0 +1,147 @@
+"""llama-server's habits on the OpenAI routes, over HTTP against a real uvicorn server on
+the synthetic backend: its paths without ``/v1``, ``model`` optional, unknown names refused
+or served by the one model (configurable), aliases, CORS only when configured, ``grammar``
+and top-level ``json_schema`` constraining the output, and ``/health`` failing (requests
+503) when the model failed to load."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+
+from tests.server.live import LiveServer, assert_error, config_with, synth_chat, synth_embed
+
+CHAT, BYTES = "chat", "bytes"
+MSG = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def live(serve_module: Callable[..., LiveServer]) -> LiveServer:
+    return serve_module(config_with(
+        models=[synth_chat(CHAT), synth_chat(BYTES, byte_tokens=True, vocab_size=300),
+                synth_embed("embed")],
+        server={"model_aliases": {"gpt-4o": CHAT}},
+        workers={"count": 1, "budget_bytes": 1_000_000_000}))
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/chat/completions", {"messages": MSG, "max_tokens": 2}),
+    ("/completions", {"prompt": "hello", "max_tokens": 2}),
+])
+def test_paths_without_v1_and_no_model_serve_the_default(live: LiveServer, path: str,
+                                                         body: dict[str, object]) -> None:
+    with live.client() as c:
+        r = c.post(path, json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == CHAT
+        assert r.json()["usage"]["completion_tokens"] == 2
+        assert c.post(f"/v1{path}", json=body).json()["model"] == CHAT
+
+
+def test_models_embeddings_and_health_without_v1(live: LiveServer) -> None:
+    with live.client() as c:
+        assert [m["id"] for m in c.get("/models").json()["data"]] == [CHAT, BYTES, "embed"]
+        r = c.post("/embeddings", json={"model": "embed", "input": "x"})
+        assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 16
+        assert c.get("/v1/health").json() == {"status": "ok"}
+
+
+def test_an_alias_names_its_model_and_an_unknown_name_is_refused(live: LiveServer) -> None:
+    with live.client() as c:
+        r = c.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": MSG,
+                                                 "max_tokens": 1})
+        assert r.status_code == 200 and r.json()["model"] == CHAT
+        assert_error(c.post("/v1/chat/completions", json={"model": "nope", "messages": MSG}),
+                     404, code="model_not_found")
+
+
+def test_one_model_server_can_serve_any_name(serve: Callable[..., LiveServer]) -> None:
+    live = serve(config_with(models=[synth_chat(CHAT)], workers={"count": 1},
+                             server={"unknown_model": "default"}))
+    with live.client() as c:
+        r = c.post("/v1/chat/completions", json={"model": "whatever", "messages": MSG,
+                                                 "max_tokens": 1})
+        assert r.status_code == 200 and r.json()["model"] == CHAT
+
+
+def test_cors_is_off_unless_configured(live: LiveServer,
+                                       serve: Callable[..., LiveServer]) -> None:
+    preflight = {"origin": "http://example.test", "access-control-request-method": "POST"}
+    with live.client() as c:
+        r = c.options("/v1/chat/completions", headers=preflight)
+        assert "access-control-allow-origin" not in r.headers
+        r = c.get("/v1/models", headers={"origin": "http://example.test"})
+        assert "access-control-allow-origin" not in r.headers
+    on = serve(config_with(models=[synth_chat(CHAT)], workers={"count": 1},
+                           server={"cors_origins": ["http://example.test"]}))
+    with on.client() as c:
+        r = c.options("/v1/chat/completions", headers=preflight)
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://example.test"
+        r = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 1},
+                   headers={"origin": "http://example.test"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "http://example.test"
+        r = c.options("/v1/chat/completions", headers={**preflight,
+                                                       "origin": "http://other.test"})
+        assert "access-control-allow-origin" not in r.headers
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_grammar_constrains_the_output(live: LiveServer, path: str) -> None:
+    body: dict[str, object] = {"model": BYTES, "max_tokens": 20, "temperature": 0,
+                               "grammar": 'root ::= "yes" | "no"'}
+    with live.client() as c:
+        if path == "/v1/completions":
+            r = c.post(path, json={**body, "prompt": "answer"})
+            text = r.json()["choices"][0]["text"]
+        else:
+            r = c.post("/v1/chat/completions", json={**body, "messages": MSG})
+            text = r.json()["choices"][0]["message"]["content"]
+        assert r.status_code == 200, r.text
+        assert text in ("yes", "no")
+
+
+def test_top_level_json_schema_constrains_the_output(live: LiveServer) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    with live.client() as c:
+        r = c.post("/v1/chat/completions", json={"model": BYTES, "messages": MSG,
+                                                 "max_tokens": 40, "json_schema": schema})
+        assert r.status_code == 200, r.text
+        assert isinstance(json.loads(r.json()["choices"][0]["message"]["content"])["n"], int)
+
+
+@pytest.mark.parametrize(("change", "param"), [
+    ({"grammar": "root ::= ("}, "grammar"),
+    ({"grammar": 'start ::= "a"'}, "grammar"),  # no root rule
+    ({"grammar": 'root ::= "a"', "json_schema": {"type": "object"}}, "grammar"),
+    ({"json_schema": {"type": "object"}, "response_format": {"type": "json_object"}},
+     "json_schema"),
+])
+def test_bad_or_conflicting_constraints_are_400_naming_the_field(
+        live: LiveServer, change: dict[str, object], param: str) -> None:
+    with live.client() as c:
+        r = c.post("/v1/chat/completions", json={"model": BYTES, "messages": MSG,
+                                                 "max_tokens": 4, **change})
+        assert_error(r, 400, code="invalid_value", param=param)
+        assert c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 1}
+                      ).status_code == 200
+
+
+def test_a_model_that_failed_to_load_fails_health_and_requests_get_503(
+        serve: Callable[..., LiveServer]) -> None:
+    live = serve(config_with(models=[synth_chat("broken", fail_load=True)],
+                             workers={"count": 1}))
+    with live.client() as c:
+        for path in ("/health", "/v1/health"):
+            r = c.get(path)
+            assert r.status_code == 503
+            body = r.json()
+            assert body["status"] == "failed" and "broken failed to load" in body["reason"]
+            assert body["error"]["code"] == 503
+        r = c.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 1})
+        err = assert_error(r, 503, code="model_load_failed")
+        assert err["message"] == "The model could not be loaded."
+        assert r.headers["retry-after"] == "1"
