@@ -59,7 +59,7 @@ task = "embedding"
 memory_bytes = 100_000_000
 options = { dim = 8, load_s = 0.0, batch_fixed_s = 0.0005, per_item_s = 0.0001 }
 """ + synthetic_chat_table(step_fixed_s=0.0005, decode_per_seq_s=0.0001,
-                           prefill_per_token_s=0.00001)
+                           prefill_per_token_s=0.00001, byte_tokens=True)
 
 
 def schemathesis_bin() -> str:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lib.model_tables import GEMMA, gemma_table, server_tables
 from bench.lib.prompts import PROMPTS
 from bench.lib.servers import free_port, process_cpu_s, running, sluice_cmd
-from sluice.backends.packaged import default_gguf_path
+from sluice.backends.packaged import gemma_gguf_path
 from sluice.v1 import inference_pb2 as pb
 from sluice.v1 import inference_pb2_grpc
 
@@ -182,7 +182,7 @@ def main() -> int:
         _model, results = "synth-chat", Path(tempfile.mkdtemp(prefix="grpc-overhead-"))
         config = (ROOT / "examples" / "synthetic.toml").read_text()
     else:
-        config = toml(default_gguf_path())
+        config = toml(gemma_gguf_path())
     port, grpc_port = free_port(), free_port()
     cmd, _ = sluice_cmd(config, port)
     cmd += ["--grpc-port", str(grpc_port)]

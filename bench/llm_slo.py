@@ -53,7 +53,7 @@ from bench.lib.model_tables import GEMMA as MODEL
 from bench.lib.prompts import PROMPTS
 from bench.lib.report import GOODPUT_TITLE, TPOT_SLO_S, TTFT_SLO_S, plot_open_loop
 from bench.lib.servers import free_port, process_cpu_s, running
-from sluice.backends.packaged import default_gguf_path
+from sluice.backends.packaged import gemma_gguf_path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 OUT = RESULTS / "llm_slo.json"
@@ -388,7 +388,7 @@ def main() -> int:
                         help="open parts: llama-server -np values (comma list)")
     args = parser.parse_args()
     if args.part:
-        gguf = default_gguf_path()
+        gguf = gemma_gguf_path()
         server_bin = find_llama_server()
         t0 = time.time()
         if args.part == "closed":

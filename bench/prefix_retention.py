@@ -32,7 +32,7 @@ from bench.lib.loadgen import closed_loop, percentile  # noqa: E402
 from bench.lib.model_tables import GEMMA, gemma_table  # noqa: E402
 from bench.lib.prompts import QUESTIONS, system_prompt  # noqa: E402
 from bench.lib.servers import free_port, running, sluice_cmd  # noqa: E402
-from sluice.backends.packaged import default_gguf_path  # noqa: E402
+from sluice.backends.packaged import gemma_gguf_path  # noqa: E402
 
 MODEL = GEMMA
 
@@ -60,7 +60,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "prefix_retention.json"))
     args = ap.parse_args()
-    gguf = default_gguf_path()
+    gguf = gemma_gguf_path()
     system = system_prompt(0, args.system_words)
     texts = [system + QUESTIONS[i % len(QUESTIONS)] + f" (ticket {i})\nAnswer:"
              for i in range(args.requests)]

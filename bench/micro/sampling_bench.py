@@ -90,7 +90,8 @@ def legacy_sample_token(logits: np.ndarray, temperature: float, top_p: float,
 
 def _load(n_seq_max: int) -> LlamaCppGenerative:
     spec = ModelSpec("gemma-3-270m", "generative", "llamacpp", 400 * 2**20,
-                     options={"n_ctx": 512 * n_seq_max, "n_seq_max": n_seq_max,
+                     options={"path": "packaged:gemma-3-270m", "chat_template": "gemma",
+                              "n_ctx": 512 * n_seq_max, "n_seq_max": n_seq_max,
                               "n_threads": 2})
     return LlamaCppBackend().load(spec)
 

@@ -65,6 +65,10 @@ class ModelSpec:
     """Generative models that think in tags: how, so each API can split the thinking from
     the answer (``None``: the output is all answer)."""
 
+    sampling: Mapping[str, float | int] = field(default_factory=dict)
+    """Generative models: the configured sampling defaults (``[models.sampling]``), for the
+    fields a request leaves out and the model file does not set
+    (``sluice.engine.sampling_defaults``)."""
 
 @dataclass(frozen=True)
 class ReasoningFormat:
@@ -83,6 +87,11 @@ class ReasoningFormat:
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded (missing or corrupt file, injected fault, ...)."""
+
+
+class NoChatTemplateError(ValueError):
+    """A chat request to a completion model: its file has no chat template and none is
+    configured (the server answers 400 ``model_has_no_chat_template``)."""
 
 
 class BackendError(RuntimeError):
@@ -149,6 +158,12 @@ class Tokenizer(Protocol):
     n_seq_max: int
     vocab_size: int
     eos_token_ids: frozenset[int]
+    chat_template: str | None
+    """The chat template's name; ``None``: a completion model (no template in its file and
+    none configured), to which chat requests are refused."""
+    model_sampling: Mapping[str, float | int]
+    """The model file's recommended sampling (a GGUF's ``general.sampling.*``), by
+    ``SamplingParams`` field name; empty when it recommends none."""
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         """Token ids of ``text``; ``special``: text such as ``<start_of_turn>`` becomes its

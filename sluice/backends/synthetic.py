@@ -29,6 +29,7 @@ from sluice.backends.base import (
     GenerativeModel,
     ModelLoadError,
     ModelSpec,
+    NoChatTemplateError,
     OneShotModel,
     TokenTable,
 )
@@ -120,6 +121,12 @@ class SyntheticTokenizer:
         self.eos_token_ids = frozenset({EOS_ID})
         self.byte_tokens = bool(spec.options.get("byte_tokens", False))
         """Ids 3..258 are the 256 single bytes (grammar tests need JSON's characters)."""
+        self.chat_template: str | None = (None if spec.options.get("completion_only")
+                                          else self.template.name)
+        """``completion_only``: a model without a chat template, as a base GGUF."""
+        self.model_sampling: Mapping[str, float | int] = dict(
+            spec.options.get("model_sampling", {}))
+        """What a GGUF's ``general.sampling.*`` keys would recommend (by field name)."""
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         if self.byte_tokens:
@@ -153,11 +160,17 @@ class SyntheticTokenizer:
         return TokenTable(tuple(pieces), frozenset(range(SPECIAL_TOKENS)))
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        self._check_chat()
         return self.template.render_text(messages)
 
     def apply_chat(self, messages: Sequence[Mapping[str, Any]],
                    tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+        self._check_chat()
         return self.template.apply(messages, tools)
+
+    def _check_chat(self) -> None:
+        if self.chat_template is None:
+            raise NoChatTemplateError(f"{self.spec.model_id} is a completion model")
 
     template = ChatTemplate("synthetic", lambda m, _t, _g: _render_turns(m),
                             caps=Capabilities(system=True))

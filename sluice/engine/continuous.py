@@ -90,7 +90,7 @@ from sluice.policy.step_planner import (
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.tpot_margin import TpotMargin
 from sluice.policy.ttft import LineEntry, TtftPrediction
-from sluice.policy.width import WidthPlan, engine_width, predict_engine_ttft
+from sluice.policy.width import WidthPlan, arrival_due_s, engine_width, predict_engine_ttft
 
 STEP_COST_WINDOW = 192
 """Steps the step-time model is fitted on (about 25 s of 130 ms steps): a host that slows
@@ -260,9 +260,10 @@ class ContinuousEngine:
         elif (late := self._late_start(req, self._line_position(req))) is not None:
             now = self._clock()
             ttft, retry_s = late
-            left_s = (req.first_token_due_s or now) - now
+            due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now)
+            left_s = (due or now) - now
             what = ("deadline" if req.ttft_deadline_s is not None
-                    and req.ttft_deadline_s == req.first_token_due_s else "target")
+                    and req.ttft_deadline_s == due else "target")
             req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
                        error=f"first-token {what} infeasible: predicted first token in "
                              f"{ttft.ttft_s:.3g} s (a slot frees in {ttft.start_wait_s:.3g} s "
@@ -327,10 +328,10 @@ class ContinuousEngine:
         """For a request whose first token is due (a target or a deadline) and predicted
         late even at the widest width the engine would plan: the prediction and a
         Retry-After (when the line ahead will have drained enough); else None."""
-        due = req.first_token_due_s
+        now = self._clock()
+        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now)
         if due is None:
             return None
-        now = self._clock()
         ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n), position,
                                  req.params.max_tokens, due - now)
         if now + ttft.ttft_s <= due:

@@ -41,6 +41,7 @@ from sluice.engine.request import (
     SamplingParams,
     expired_what,
 )
+from sluice.engine.sampling_defaults import SamplingDefaults, resolve_defaults
 from sluice.engine.supervisor import Recovery, Supervisor, WorkerStatus
 from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import GroupSpec, PlannerObserver, VariantPlanner
@@ -257,6 +258,23 @@ class Runtime:
                 tok = self._tokenizers.setdefault(model_id, tok)
         return tok
 
+    def sampling_defaults(self, model_id: str) -> SamplingDefaults:
+        """The sampling a request to ``model_id`` gets for the fields it leaves out: the
+        model file's, else the configuration's, else llama-server's
+        (``sluice.engine.sampling_defaults``). Loads the model's tokenizer if need be."""
+        return resolve_defaults(self.tokenizer(model_id).model_sampling,
+                                self.specs[model_id].sampling)
+
+    def sampling_params(self, model_id: str, **sent: Any) -> SamplingParams:
+        """A request's ``SamplingParams``: the fields it sent (every API passes only those
+        its client gave) over ``sampling_defaults``. ``penalty_last_n`` -1 is the whole
+        context of one sequence."""
+        tok = self.tokenizer(model_id)
+        fields = {**self.sampling_defaults(model_id).values, **sent}
+        if fields["penalty_last_n"] == -1:
+            fields["penalty_last_n"] = tok.n_ctx_per_seq
+        return SamplingParams(**fields)
+
     def new_request(
         self,
         model_id: str,
@@ -468,10 +486,12 @@ class Runtime:
     async def generate(
         self, model_id: str, prompt: str, *, add_bos: bool = True, **params: Any
     ) -> AsyncHandle:
-        """Tokenize ``prompt`` and submit a generative request; iterate the handle's
-        ``tokens()`` or await ``result()``."""
+        """Tokenize ``prompt`` and submit a generative request (``params``: the
+        ``SamplingParams`` fields to set, the model's defaults for the others); iterate the
+        handle's ``tokens()`` or await ``result()``."""
         tokens = self.tokenizer(model_id).tokenize(prompt, add_bos=add_bos)
-        req = self.new_request(model_id, prompt_tokens=tokens, params=SamplingParams(**params))
+        req = self.new_request(model_id, prompt_tokens=tokens,
+                               params=self.sampling_params(model_id, **params))
         return self.open(req)
 
     async def infer(self, model_id: str, input: Any) -> Final:

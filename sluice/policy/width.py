@@ -150,6 +150,19 @@ def engine_width(cost: StepCost, *, tpot_target_s: float | None, margin: float,
                       ttft_left_s=ttft_left_s)
 
 
+def arrival_due_s(ttft_target_s: float | None, ttft_deadline_s: float | None,
+                  now: float) -> float | None:
+    """The first-token time a request reaching an engine at ``now`` is judged against, for
+    the refusal on arrival (the engine's and the simulator's): its first-token deadline,
+    and its first-token target while that is still ahead. A target already passed on
+    arrival (the model was loading, or the request queued before the engine) refuses
+    nothing: the soft target sheds what this engine's line would make late, and that
+    lateness came before the line. None: nothing to judge."""
+    target = ttft_target_s if ttft_target_s is not None and ttft_target_s > now else None
+    due = [t for t in (target, ttft_deadline_s) if t is not None]
+    return min(due) if due else None
+
+
 def predict_engine_ttft(cost: StepCost, *, tpot_target_s: float | None, n_seq_max: int,
                         kv: KVBlockAllocator, running: Sequence[LineEntry],
                         held_tokens: Sequence[int], waiting: Sequence[LineEntry],
@@ -177,5 +190,5 @@ def predict_engine_ttft(cost: StepCost, *, tpot_target_s: float | None, n_seq_ma
     return TtftPrediction(first_s, start_s, step_s, concurrency)
 
 
-__all__ = ["WidthPlan", "WidthReason", "engine_slots", "engine_width", "plan_width",
-           "predict_engine_ttft"]
+__all__ = ["WidthPlan", "WidthReason", "arrival_due_s", "engine_slots", "engine_width",
+           "plan_width", "predict_engine_ttft"]

@@ -133,6 +133,15 @@ def unknown_model(model: str) -> APIError:
     )
 
 
+def no_chat_template(model: str) -> APIError:
+    """A chat request to a completion model (no chat template in its file, none configured)."""
+    return APIError(
+        400, f"The model '{model}' is a completion model: it has no chat template, so it "
+             f"takes prompts (/v1/completions), not messages. An operator can give it one "
+             f"with the model's chat_template option (--chat-template).",
+        param="model", code="model_has_no_chat_template")
+
+
 def unauthorized(message: str = "Missing or invalid API key") -> APIError:
     return APIError(401, message, type="authentication_error", code="invalid_api_key")
 

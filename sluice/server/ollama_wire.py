@@ -2,8 +2,8 @@
 and the response objects (``/api/chat``, ``/api/generate``, ``/api/tags``, ``/api/show``,
 ``/api/ps``, ``/api/embed``) as Ollama's API documentation gives them.
 
-Where a request leaves a sampling option out, Ollama's default applies (temperature 0.8,
-top_k 40, top_p 0.9, repeat_penalty 1.1 over the last 64 tokens); ``num_predict`` -1 or -2
+Where a request leaves a sampling option out, the model's default applies, as on every
+other surface (``sluice.engine.sampling_defaults``); ``num_predict`` -1 or -2
 (and no value) generate until a stop or the end of the sequence's context. ``num_ctx`` caps
 prompt + generation within the model's sequence context (a larger value is the sequence's
 context: sluice does not reload a model with another context). Options sluice has no use for
@@ -21,14 +21,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from sluice.backends.base import ModelSpec, Tokenizer
+from sluice.backends.base import ModelSpec
 from sluice.engine.request import Constraint, Final
 from sluice.policy.keep_alive import KeepAlive, parse_keep_alive
 from sluice.server.errors import bad_param
 from sluice.server.schemas import ToolDef, check_stop
 
-OLLAMA_DEFAULTS: dict[str, Any] = {"temperature": 0.8, "top_k": 40, "top_p": 0.9,
-                                   "repeat_penalty": 1.1, "repeat_last_n": 64}
+SAMPLING_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+                  "min_p": "min_p", "repeat_penalty": "repetition_penalty",
+                  "repeat_last_n": "penalty_last_n", "presence_penalty": "presence_penalty",
+                  "frequency_penalty": "frequency_penalty"}
+"""Ollama's option names for sluice's sampling fields."""
 FOREVER_UNIX = 10_985_270_400.0
 """What Ollama reports as the expiry of a model that never unloads by time (the year 2318)."""
 
@@ -148,27 +151,14 @@ def keep_alive_of(value: float | str | None) -> KeepAlive | None:
         raise bad_param("keep_alive", str(exc)) from None
 
 
-def sampling(options: Options | None, tok: Tokenizer) -> dict[str, Any]:
-    """``SamplingParams`` fields from ``options`` (Ollama's defaults where unset)."""
+def sampling(options: Options | None) -> dict[str, Any]:
+    """``SamplingParams`` fields from ``options``: only those the client set (the model's
+    defaults fill the rest, ``Runtime.sampling_params``)."""
     o = options or Options()
-
-    def pick(name: str, default: Any) -> Any:
-        value = getattr(o, name)
-        return default if value is None else value
-
-    last_n = pick("repeat_last_n", OLLAMA_DEFAULTS["repeat_last_n"])
-    return {
-        "temperature": pick("temperature", OLLAMA_DEFAULTS["temperature"]),
-        "top_k": pick("top_k", OLLAMA_DEFAULTS["top_k"]),
-        "top_p": pick("top_p", OLLAMA_DEFAULTS["top_p"]),
-        "min_p": pick("min_p", 0.0),
-        "repetition_penalty": pick("repeat_penalty", OLLAMA_DEFAULTS["repeat_penalty"]),
-        "penalty_last_n": tok.n_ctx_per_seq if last_n == -1 else last_n,
-        "presence_penalty": pick("presence_penalty", 0.0),
-        "frequency_penalty": pick("frequency_penalty", 0.0),
-        "seed": None if o.seed is None else o.seed % 2**64,
-        "stop": tuple(o.stop or ()),
-    }
+    sent = {ours: value for theirs, ours in SAMPLING_NAMES.items()
+            if (value := getattr(o, theirs)) is not None}
+    return {**sent, "seed": None if o.seed is None else o.seed % 2**64,
+            "stop": tuple(o.stop or ())}
 
 
 def format_constraint(fmt: Literal["json"] | dict[str, Any] | None) -> Constraint | None:

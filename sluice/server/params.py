@@ -18,6 +18,7 @@ from sluice.engine.constraints import (
     check_constraint,
 )
 from sluice.engine.request import Constraint
+from sluice.engine.sampling_defaults import DEFAULTED_FIELDS
 from sluice.server.errors import bad_param, public_text
 from sluice.server.schemas import (
     ChatCompletionRequest,
@@ -27,9 +28,16 @@ from sluice.server.schemas import (
 )
 
 
+def sent_sampling(body: Any) -> dict[str, Any]:
+    """The fields of ``DEFAULTED_FIELDS`` the client set (left out or ``null``: the model's
+    default, ``Runtime.sampling_params``); any API's body, whichever of them it has."""
+    return {k: v for k in DEFAULTED_FIELDS if (v := getattr(body, k, None)) is not None}
+
+
 def sampling_kwargs(body: ChatCompletionRequest | CompletionRequest,
                     tok: Tokenizer) -> dict[str, Any]:
-    """``SamplingParams`` fields (all but ``max_tokens`` and the constraint)."""
+    """``SamplingParams`` fields (all but ``max_tokens`` and the constraint); of the
+    sampling controls only those the client sent."""
     bias = body.bias_pairs()
     bad = [t for t, _ in bias if t >= tok.vocab_size]
     if bad:
@@ -38,20 +46,12 @@ def sampling_kwargs(body: ChatCompletionRequest | CompletionRequest,
     if body.n > tok.n_seq_max:
         raise bad_param("n", f"n must be at most {tok.n_seq_max}, the sequences this model "
                              f"runs at once; got {body.n}")
-    last_n = tok.n_ctx_per_seq if body.penalty_last_n == -1 else body.penalty_last_n
     kwargs: dict[str, Any] = {
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "top_k": body.top_k,
-        "min_p": body.min_p,
+        **sent_sampling(body),
         # Any integer is a seed; numpy's generators take 0 .. 2**64-1 only.
         "seed": None if body.seed is None else body.seed % 2**64,
         "stop": body.stop_list(),
         "ignore_eos": body.ignore_eos,
-        "presence_penalty": body.presence_penalty,
-        "frequency_penalty": body.frequency_penalty,
-        "repetition_penalty": body.repetition_penalty,
-        "penalty_last_n": last_n,
         "logit_bias": bias,
         "n": body.n,
     }

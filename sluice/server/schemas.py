@@ -212,30 +212,33 @@ class _Sampling(_Body):
     model: str | None = Field(default=None, min_length=1, max_length=256)
     """The model; none: the server's default model (llama-server makes it optional)."""
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Sampling controls: ``None`` (or left out) = the model's default
+    # (``sluice.engine.sampling_defaults``: the GGUF's, the config's, llama-server's).
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     """Any integer (reduced to 64 bits); without one, the request id seeds sampling."""
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     """Token id (as a string key) → bias in [-100, 100]; -100 bans the token."""
     user: str | None = Field(default=None, max_length=256)
     # llama-server's and vLLM's sampling extensions
-    repetition_penalty: float = Field(
-        default=1.0, gt=0.0, le=10.0,
+    repetition_penalty: float | None = Field(
+        default=None, gt=0.0, le=10.0,
         validation_alias=AliasChoices("repetition_penalty", "repeat_penalty"))
     """llama.cpp's repeat penalty (vLLM: ``repetition_penalty``); 1 is off."""
-    penalty_last_n: int = Field(
-        default=64, ge=-1, le=1_000_000,
+    penalty_last_n: int | None = Field(
+        default=None, ge=-1, le=1_000_000,
         validation_alias=AliasChoices("penalty_last_n", "repeat_last_n"))
     """Recent tokens the penalties look at; -1 = the whole context, 0 = none."""
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=100_000)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=100_000)
+    """0 = no top-k cut."""
     grammar: str | None = Field(default=None, max_length=100_000)
     """llama-server's GBNF grammar the output must match."""
     json_schema: dict[str, Any] | None = None
@@ -375,9 +378,11 @@ class InferRequest(_Body):
     deadline_ms: DeadlineMs | None = None
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     stream: bool = False
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=100_000)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """``None`` (or left out) = the model's default, as for the other sampling controls."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=100_000)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
     stop: list[str] | None = None
     """As chat's: at most ``MAX_STOP`` sequences of 1 to ``MAX_STOP_CHARS`` characters."""

@@ -49,7 +49,7 @@ from sluice.policy.step_planner import (
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.tpot_margin import TpotMargin
 from sluice.policy.ttft import LineEntry
-from sluice.policy.width import WidthPlan, engine_width, predict_engine_ttft
+from sluice.policy.width import WidthPlan, arrival_due_s, engine_width, predict_engine_ttft
 from sluice.sim.request import SimRequest
 
 
@@ -113,7 +113,7 @@ class SimEngine:
         target at the width the engine would plan; else None."""
         if self.kv.never_fits(req.n_prompt + req.max_tokens):
             return "context_length_exceeded"
-        due = req.first_token_due_s
+        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now)
         if due is not None:
             running, held, waiting, lefts = self._line(now)
             ttft = predict_engine_ttft(

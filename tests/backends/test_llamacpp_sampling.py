@@ -43,7 +43,8 @@ PERSON = {
 @pytest.fixture(scope="module")
 def model() -> Iterator[LlamaCppGenerative]:
     spec = ModelSpec("gemma-3-270m", "generative", "llamacpp", 400 * 2**20,
-                     options={"n_ctx": 2048, "n_seq_max": 4, "n_threads": 2})
+                     options={"path": "packaged:gemma-3-270m", "chat_template": "gemma",
+                              "n_ctx": 2048, "n_seq_max": 4, "n_threads": 2})
     loaded = LlamaCppBackend().load(spec)
     yield loaded
     loaded.close()

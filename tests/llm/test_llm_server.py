@@ -29,8 +29,9 @@ def config() -> Config:
         "models": [{
             "id": MODEL, "kind": "generative", "backend": "llamacpp", "task": "generation",
             "memory_bytes": 600_000_000,
-            "options": {"path": "packaged:gemma-3-270m", "n_ctx": 2048, "n_seq_max": 4,
-                        "n_threads": 2},
+            # Gemma's GGUF has no chat template: the chat tests name its turn format
+            "options": {"path": "packaged:gemma-3-270m", "chat_template": "gemma",
+                        "n_ctx": 2048, "n_seq_max": 4, "n_threads": 2},
         }],
         "workers": {"count": 1, "inbox_capacity": 32},
         "scheduling": {"queue_capacity": 64},

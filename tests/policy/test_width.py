@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_cost import StepCost
 from sluice.policy.ttft import LineEntry
-from sluice.policy.width import engine_width, plan_width, predict_engine_ttft
+from sluice.policy.width import arrival_due_s, engine_width, plan_width, predict_engine_ttft
 
 # 2 ms + 10 ms a decode; 0.1 ms a prompt token. A 100 ms target at margin 0.6 (a 60 ms
 # budget): 5 decode within the budget (52 ms), 9 within the target (92 ms), 10 past it.
@@ -126,3 +126,15 @@ def test_an_engine_width_holds_only_what_its_kv_pool_holds() -> None:
                         running=BUSY, held_tokens=[0] * 5, waiting=[LineEntry(4, 50)] * 3,
                         ttft_left_s=[1.0] * 3)
     assert plan.concurrency == 6  # 64-token reservations: 6 fit the pool
+
+
+def test_a_passed_target_refuses_nothing_on_arrival_but_a_deadline_still_does() -> None:
+    # target ahead: it is what the arrival is judged against (the earlier of the two)
+    assert arrival_due_s(12.0, 15.0, now=10.0) == 12.0
+    assert arrival_due_s(12.0, None, now=10.0) == 12.0
+    # target passed before the request reached the engine (its model was loading)
+    assert arrival_due_s(9.0, None, now=10.0) is None
+    assert arrival_due_s(9.0, 15.0, now=10.0) == 15.0
+    # a passed deadline still counts: the request is refused, as before
+    assert arrival_due_s(None, 9.5, now=10.0) == 9.5
+    assert arrival_due_s(None, None, now=10.0) is None

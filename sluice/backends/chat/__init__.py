@@ -15,12 +15,15 @@ def gemma_template() -> ChatTemplate:
     return ChatTemplate("gemma", lambda m, _t, gen: render_gemma(m, gen), caps=GEMMA_CAPS)
 
 
-def jinja_template(source: str, *, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+def jinja_template(source: str, *, bos_token: str = "", eos_token: str = "",
+                   adds_bos: bool = True) -> ChatTemplate:
     """A Jinja template; ``ValueError`` if it does not compile or cannot render a one-turn
-    conversation."""
+    conversation. ``adds_bos``: the tokenizer puts BOS first itself, so a rendering that
+    starts with ``bos_token`` loses it (as llama-server does); else the text stays (SmolLM2's
+    BOS is ``<|im_start|>``, the first turn's own marker)."""
     renderer = JinjaRenderer(source, bos_token=bos_token, eos_token=eos_token)
     renderer([{"role": "user", "content": "hi"}], None, True)
-    return ChatTemplate("jinja", renderer, bos_text=bos_token)
+    return ChatTemplate("jinja", renderer, bos_text=bos_token if adds_bos else "")
 
 
 __all__ = [

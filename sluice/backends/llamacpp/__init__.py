@@ -1,14 +1,14 @@
 """GGUF language models through llama.cpp's low-level C API (llama-cpp-python).
 
-Spec options (see ``LlamaCppOptions``): ``path`` (absent or ``packaged:gemma-3-270m`` =
+Spec options (see ``LlamaCppOptions``): ``path`` (a file, or ``packaged:<id>``; absent =
 the packaged default), ``n_ctx`` (4096), ``n_seq_max`` (8), ``n_threads`` (2),
-``n_batch`` (512), ``chat_template`` (the GGUF's own, else ``gemma``), ``verbose``,
-``extra_bufts``.
+``n_batch`` (512), ``chat_template`` (the GGUF's own; none = a completion model),
+``verbose``, ``extra_bufts``.
 
 Modules: ``options`` (validated spec options, the GGUF path, the KV layout), ``native``
 (ctypes initialisation and log silencing, model load/free, the numpy-owned
 ``llama_batch``), ``templates`` (which chat template a GGUF uses: Jinja, llama.cpp's
-built-in renderer, or Gemma's turn format from ``sluice.backends.chat``), ``tokenizer``
+built-in renderer, Gemma's turn format from ``sluice.backends.chat``, or none), ``tokenizer``
 (``LlamaCppTokenizer``), ``model`` (``LlamaCppGenerative``: the multi-sequence context and
 ``forward``), ``backend`` (``LlamaCppBackend``).
 """

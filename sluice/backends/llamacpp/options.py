@@ -9,24 +9,33 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.backends.base import ModelLoadError, ModelSpec
-from sluice.backends.packaged import DEFAULT_MODEL_ID, PACKAGED_PREFIX, default_gguf_path
+from sluice.backends.packaged import (
+    DEFAULT_MODEL_ID,
+    PACKAGED_MODELS,
+    PACKAGED_PREFIX,
+    packaged_gguf_path,
+)
 
 KV_CELL_ALIGN = 256
 """llama.cpp rounds each sequence's KV cells up to a multiple of this."""
 
 
 def resolve_model_path(spec: ModelSpec, options: LlamaCppOptions | None = None) -> Path:
-    """The GGUF file a spec names; the packaged default when ``path`` is absent."""
-    raw = (options or LlamaCppOptions.from_spec(spec)).path
-    if raw is None or raw in (PACKAGED_PREFIX + DEFAULT_MODEL_ID, DEFAULT_MODEL_ID):
+    """The GGUF file a spec names: ``packaged:<id>`` (or a bare packaged id) is that
+    packaged model, an absent ``path`` the packaged default."""
+    raw = (options or LlamaCppOptions.from_spec(spec)).path or DEFAULT_MODEL_ID
+    name = raw.removeprefix(PACKAGED_PREFIX)
+    if name in PACKAGED_MODELS:
         try:
-            return default_gguf_path()
+            return packaged_gguf_path(name)
         except (ImportError, OSError, ValueError) as exc:
             raise ModelLoadError(
-                f"{spec.model_id}: the packaged model {DEFAULT_MODEL_ID!r} is unavailable: {exc}"
+                f"{spec.model_id}: the packaged model {name!r} is unavailable: {exc}"
             ) from exc
     if raw.startswith(PACKAGED_PREFIX):
-        raise ModelLoadError(f"{spec.model_id}: unknown packaged model {raw!r}")
+        known = ", ".join(PACKAGED_PREFIX + m for m in PACKAGED_MODELS)
+        raise ModelLoadError(f"{spec.model_id}: unknown packaged model {raw!r} "
+                             f"(known: {known})")
     return Path(raw).expanduser()
 
 
@@ -35,7 +44,8 @@ class LlamaCppOptions:
     """The llamacpp settings of a ``ModelSpec``, validated before anything is loaded."""
 
     path: str | None = None
-    """A GGUF file; ``None`` or ``packaged:gemma-3-270m`` = the packaged default model."""
+    """A GGUF file, or ``packaged:<id>`` for a packaged model (``packaged:gemma-3-270m``);
+    ``None`` = the packaged default, ``packaged:smollm2-135m-instruct``."""
     n_ctx: int = 4096
     """Total KV cells: one pool that any sequence may fill (``kv_unified``), or split
     evenly over the sequences (llama.cpp rounds up to 256 each)."""
@@ -52,7 +62,9 @@ class LlamaCppOptions:
     """The most tokens in one ``llama_decode``; a larger forward is split."""
     chat_template: str | None = None
     """Jinja template text (rendered as llama-server does), ``gemma``, or a llama.cpp
-    built-in template name; ``None`` = the GGUF's own, else ``gemma``."""
+    built-in template name (``chatml``, ``llama3`` ...); ``None`` = the GGUF's own
+    (``tokenizer.chat_template``), and a GGUF without one is a completion model: chat
+    requests to it are refused (``model_has_no_chat_template``)."""
     n_gpu_layers: int | None = None
     """Layers to offload to a GPU (llama-server's ``--n-gpu-layers``; a CPU build of
     llama.cpp ignores it); ``None`` = llama.cpp's default."""

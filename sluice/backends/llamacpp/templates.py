@@ -1,7 +1,9 @@
 """The chat template of a GGUF: the configured one, else the GGUF's own
-(``tokenizer.chat_template``), else Gemma's turn format. Template text is rendered as Jinja,
-as llama-server does; a name (``chatml``, ``llama3`` ...) selects llama.cpp's built-in
-renderer."""
+(``tokenizer.chat_template``), else none: a GGUF without a template (a base model) is a
+completion model unless the operator names one. Template text is rendered as Jinja, as
+llama-server does; ``gemma`` selects Gemma's turn format and another name (``chatml``,
+``llama3`` ...) llama.cpp's built-in renderer: the documented fallbacks for a file whose
+own template is missing or cannot be rendered."""
 
 from __future__ import annotations
 
@@ -21,19 +23,23 @@ GEMMA_TEMPLATE = "gemma"
 """The template name that selects Gemma's turn format."""
 
 
-def pick_template(lib: Any, model: Any, vocab: Any, configured: str | None) -> ChatTemplate:
-    """The configured template, else the GGUF's own, else ``gemma``; ``ValueError`` if
-    neither Jinja nor llama.cpp's built-in renderer can use it."""
+def pick_template(lib: Any, model: Any, vocab: Any,
+                  configured: str | None) -> ChatTemplate | None:
+    """The configured template, else the GGUF's own, else ``None`` (a completion model);
+    ``ValueError`` if neither Jinja nor llama.cpp's built-in renderer can use it."""
     source = configured
     if not source:
         embedded = lib.llama_model_chat_template(model, None)
-        source = embedded.decode("utf-8", "replace") if embedded else GEMMA_TEMPLATE
+        if not embedded:
+            return None
+        source = embedded.decode("utf-8", "replace")
     if source == GEMMA_TEMPLATE:
         return gemma_template()
     if looks_like_jinja(source):
         try:
             return jinja_template(source, bos_token=_token_text(lib, vocab, "bos"),
-                                  eos_token=_token_text(lib, vocab, "eos"))
+                                  eos_token=_token_text(lib, vocab, "eos"),
+                                  adds_bos=bool(lib.llama_vocab_get_add_bos(vocab)))
         except ValueError as jinja_error:
             try:  # llama.cpp still recognises many templates by their text
                 return builtin_template(lib, source)

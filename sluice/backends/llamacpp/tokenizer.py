@@ -9,8 +9,9 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from sluice.backends.base import ModelLoadError, ModelSpec, TokenTable
+from sluice.backends.base import ModelLoadError, ModelSpec, NoChatTemplateError, TokenTable
 from sluice.backends.chat import ChatPrompt, ChatTemplate
+from sluice.backends.llamacpp.metadata import gguf_sampling
 from sluice.backends.llamacpp.native import free_native
 from sluice.backends.llamacpp.options import LlamaCppOptions, ctx_layout, resolve_model_path
 from sluice.backends.llamacpp.templates import pick_template
@@ -56,11 +57,12 @@ class LlamaCppTokenizer:
         self._pieces: dict[int, bytes] = {}
         self._max_token_bytes: int | None = None
         try:
-            self.template: ChatTemplate = pick_template(lib, model, self._vocab,
-                                                        options.chat_template)
+            self.template: ChatTemplate | None = pick_template(lib, model, self._vocab,
+                                                               options.chat_template)
         except ValueError as exc:
             raise ModelLoadError(f"{spec.model_id}: {exc}") from exc
-        self.chat_template = self.template.name
+        self.chat_template: str | None = None if self.template is None else self.template.name
+        self.model_sampling: Mapping[str, float | int] = gguf_sampling(lib, model)
         if standalone:
             self._finalizer = weakref.finalize(self, free_native, lib, None, model)
 
@@ -153,8 +155,14 @@ class LlamaCppTokenizer:
             size = -n
 
     def render_chat(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        return self.template.render_text(messages)
+        return self._chat().render_text(messages)
 
     def apply_chat(self, messages: Sequence[Mapping[str, Any]],
                    tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
-        return self.template.apply(messages, tools)
+        return self._chat().apply(messages, tools)
+
+    def _chat(self) -> ChatTemplate:
+        if self.template is None:
+            raise NoChatTemplateError(f"{self.spec.model_id} is a completion model: it has no "
+                                      f"chat template")
+        return self.template

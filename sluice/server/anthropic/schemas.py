@@ -178,9 +178,10 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1, le=1_000_000)
     stop_sequences: list[str] | None = None
     stream: bool = False
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0, le=100_000)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Left out: the model's default, as every sampling field on every surface."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0, le=100_000)
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     # sluice extensions

@@ -14,6 +14,7 @@ Invariants every adapter relies on:
 """
 
 from sluice.server.core.controls import (
+    chat_tokenizer,
     controls,
     decision_headers,
     embedding_spec,
@@ -53,6 +54,7 @@ __all__ = [
     "TextPrompt",
     "TokenPrompt",
     "admit",
+    "chat_tokenizer",
     "check_prompt_length",
     "controls",
     "decision_headers",

@@ -15,7 +15,7 @@ from sluice.config import TenantConfig
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.worker import spec_keep_alive
 from sluice.server.context import AppContext
-from sluice.server.errors import APIError, bad_param, unknown_model
+from sluice.server.errors import APIError, bad_param, no_chat_template, unknown_model
 from sluice.server.lifecycle import loaded_models
 
 log = logging.getLogger("sluice.server")
@@ -68,6 +68,35 @@ def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
         log.error("model %s: tokenizer failed to load: %s", model, exc)
         raise APIError(503, "The model could not be loaded.", type="server_error",
                        code="model_load_failed", retry_after_s=1.0) from None
+
+
+def chat_tokenizer(ctx: AppContext, model: str) -> Tokenizer:
+    """The tokenizer of a generative model that chat requests can go to (as
+    ``tokenizer_of``); a completion model (no chat template) is 400
+    ``model_has_no_chat_template``."""
+    spec_of_kind(ctx, model, "generative")
+    tok = tokenizer_of(ctx, model)
+    if tok.chat_template is None:
+        raise no_chat_template(model)
+    return tok
+
+
+def generative_entry(ctx: AppContext, model: str) -> dict[str, Any]:
+    """What a generative model's listing adds: ``capabilities`` (``["completion",
+    "chat"]``, or ``["completion"]`` for a completion model, one without a chat template),
+    ``chat_template`` (its name), and the sampling defaults in force for the fields a
+    request leaves out, with where each came from (``model``: the file, ``config``,
+    ``llama-server``). Loads the model's tokenizer; empty if it cannot be read."""
+    try:
+        tok = ctx.runtime.tokenizer(model)
+        defaults = ctx.runtime.sampling_defaults(model)
+    except Exception:  # the listing says "failed" once a load has; never a 500 here
+        return {}
+    chat = tok.chat_template is not None
+    return {"capabilities": ["completion", "chat"] if chat else ["completion"],
+            "chat_template": tok.chat_template,
+            "sampling_defaults": dict(defaults.values),
+            "sampling_defaults_from": dict(defaults.sources)}
 
 
 def _header_number(headers: Mapping[str, str], name: str, lo: float,
@@ -186,7 +215,9 @@ def model_list(ctx: AppContext) -> list[dict[str, Any]]:
     """Configured models and groups, with where each model is resident (``/v1/models``,
     gRPC ``ListModels``), its ``state`` (``loaded``, ``unloaded`` or ``failed``), its
     ``keep_alive`` and ``expires_at`` (Unix seconds its keep-alive unloads it at if no
-    request comes first; ``None``: not by time, or not loaded)."""
+    request comes first; ``None``: not by time, or not loaded) and, for generative models,
+    ``generative_entry``. Call it off the event loop: the first listing of a model reads its
+    vocabulary."""
     snap = ctx.runtime.snapshot()
     loaded = {m.model_id: m for m in loaded_models(ctx.runtime)}
     data: list[dict[str, Any]] = []
@@ -209,6 +240,7 @@ def model_list(ctx: AppContext) -> list[dict[str, Any]]:
             "keep_alive": here.keep_alive if here else spec_keep_alive(spec).describe(),
             "expires_at": None if here is None or here.expires_at_unix is None
             else round(here.expires_at_unix, 3),
+            **(generative_entry(ctx, spec.model_id) if spec.kind == "generative" else {}),
         })
     for group_id, group in ctx.runtime.variants.groups.items():
         data.append({"id": group_id, "object": "model", "created": 0, "owned_by": "sluice",

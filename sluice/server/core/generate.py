@@ -34,7 +34,7 @@ from typing import Any
 from sluice.backends.base import Tokenizer
 from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
-from sluice.engine.request import Constraint, Final, RequestStatus, SamplingParams, TokenEvent
+from sluice.engine.request import Constraint, Final, RequestStatus, TokenEvent
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.runtime import Rejected
 from sluice.policy.keep_alive import KeepAlive
@@ -49,7 +49,14 @@ from sluice.server.core.controls import (
 )
 from sluice.server.core.prompt import token_limit, tokenize_chat, tokenize_text
 from sluice.server.core.reasoning import ThinkingAsk, ThinkingTags, thinking_plan
-from sluice.server.errors import APIError, bad_param, final_error, public_text, rejection_error
+from sluice.server.errors import (
+    APIError,
+    bad_param,
+    final_error,
+    no_chat_template,
+    public_text,
+    rejection_error,
+)
 from sluice.server.params import checked
 
 
@@ -177,6 +184,8 @@ async def _prompt_tokens(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> 
         if ctx.config.server.log_content:
             access.note_prompt(prompt.text)
         return await tokenize_text(tok, prompt.text, param)
+    if tok.chat_template is None:
+        raise no_chat_template(ask.model)
     try:
         rendered = tok.apply_chat(list(prompt.messages), list(prompt.tools) or None)
     except ValueError as exc:
@@ -203,8 +212,9 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
                         context_tokens=ask.context_tokens, fit=ask.fit_to_context)
     req = ctx.runtime.new_request(
         ask.model, prompt_tokens=tokens,
-        params=SamplingParams(max_tokens=n_limit, constraint=ask.constraint, thinking=limit,
-                              **ask.sampling),
+        params=ctx.runtime.sampling_params(ask.model, max_tokens=n_limit,
+                                           constraint=ask.constraint, thinking=limit,
+                                           **ask.sampling),
         tenant_id=tenant.id, priority=prio, deadline_s=deadline_s,
         ttft_deadline_s=ttft_s, ttft_target_s=target_s, keep_alive=ask.keep_alive)
     access.note_admitted([req])

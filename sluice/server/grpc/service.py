@@ -34,17 +34,18 @@ from sluice.server.core import (
     ServeRequest,
     TextPrompt,
     admit,
+    chat_tokenizer,
     embedding_spec,
     final_api_error,
     model_list,
     one_shot_requests,
     open_generation,
     spec_of_kind,
-    tokenizer_of,
 )
 from sluice.server.errors import APIError, bad_param, validation_error
 from sluice.server.grpc.errors import grpc_error
 from sluice.server.middleware import request_id_from
+from sluice.server.params import sent_sampling
 from sluice.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -191,8 +192,9 @@ class InferenceService(pb_grpc.InferenceServicer):
     def _generative(self, request: pb.GenerateRequest, deadline: float | None) -> ServeRequest:
         """The core's request for a ``GenerateRequest``, validated as the HTTP bodies are:
         ``messages`` as a chat completion, ``prompt`` as a completion."""
-        fields: dict[str, Any] = {"model": request.model, "top_k": request.top_k,
-                                  "ignore_eos": request.ignore_eos}
+        fields: dict[str, Any] = {"model": request.model, "ignore_eos": request.ignore_eos}
+        if request.top_k:  # proto3 has no presence for it: 0 is the model's default
+            fields["top_k"] = request.top_k
         for name in ("max_tokens", "temperature", "top_p", "seed"):
             if request.HasField(name):
                 fields[name] = getattr(request, name)
@@ -205,8 +207,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         if which == "messages":
             body = validated(ChatCompletionRequest, {**fields, "messages": [
                 {"role": m.role, "content": m.content} for m in request.messages.messages]})
-            spec_of_kind(ctx, body.model, "generative")
-            tok = tokenizer_of(ctx, body.model)
+            tok = chat_tokenizer(ctx, body.model)
             text = tok.render_chat([{"role": m.role, "content": m.text()}
                                     for m in body.messages])
             names = ("messages", "max_tokens")
@@ -215,8 +216,7 @@ class InferenceService(pb_grpc.InferenceServicer):
             text, names = request.prompt, ("prompt", "max_tokens")
         return ServeRequest(
             body.model, TextPrompt(text), max_tokens=body.max_tokens,
-            sampling={"temperature": body.temperature, "top_p": body.top_p,
-                      "top_k": body.top_k, "seed": body.seed, "stop": body.stop_list(),
+            sampling={**sent_sampling(body), "seed": body.seed, "stop": body.stop_list(),
                       "ignore_eos": body.ignore_eos},
             deadline_ms=deadline, names=names)
 
@@ -272,4 +272,4 @@ class InferenceService(pb_grpc.InferenceServicer):
                          resident=bool(m.get("resident", False)),
                          resident_on=m.get("resident_on", []), status=m.get("status", ""),
                          variants=m.get("variants", []), policy=m.get("policy", ""))
-                for m in model_list(self.ctx)])
+                for m in await asyncio.to_thread(model_list, self.ctx)])

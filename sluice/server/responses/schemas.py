@@ -151,8 +151,9 @@ class ResponsesRequest(_Body):
     input: str | list[InputItem] = Field(max_length=1024)
     instructions: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
     max_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    """Left out: the model's default, as every sampling field on every surface."""
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: bool | None = None

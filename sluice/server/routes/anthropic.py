@@ -32,6 +32,7 @@ from sluice.server.core import (
 )
 from sluice.server.core.output import OutputSplitter
 from sluice.server.errors import bad_param, public_text
+from sluice.server.params import sent_sampling
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
@@ -61,8 +62,7 @@ async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> R
         param = "output_config.format"
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
         body.model, ChatPrompt(chat_messages(body), plan.tools),
-        sampling={"temperature": body.temperature, "top_p": body.top_p,
-                  "top_k": body.top_k, "stop": tuple(body.stop_sequences or ())},
+        sampling={**sent_sampling(body), "stop": tuple(body.stop_sequences or ())},
         max_tokens=body.max_tokens, constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms, thinking=thinking_ask(body)))
     renderer = MessageRenderer(f"msg_{gen.request.request_id}", body.model,

@@ -13,6 +13,7 @@ from sluice.server.core import (
     open_generation,
 )
 from sluice.server.errors import APIError, bad_param, unknown_model
+from sluice.server.params import sent_sampling
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
     Tenant,
@@ -52,8 +53,7 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
               else ChatPrompt([m.as_dict() for m in body.input]))
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
         body.model, prompt, max_tokens=body.max_new_tokens,
-        sampling={"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-                  "seed": None if body.seed is None else body.seed % 2**64,
+        sampling={**sent_sampling(body), "seed": None if body.seed is None else body.seed % 2**64,
                   "stop": tuple(body.stop or ())},
         priority=body.priority, deadline_ms=body.deadline_ms,
         names=("input", "max_new_tokens")))

@@ -158,7 +158,7 @@ async def _generate(request: Request, body: wire.ChatRequest | wire.GenerateRequ
     tok = tokenizer_of(ctx, body.model)
     options = body.options or wire.Options()
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        body.model, prompt, sampling=wire.sampling(options, tok),
+        body.model, prompt, sampling=wire.sampling(options),
         max_tokens=None if options.num_predict is None or options.num_predict < 0
         else options.num_predict,
         default_max_tokens=tok.n_ctx_per_seq, context_tokens=options.num_ctx,

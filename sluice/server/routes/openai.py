@@ -3,6 +3,7 @@ each also at llama-server's path without ``/v1``."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
@@ -144,15 +145,16 @@ async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -
 @router.get("/v1/models", responses={401: {"description": "bad key"}})
 @router.get("/models", include_in_schema=False)
 async def list_models(request: Request, tenant: Tenant) -> dict[str, Any]:
-    """Configured models, with where each is resident."""
-    return {"object": "list", "data": model_list(ctx_of(request))}
+    """Configured models, with where each is resident; a generative model's capabilities
+    (``chat`` only where it has a chat template) and sampling defaults."""
+    return {"object": "list", "data": await asyncio.to_thread(model_list, ctx_of(request))}
 
 
 @router.get("/v1/models/{model_id:path}", responses={401: {"description": "bad key"},
                                                      404: {"description": "unknown model"}})
 async def get_model(model_id: str, request: Request, tenant: Tenant) -> dict[str, Any]:
     """One model, as listed (404 ``model_not_found`` if it is not configured)."""
-    for entry in model_list(ctx_of(request)):
+    for entry in await asyncio.to_thread(model_list, ctx_of(request)):
         if entry["id"] == model_id:
             return entry
     raise unknown_model(model_id)

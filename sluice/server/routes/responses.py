@@ -11,6 +11,7 @@ from fastapi.responses import Response
 from sluice.server.core import ChatPrompt, ServeRequest, open_generation, spec_of_kind
 from sluice.server.core.output import OutputSplitter
 from sluice.server.core.reasoning import ThinkingAsk
+from sluice.server.params import sent_sampling
 from sluice.server.responses.schemas import ResponsesRequest
 from sluice.server.responses.translate import (
     ResponseRenderer,
@@ -44,7 +45,7 @@ async def responses(body: ResponsesRequest, request: Request, tenant: Tenant) ->
                          else (format_of(body), "text.format"))
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
         body.model, ChatPrompt(chat_messages(body), plan.tools),
-        sampling={"temperature": body.temperature, "top_p": body.top_p,
+        sampling={**sent_sampling(body),
                   "seed": None if body.seed is None else body.seed % 2**64},
         max_tokens=body.max_output_tokens, constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms,

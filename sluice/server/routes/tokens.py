@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import chat_tokens
 from sluice.server.core import check_prompt_length, spec_of_kind, tokenizer_of
-from sluice.server.errors import bad_param, public_text
+from sluice.server.errors import bad_param, no_chat_template, public_text
 from sluice.server.routes.common import ERROR_RESPONSES, Tenant, body_headers, ctx_of
 from sluice.server.schemas import DetokenizeRequest, TokenizeRequest
 
@@ -66,6 +66,8 @@ async def tokenize(body: TokenizeRequest, request: Request, tenant: Tenant) -> J
     """Token ids of a text (or of a chat conversation as the chat endpoint renders it)."""
     headers = body_headers(request, body)
     tok = _tokenizer(request, body.model)
+    if body.messages is not None and tok.chat_template is None:
+        raise no_chat_template(body.model or ctx_of(request).config.default_model)
     try:
         ids = await asyncio.to_thread(_tokenize, tok, body)
     except ValueError as exc:
