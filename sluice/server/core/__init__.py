@@ -14,7 +14,6 @@ Invariants every adapter relies on:
 """
 
 from sluice.server.core.controls import (
-    chat_tokenizer,
     controls,
     decision_headers,
     embedding_spec,
@@ -54,7 +53,6 @@ __all__ = [
     "TextPrompt",
     "TokenPrompt",
     "admit",
-    "chat_tokenizer",
     "check_prompt_length",
     "controls",
     "decision_headers",

@@ -15,7 +15,7 @@ from sluice.config import TenantConfig
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.worker import spec_keep_alive
 from sluice.server.context import AppContext
-from sluice.server.errors import APIError, bad_param, no_chat_template, unknown_model
+from sluice.server.errors import APIError, bad_param, unknown_model
 from sluice.server.lifecycle import loaded_models
 
 log = logging.getLogger("sluice.server")
@@ -68,17 +68,6 @@ def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
         log.error("model %s: tokenizer failed to load: %s", model, exc)
         raise APIError(503, "The model could not be loaded.", type="server_error",
                        code="model_load_failed", retry_after_s=1.0) from None
-
-
-def chat_tokenizer(ctx: AppContext, model: str) -> Tokenizer:
-    """The tokenizer of a generative model that chat requests can go to (as
-    ``tokenizer_of``); a completion model (no chat template) is 400
-    ``model_has_no_chat_template``."""
-    spec_of_kind(ctx, model, "generative")
-    tok = tokenizer_of(ctx, model)
-    if tok.chat_template is None:
-        raise no_chat_template(model)
-    return tok
 
 
 def generative_entry(ctx: AppContext, model: str) -> dict[str, Any]:

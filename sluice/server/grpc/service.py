@@ -31,10 +31,10 @@ from sluice.engine.request import Request as RtRequest
 from sluice.server import access
 from sluice.server.context import AppContext
 from sluice.server.core import (
+    ChatPrompt,
     ServeRequest,
     TextPrompt,
     admit,
-    chat_tokenizer,
     embedding_spec,
     final_api_error,
     model_list,
@@ -203,19 +203,18 @@ class InferenceService(pb_grpc.InferenceServicer):
         which = request.WhichOneof("input")
         if which is None:
             raise bad_param("prompt", "One of prompt or messages is required")
-        ctx = self.ctx
         if which == "messages":
             body = validated(ChatCompletionRequest, {**fields, "messages": [
                 {"role": m.role, "content": m.content} for m in request.messages.messages]})
-            tok = chat_tokenizer(ctx, body.model)
-            text = tok.render_chat([{"role": m.role, "content": m.text()}
-                                    for m in body.messages])
+            # rendered by the core as HTTP chat is: user text tokenized as plain text,
+            # never as the template's control tokens
+            prompt: ChatPrompt | TextPrompt = ChatPrompt([m.as_dict() for m in body.messages])
             names = ("messages", "max_tokens")
         else:
             body = validated(CompletionRequest, {**fields, "prompt": request.prompt})
-            text, names = request.prompt, ("prompt", "max_tokens")
+            prompt, names = TextPrompt(request.prompt), ("prompt", "max_tokens")
         return ServeRequest(
-            body.model, TextPrompt(text), max_tokens=body.max_tokens,
+            body.model, prompt, max_tokens=body.max_tokens,
             sampling={**sent_sampling(body), "seed": body.seed, "stop": body.stop_list(),
                       "ignore_eos": body.ignore_eos},
             deadline_ms=deadline, names=names)
