@@ -426,6 +426,10 @@ class ServerConfig(_Strict):
     rather than let any client claim a tenant (its priority, its quota) by
     ``X-Tenant-ID``."""
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    """The largest request body (HTTP: 413 past it) and gRPC request message
+    (RESOURCE_EXHAUSTED)."""
+    grpc_max_concurrent_rpcs: int = Field(default=256, ge=1)
+    """gRPC calls in progress at once; past it a call is RESOURCE_EXHAUSTED at once."""
     default_model: str | None = None
     """The model of a request that names none (llama-server's ``model`` is optional); unset:
     the first model."""

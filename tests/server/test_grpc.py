@@ -211,6 +211,47 @@ def test_unauthenticated_without_a_valid_key(serve: Callable[..., LiveServer]) -
         assert out[-1].done.decision.tenant == "acme"
 
 
+def test_the_key_is_checked_before_the_model(serve: Callable[..., LiveServer]) -> None:
+    live = serve(_config(tenants=[{"id": "acme", "api_keys": ["key-acme"]}]))
+    with grpc.insecure_channel(grpc_target(live)) as ch:
+        s = stub(ch)
+        # without a key an unknown and a known model answer alike: names cannot be listed
+        for model in ("nope", "synth-a"):
+            f = _fails(lambda m=model: s.Infer(pb.InferRequest(model=m, input="x"), timeout=5))
+            assert f.code == grpc.StatusCode.UNAUTHENTICATED, model
+            f = _fails(lambda m=model: s.Embed(pb.EmbedRequest(model=m, input=["x"]),
+                                               timeout=5))
+            assert f.code == grpc.StatusCode.UNAUTHENTICATED, model
+        key = [("authorization", "Bearer key-acme")]
+        assert s.Embed(pb.EmbedRequest(model="synth-a", input=["x"]), metadata=key,
+                       timeout=10).data
+
+
+def test_one_body_limit_for_both_transports(serve: Callable[..., LiveServer]) -> None:
+    live = serve(_config(server={"max_body_bytes": 4096}))
+    big = "x" * 8192
+    with live.client() as c:
+        assert c.post("/v1/completions", json={"model": CHAT, "prompt": big}).status_code == 413
+    with grpc.insecure_channel(grpc_target(live)) as ch:
+        f = _fails(lambda: _generate(ch, model=CHAT, prompt=big, max_tokens=2))
+        assert f.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert _generate(ch, model=CHAT, prompt="x", max_tokens=2)[-1].done.usage
+
+
+def test_calls_past_the_rpc_cap_are_refused_at_once(serve: Callable[..., LiveServer]) -> None:
+    live = serve(_config(server={"grpc_max_concurrent_rpcs": 1}))
+    with grpc.insecure_channel(grpc_target(live)) as ch:
+        s = stub(ch)
+        held = s.Generate(pb.GenerateRequest(model=CHAT, prompt="x", max_tokens=200,
+                                             ignore_eos=True), timeout=30)
+        next(held)  # the first call is in progress
+        f = _fails(lambda: _generate(ch, model=CHAT, prompt="x", max_tokens=2))
+        assert f.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        held.cancel()
+        wait_for(lambda: live.runtime.snapshot().live_requests == 0)
+        assert _generate(ch, model=CHAT, prompt="x", max_tokens=2)[-1].done.usage
+
+
 def test_quota_is_resource_exhausted_with_a_retry_delay(
         serve: Callable[..., LiveServer]) -> None:
     live = serve(_config(tenants=[{"id": "acme", "api_keys": ["k"],

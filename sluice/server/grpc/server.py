@@ -29,11 +29,16 @@ class GrpcServer:
         self.port: int | None = None
         """The bound port, once started."""
         self.health = ReadinessHealth(ctx)
-        limit = max(MAX_MESSAGE_BYTES, ctx.config.server.max_body_bytes)
-        self.server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
-        ])
+        server = ctx.config.server
+        # One body limit for both transports: a request message past ``max_body_bytes`` is
+        # RESOURCE_EXHAUSTED, as an HTTP body past it is 413. Answers may be larger.
+        self.server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", server.max_body_bytes),
+                ("grpc.max_send_message_length", max(MAX_MESSAGE_BYTES, server.max_body_bytes)),
+            ],
+            # past it a call is RESOURCE_EXHAUSTED at once, never queued in grpc's own threads
+            maximum_concurrent_rpcs=server.grpc_max_concurrent_rpcs)
         # The generated registration function carries no annotations.
         inference_pb2_grpc.add_InferenceServicer_to_server(  # type: ignore[no-untyped-call]
             InferenceService(ctx), self.server)

@@ -219,10 +219,9 @@ class InferenceService(pb_grpc.InferenceServicer):
                       "ignore_eos": body.ignore_eos},
             deadline_ms=deadline, names=names)
 
-    async def _one_shot(self, call: _Call, model: str, inputs: list[str]
+    async def _one_shot(self, call: _Call, tenant: TenantConfig, model: str, inputs: list[str]
                         ) -> tuple[list[Final], list[RtRequest]]:
         """Admit one request per input and await them all; cancelled with the call."""
-        tenant = self._tenant(call.headers)
         reqs = one_shot_requests(self.ctx, call.headers, model, tenant, inputs, None,
                                  deadline_ms(call.context))
         handles = await admit(self.ctx, reqs)
@@ -237,9 +236,10 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     async def Infer(self, request: pb.InferRequest, context: Context) -> pb.InferResponse:
         async with _Call(self.ctx, context, "Infer") as call:
+            tenant = self._tenant(call.headers)  # the key before the model: no enumeration
             body = validated(InferRequest, {"model": request.model, "input": request.input})
             spec_of_kind(self.ctx, body.model, "oneshot")
-            [final], [req] = await self._one_shot(call, body.model, [body.input])
+            [final], [req] = await self._one_shot(call, tenant, body.model, [body.input])
             out = pb.InferResponse(model=body.model, decision=decision(req))
             if isinstance(final.result, dict):
                 scores = {str(k): float(v) for k, v in final.result.items()}
@@ -251,11 +251,12 @@ class InferenceService(pb_grpc.InferenceServicer):
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
         async with _Call(self.ctx, context, "Embed") as call:
+            tenant = self._tenant(call.headers)  # the key before the model: no enumeration
             body = validated(EmbeddingRequest, {"model": request.model,
                                                 "input": list(request.input)})
             embedding_spec(self.ctx, body.model)
             inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-            finals, reqs = await self._one_shot(call, body.model, inputs)
+            finals, reqs = await self._one_shot(call, tenant, body.model, inputs)
             n_tokens = sum(len(x.split()) for x in inputs)
             return pb.EmbedResponse(
                 model=body.model,
