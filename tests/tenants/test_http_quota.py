@@ -224,3 +224,37 @@ def test_the_share_follows_the_live_replica_count(serve: Callable[..., LiveServe
         assert metric_sum(scrape(c), "sluice_quota_replicas") == 3
     with pytest.raises(ValueError, match="replicas"):
         gate(live).set_replicas(0)
+
+
+def test_tokenize_and_detokenize_count_against_the_request_rate(
+        serve: Callable[..., LiveServer]) -> None:
+    live = tenant_server(serve, {"requests_per_s": 0.001, "burst": 2})
+    key = {"Authorization": "Bearer key-t"}
+    with live.client() as c:
+        assert c.post("/tokenize", headers=key,
+                      json={"model": "synth-chat", "content": "hello"}).status_code == 200
+        assert c.post("/detokenize", headers=key,
+                      json={"model": "synth-chat", "tokens": [5, 6]}).status_code == 200
+        for path, body in (("/tokenize", {"model": "synth-chat", "content": "hello"}),
+                           ("/detokenize", {"model": "synth-chat", "tokens": [5]}),
+                           ("/v1/completions", completion(2))):
+            r = c.post(path, headers=key, json=body)
+            assert r.status_code == 429, (path, r.text)
+            assert int(r.headers["retry-after"]) >= 1
+        # another tenant is served
+        r = c.post("/v1/completions", headers={"Authorization": "Bearer key-other"},
+                   json=completion(2))
+        assert r.status_code == 200
+
+
+def test_detokenize_is_bounded_by_the_models_context(serve: Callable[..., LiveServer]) -> None:
+    live = tenant_server(serve, {})
+    room = 8 * 512  # synth_chat: 8 sequences of 512 tokens
+    key = {"Authorization": "Bearer key-other"}
+    with live.client() as c:
+        r = c.post("/detokenize", headers=key,
+                   json={"model": "synth-chat", "tokens": [5] * (room + 1)})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+        r = c.post("/detokenize", headers=key, json={"model": "synth-chat", "tokens": [5] * room})
+        assert r.status_code == 200
+        assert c.post("/v1/completions", headers=key, json=completion(2)).status_code == 200

@@ -175,6 +175,27 @@ class QuotaGate:
         self.in_flight[tenant_id] = self.in_flight.get(tenant_id, 0) + 1
         _Settlement(self, check.hold, reqs, asyncio.get_running_loop())
 
+    async def charge_call(self, tenant_id: str, name: str) -> None:
+        """A call that runs no model (``/tokenize``, ``/detokenize``): one request against
+        the tenant's request rate, no tokens; past a limit the ``APIError`` (429)."""
+        limits = self._limits.get(tenant_id)
+        if limits is None:
+            return
+        member = f"{self.replica_id}:{name}:{uuid.uuid4().hex[:12]}"
+        check = await self.store.reserve(tenant_id, limits, 0.0, member, self.config.lease_s)
+        self._record(tenant_id, check)
+        if not check.ok:
+            key = (tenant_id, check.limit or "quota")
+            self.rejections[key] = self.rejections.get(key, 0) + 1
+            err = rejection_error(Rejection(
+                "quota", min(MAX_RETRY_AFTER_S, check.retry_after_s),
+                _refusal_message(tenant_id, check, 0, self.in_fallback)))
+            if check.limit is not None:
+                err.headers["x-sluice-quota-limit"] = check.limit
+            raise err
+        assert check.hold is not None
+        await self._release_now(check.hold, refund_request=False, refund_tokens=0.0)
+
     def _record(self, tenant_id: str, check: QuotaCheck) -> None:
         if check.remaining_requests is not None:
             self.remaining[(tenant_id, "requests")] = check.remaining_requests

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import chat_tokens
 from sluice.server.core import check_prompt_length, spec_of_kind, tokenizer_of
-from sluice.server.errors import bad_param, no_chat_template, public_text
+from sluice.server.errors import APIError, bad_param, no_chat_template, public_text
 from sluice.server.routes.common import ERROR_RESPONSES, Tenant, body_headers, ctx_of
 from sluice.server.schemas import DetokenizeRequest, TokenizeRequest
 
@@ -66,6 +66,7 @@ async def tokenize(body: TokenizeRequest, request: Request, tenant: Tenant) -> J
     """Token ids of a text (or of a chat conversation as the chat endpoint renders it)."""
     headers = body_headers(request, body)
     tok = _tokenizer(request, body.model)
+    await ctx_of(request).quota.charge_call(tenant.id, "tokenize")
     if body.messages is not None and tok.chat_template is None:
         raise no_chat_template(body.model or ctx_of(request).config.default_model)
     try:
@@ -88,11 +89,22 @@ async def detokenize(body: DetokenizeRequest, request: Request,
     """The text of token ids (special tokens such as BOS contribute nothing)."""
     headers = body_headers(request, body)
     tok = _tokenizer(request, body.model)
+    room = tok.n_ctx_per_seq * tok.n_seq_max
+    if len(body.tokens) > room:
+        raise APIError(400, f"This model's context holds {room} tokens in all; got "
+                            f"{len(body.tokens)} token ids.", param="tokens",
+                       code="context_length_exceeded")
+    await ctx_of(request).quota.charge_call(tenant.id, "detokenize")
     bad = [t for t in body.tokens if not 0 <= t < tok.vocab_size]
     if bad:
         raise bad_param("tokens", f"token ids must be in [0, {tok.vocab_size}); got {bad[0]}")
-    text = b"".join(tok.token_bytes(t) for t in body.tokens).decode("utf-8", "replace")
+    text = await asyncio.to_thread(_detokenize, tok, body.tokens)
     return JSONResponse({"content": text, "prompt": text}, headers=headers)
+
+
+def _detokenize(tok: Tokenizer, tokens: list[int]) -> str:
+    """In a worker thread (a context's worth of ids is milliseconds of C calls)."""
+    return b"".join(tok.token_bytes(t) for t in tokens).decode("utf-8", "replace")
 
 
 def _version(package: str) -> str | None:
