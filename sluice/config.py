@@ -358,7 +358,8 @@ class TenantConfig(_Strict):
 
     def all_api_keys(self) -> list[str]:
         """``api_keys`` and those in ``api_keys_file`` (``ValueError`` naming the field if
-        the file cannot be read)."""
+        the file cannot be read or holds no key: an empty mounted secret would otherwise
+        leave the tenant open to anyone who claims it)."""
         keys = list(self.api_keys)
         if self.api_keys_file is not None:
             try:
@@ -366,8 +367,12 @@ class TenantConfig(_Strict):
             except OSError as exc:
                 raise ValueError(f"tenants[{self.id!r}].api_keys_file: cannot read "
                                  f"{self.api_keys_file}: {exc.strerror}") from None
-            keys += [k for k in (line.strip() for line in text.splitlines())
-                     if k and not k.startswith("#")]
+            from_file = [k for k in (line.strip() for line in text.splitlines())
+                         if k and not k.startswith("#")]
+            if not from_file:
+                raise ValueError(f"tenants[{self.id!r}].api_keys_file: {self.api_keys_file} "
+                                 "holds no key")
+            keys += from_file
         return keys
 
 

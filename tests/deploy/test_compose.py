@@ -18,7 +18,7 @@ import pytest
 import yaml
 from docker.utils.build import exclude_paths
 
-from sluice.config import Config
+from sluice.config import Config, with_overrides
 from tests.deploy.deployfiles import DEPLOY, PROMETHEUS, ROOT
 
 COMPOSE = DEPLOY / "compose.yaml"
@@ -68,14 +68,18 @@ def test_two_sluice_replicas_share_one_redis() -> None:
     assert len(replicas) == 2
     assert all(r["depends_on"]["redis"]["condition"] == "service_healthy"
                for r in replicas.values())
-    host_ports = [p.split(":")[0] for r in replicas.values() for p in r["ports"]]
+    host_ports = [p.rsplit(":", 1)[0] for r in replicas.values() for p in r["ports"]]
     assert len(host_ports) == len(set(host_ports))
     [config_ref] = {c["source"] for r in replicas.values() for c in r["configs"]}
     config = Config.model_validate(tomllib.loads(
         (COMPOSE.parent / compose["configs"][config_ref]["file"]).read_text()))
-    assert config.quota.backend == "redis"
-    assert config.quota.redis_url == "redis://redis:6379/0"
-    assert config.quota.replicas == len(replicas)
+    assert config.quota.redis_url is None  # the URL carries a password: environment only
+    [url] = {r["environment"]["SLUICE_REDIS_URL"] for r in replicas.values()}
+    assert url == "redis://:${SLUICE_REDIS_PASSWORD:?set SLUICE_REDIS_PASSWORD}@redis:6379/0"
+    # as `sluice serve` applies $SLUICE_REDIS_URL: it selects the shared store
+    shared = with_overrides(config, {"quota": {"redis_url": "redis://:pw@redis:6379/0",
+                                               "backend": "redis"}})
+    assert shared.quota.backend == "redis" and shared.quota.replicas == len(replicas)
     # Each tenant's keys file is a secret mounted where the config says.
     mounted = {f"/run/secrets/{s['target']}" for r in replicas.values() for s in r["secrets"]}
     assert {t.api_keys_file for t in config.tenants} <= mounted
@@ -83,6 +87,34 @@ def test_two_sluice_replicas_share_one_redis() -> None:
     for r in replicas.values():
         grace_s = float(r["stop_grace_period"].removesuffix("s"))
         assert grace_s > config.server.drain_timeout_s + 1
+
+
+def test_no_default_secrets_and_every_port_on_loopback() -> None:
+    compose = _compose()
+    text = COMPOSE.read_text()
+    assert "change-me" not in text
+    # every secret from the environment, required: ${VAR:?...} (no fallback value)
+    for name in ("SLUICE_ADMIN_KEY", "SLUICE_METRICS_KEY", "SLUICE_REDIS_PASSWORD"):
+        assert re.search(r"\$\{" + name + r":\?", text), name
+        assert not re.search(r"\$\{" + name + r":?-", text), name
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+    redis = compose["services"]["redis"]
+    assert "--requirepass" in " ".join(redis["command"])
+    assert "REDIS_PASSWORD" in " ".join(redis["healthcheck"]["test"])
+    grafana = compose["services"]["grafana"]["environment"]
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/run/secrets/grafana-admin-password"
+    assert compose["secrets"]["grafana-admin-password"] == {"environment":
+                                                            "GRAFANA_ADMIN_PASSWORD"}
+    # Prometheus scrapes with the metrics key the replicas are given
+    prom = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    [job] = prom["scrape_configs"]
+    [mount] = [s for s in compose["services"]["prometheus"]["secrets"]
+               if s["source"] == "metrics-key"]
+    assert job["authorization"]["credentials_file"] == f"/run/secrets/{mount['target']}"
+    assert compose["secrets"]["metrics-key"] == {"environment": "SLUICE_METRICS_KEY"}
 
 
 def test_prometheus_scrapes_both_replicas_and_grafana_gets_the_dashboard() -> None:
@@ -99,7 +131,7 @@ def test_prometheus_scrapes_both_replicas_and_grafana_gets_the_dashboard() -> No
                                   / "prometheus.yml").read_text())["datasources"][0]
     assert provisioned["url"] == "http://prometheus:9090"
     for path in (c["file"] for c in [*compose["configs"].values(),
-                                     *compose["secrets"].values()]):
+                                     *compose["secrets"].values()] if "file" in c):
         assert (COMPOSE.parent / path).exists(), path
     build = compose["x-sluice"]["build"]
     assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE

@@ -101,8 +101,33 @@ def test_the_configmap_toml_is_a_valid_sluice_config() -> None:
     config = Config.model_validate(_toml())
     assert config.server.host == "0.0.0.0"
     assert config.server.grpc_port is not None
-    assert config.quota.backend == "redis"
+    assert config.quota.redis_url is None, "the URL carries a password: the Secret's"
     assert all(not t.api_keys for t in config.tenants), "keys belong in the Secret"
+
+
+def test_no_default_secrets_redis_needs_a_password_and_only_sluice_reaches_it() -> None:
+    secret = _one("Secret", "sluice-keys")["stringData"]
+    assert set(secret.values()) == {""}, "every key is filled in at deploy time"
+    env = {e["name"]: e for e in _sluice_container()["env"]}
+    for name, key in (("SLUICE_ADMIN_KEY", "admin-key"), ("SLUICE_METRICS_KEY", "metrics-key"),
+                      ("SLUICE_REDIS_PASSWORD", "redis-password")):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "sluice-keys", "key": key}
+    # the quota store's URL carries the password (Kubernetes expands $(VAR) in env values)
+    assert env["SLUICE_REDIS_URL"]["value"] == (
+        "redis://:$(SLUICE_REDIS_PASSWORD)@redis.sluice.svc:6379/0")
+    redis = _one("Deployment", "redis")["spec"]["template"]["spec"]["containers"][0]
+    assert "--requirepass \"$REDIS_PASSWORD\"" in " ".join(redis["args"])
+    assert "test -n \"$REDIS_PASSWORD\"" in " ".join(redis["args"])
+    [pw] = redis["env"]
+    assert pw["valueFrom"]["secretKeyRef"] == {"name": "sluice-keys", "key": "redis-password"}
+    policy = _one("NetworkPolicy", "redis-from-sluice-only")["spec"]
+    redis_labels = _one("Deployment", "redis")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= redis_labels.items()
+    [rule] = policy["ingress"]
+    [source] = rule["from"]
+    sluice_labels = _one("Deployment", "sluice")["spec"]["template"]["metadata"]["labels"]
+    assert source["podSelector"]["matchLabels"].items() <= sluice_labels.items()
+    assert rule["ports"] == [{"protocol": "TCP", "port": 6379}]
 
 
 def test_tenant_keys_files_come_from_the_secret() -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +41,7 @@ pytestmark = pytest.mark.timeout(120)
 DATA_TIMEOUT_S = 45.0
 SCRAPE_INTERVAL = "1s"
 NAMESPACE, POD = "sluice", "sluice-test-0"
+METRICS_KEY = "metrics-key-for-the-scrape"
 """Target labels the Kubernetes scrape job would add (the adapter's rules need them)."""
 
 
@@ -66,20 +68,24 @@ def _config() -> Config:
         # One request per 100 s: every request after the first is a 429, however slow the
         # machine runs the load.
         tenants=[{"id": "limited", "limits": {"requests_per_s": 0.01, "burst": 1}}],
+        # /metrics needs the key, as in deploy/: Prometheus sends it from credentials_file
+        server={"metrics_key": METRICS_KEY},
         scheduling={"queue_capacity": 4},
         workers={"count": 2, "budget_bytes": 10**9, "inbox_capacity": 2},
     )
 
 
-def _prometheus_config(target: str) -> dict[str, Any]:
+def _prometheus_config(target: str, key_file: Path) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with its rule files and scrape job as committed,
-    pointed at the test's sluice and scraping every second."""
+    pointed at the test's sluice, scraping every second, and reading the metrics key from
+    ``key_file`` (a Compose secret in deploy/)."""
     config: dict[str, Any] = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     config["global"].update(scrape_interval=SCRAPE_INTERVAL, evaluation_interval=SCRAPE_INTERVAL)
     config["rule_files"] = [str(p) for p in RULE_FILES]
     [job] = [j for j in config["scrape_configs"] if j["job_name"] == "sluice"]
     job["static_configs"] = [{"targets": [target],
                               "labels": {"namespace": NAMESPACE, "pod": POD}}]
+    job["authorization"]["credentials_file"] = str(key_file)
     return config
 
 
@@ -104,10 +110,14 @@ def _load(url: str, stop: threading.Event) -> None:
 
 
 @pytest.fixture
-def scraped(serve: Callable[..., LiveServer], prometheus: str) -> Iterator[PrometheusProcess]:
+def scraped(serve: Callable[..., LiveServer], prometheus: str,
+            tmp_path: Path) -> Iterator[PrometheusProcess]:
     """A live sluice under load, scraped by a real Prometheus with deploy/'s rules."""
     live = serve(_config())
-    prom = PrometheusProcess(prometheus, _prometheus_config(live.url.removeprefix("http://")))
+    key_file = tmp_path / "metrics-key"
+    key_file.write_text(METRICS_KEY + "\n")
+    prom = PrometheusProcess(prometheus, _prometheus_config(live.url.removeprefix("http://"),
+                                                            key_file))
     stop = threading.Event()
     loader = threading.Thread(target=_load, args=(live.url, stop), daemon=True)
     try:

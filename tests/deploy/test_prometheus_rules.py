@@ -17,8 +17,20 @@ def _run(*args: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def test_scrape_config_is_valid(promtool: str) -> None:
-    out = _run(promtool, "check", "config", "prometheus.yml")
+def test_scrape_config_is_valid(promtool: str, tmp_path: Path) -> None:
+    """The committed configuration, with the metrics key file it reads (a Compose secret,
+    ``/run/secrets/metrics-key``) put where this machine has one: promtool checks that the
+    file exists."""
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    [job] = config["scrape_configs"]
+    assert job["authorization"]["credentials_file"] == "/run/secrets/metrics-key"
+    key = tmp_path / "metrics-key"
+    key.write_text("a-metrics-key\n")
+    job["authorization"]["credentials_file"] = str(key)
+    config["rule_files"] = [str(PROMETHEUS / r) for r in config["rule_files"]]
+    checked = tmp_path / "prometheus.yml"
+    checked.write_text(yaml.safe_dump(config))
+    out = _run(promtool, "check", "config", str(checked))
     assert f"{len(RULE_FILES)} rule files found" in out
 
 

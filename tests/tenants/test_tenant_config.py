@@ -79,3 +79,11 @@ def test_an_unreadable_keys_file_is_refused_naming_the_field(tmp_path: Path) -> 
     with pytest.raises(ValueError, match="more than one tenant"):
         Auth([TenantConfig(id="a", api_keys=["same"]),
               TenantConfig(id="b", api_keys_file=str(shared))], None)
+
+
+def test_an_empty_keys_file_is_refused_not_an_open_tenant(tmp_path: Path) -> None:
+    keys = tmp_path / "team.keys"
+    keys.write_text("# filled in at deploy time\n\n")
+    tenant = TenantConfig(id="acme", api_keys_file=str(keys))
+    with pytest.raises(ValueError, match=r"tenants\['acme'\]\.api_keys_file: .* holds no key"):
+        tenant.all_api_keys()
