@@ -172,6 +172,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from sluice.server.app import create_app
+    from sluice.server.connections import uvicorn_settings
 
     app = create_app(config)
     runtime = app.state.ctx.runtime
@@ -202,10 +203,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port=config.server.port,
             log_level=args.log_level,
             timeout_graceful_shutdown=int(config.server.drain_timeout_s) + 1,
-            # The request-head bound is h11's: name the parser, or uvicorn picks httptools
-            # (no such bound) wherever it is installed (ray[serve] brings it).
-            http="h11",
-            h11_max_incomplete_event_size=64 * 1024,
+            **uvicorn_settings(config.server),
             # sluice writes its own access line per request (sluice.server.access).
             access_log=False,
             # JSON: uvicorn's loggers go through the root handler like everything else.

@@ -433,6 +433,16 @@ class ServerConfig(_Strict):
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
     """The largest request body (HTTP: 413 past it) and gRPC request message
     (RESOURCE_EXHAUSTED)."""
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """A connection sends a complete request head within this many seconds of connecting
+    or of its previous response, or it is closed."""
+    body_timeout_s: float = Field(default=30.0, gt=0)
+    """A request body arrives whole within this many seconds of its head (408 past it)."""
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0)
+    """An idle keep-alive connection is closed after this many seconds."""
+    max_connections: int | None = Field(default=512, ge=1)
+    """HTTP connections and requests in progress at once (uvicorn's ``limit_concurrency``):
+    past it a request is answered 503 at once. None: no cap."""
     grpc_max_concurrent_rpcs: int = Field(default=256, ge=1)
     """gRPC calls in progress at once; past it a call is RESOURCE_EXHAUSTED at once."""
     default_model: str | None = None

@@ -105,7 +105,8 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
                   openapi_url="/openapi.json" if schema else None,
                   docs_url="/docs" if schema else None, redoc_url="/redoc" if schema else None)
     app.state.ctx = ctx
-    app.add_middleware(GuardMiddleware, max_body_bytes=config.server.max_body_bytes)
+    app.add_middleware(GuardMiddleware, max_body_bytes=config.server.max_body_bytes,
+                       body_timeout_s=config.server.body_timeout_s)
     if config.server.cors_origins:  # off unless configured: browsers then refuse other origins
         app.add_middleware(CORSMiddleware, allow_origins=list(config.server.cors_origins),
                            allow_methods=["*"], allow_headers=["*"],

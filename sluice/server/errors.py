@@ -256,10 +256,18 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
     return error_response(validation_error(list(exc.errors())), request.url.path)
 
 
+def request_timeout(message: str) -> APIError:
+    """408: the request body did not arrive in time. The connection closes after it: the
+    rest of the body is never read."""
+    return APIError(408, message, code="request_timeout", headers={"connection": "close"})
+
+
 async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
         exc.status_code)
+    if exc.status_code == 408:  # GuardMiddleware's body deadline, raised inside the parser
+        return error_response(request_timeout(str(exc.detail)), request.url.path)
     if exc.status_code == 400:
         # FastAPI's body parser: not UTF-8, nested too deep, an integer too long, ...
         return error_response(APIError(400, "Request body is not valid JSON",

@@ -1,8 +1,9 @@
-"""ASGI middleware: a request id on every response, a body size limit (413), and the access
-log (one line per request)."""
+"""ASGI middleware: a request id on every response, a body size limit (413) and deadline
+(408), and the access log (one line per request)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -11,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.server import access
-from sluice.server.errors import APIError, error_response
+from sluice.server.errors import APIError, error_response, request_timeout
 
 log = logging.getLogger("sluice.server")
 _ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -31,13 +32,25 @@ class _TooLarge(HTTPException):
         super().__init__(413, f"Request body is larger than {max_body_bytes} bytes")
 
 
-class GuardMiddleware:
-    """Sets ``x-request-id`` (the client's if well-formed, else a new one) and refuses
-    bodies over ``max_body_bytes`` with 413, whether announced by Content-Length or not."""
+class _SlowBody(HTTPException):
+    """Raised from ``receive`` when a body has not arrived whole by its deadline (an
+    ``HTTPException`` for the reason ``_TooLarge`` is one)."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, body_timeout_s: float) -> None:
+        super().__init__(408, f"The request body did not arrive within {body_timeout_s:g} s")
+
+
+class GuardMiddleware:
+    """Sets ``x-request-id`` (the client's if well-formed, else a new one), refuses bodies
+    over ``max_body_bytes`` with 413, whether announced by Content-Length or not, and a body
+    that has not arrived whole ``body_timeout_s`` after its head with 408 (a client sending
+    a byte every few seconds holds nothing longer). Waiting for the client's disconnect once
+    the body is in (a stream watching for it) has no deadline."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,14 +78,25 @@ class GuardMiddleware:
             await self._too_large(scope, receive, send_with_id)
             return
         seen = 0
+        body_done = False
+        body_due = asyncio.get_running_loop().time() + self.body_timeout_s
 
         async def counting_receive() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, body_done
+            if body_done:
+                return await receive()
+            left_s = body_due - asyncio.get_running_loop().time()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, left_s))
+            except TimeoutError:
+                raise _SlowBody(self.body_timeout_s) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_body_bytes:
                     raise _TooLarge(self.max_body_bytes)
+                body_done = not message.get("more_body", False)
+            else:
+                body_done = True
             return message
 
         try:
@@ -80,6 +104,10 @@ class GuardMiddleware:
         except _TooLarge:
             if not started:
                 await self._too_large(scope, receive, send_with_id)
+        except _SlowBody as exc:
+            if not started:
+                await error_response(request_timeout(str(exc.detail)), path)(
+                    scope, receive, send_with_id)
         except Exception:
             # Starlette's ServerErrorMiddleware sits outside this one: its 500 would lack
             # x-request-id, and uvicorn drops a keep-alive connection after an escaped error.

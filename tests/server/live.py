@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.backends.base import Backend
 from sluice.config import Config, load_config, with_overrides
 from sluice.server.app import create_app
+from sluice.server.connections import uvicorn_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SYNTHETIC_TOML = ROOT / "examples" / "synthetic.toml"
@@ -59,7 +60,8 @@ def start_server(config: Config, backends: Mapping[str, Backend] | None = None) 
     """Start uvicorn on 127.0.0.1 with an ephemeral port; return once it serves."""
     app = create_app(config, backends)
     uv_config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                               lifespan="on", timeout_graceful_shutdown=5, http="h11")
+                               lifespan="on", timeout_graceful_shutdown=5,
+                               **uvicorn_settings(config.server))
     server = uvicorn.Server(uv_config)
     # Signal handlers can only be installed from the main thread.
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
