@@ -338,6 +338,8 @@ class CompletionRequest(_Sampling):
     """Report each token's logprob with this many alternatives (OpenAI allows 5)."""
     suffix: None = None
     best_of: Literal[1] | None = None
+    response_format: ResponseFormat | None = None
+    """Constrain the text as on chat (vLLM and llama-server take it here too)."""
 
     @field_validator("prompt")
     @classmethod

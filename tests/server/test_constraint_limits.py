@@ -103,3 +103,20 @@ def test_a_tenant_past_its_rate_is_refused_before_its_schema_compiles(
     assert len(compiled) == 1
     with live.client() as c:
         serves_a_constrained_request(c, authorization="Bearer key-u")
+
+
+def test_completions_take_response_format_and_its_limits(
+        serve: Callable[..., LiveServer]) -> None:
+    """``/v1/completions`` constrains by ``response_format`` as chat does, limits included:
+    the field was dropped as unknown, so a 320 KB schema was neither refused nor followed."""
+    live = serve(config_with(models=[BYTE_MODEL]))
+    fmt = chat(SMALL)["response_format"]
+    body = {"model": "synth-chat", "prompt": "hi", "max_tokens": 24, "temperature": 0}
+    with live.client() as c:
+        err = assert_error(c.post("/v1/completions", json=body | {"response_format": {
+            **fmt, "json_schema": {"name": "x", "schema": branches(5, 2_000)}}}), 400,
+            code="constraint_limit_exceeded", param="response_format")
+        assert "constraints.max_schema_bytes" in err["message"], err
+        r = c.post("/v1/completions", json=body | {"response_format": fmt})
+        assert r.status_code == 200, r.text
+        assert set(json.loads(r.json()["choices"][0]["text"])) == {"a"}
