@@ -23,16 +23,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice.backends.base import Backend
 from sluice.backends.registry import make_backends
 from sluice.config import Config
+from sluice.engine.observer import Observers
 from sluice.engine.runtime import Runtime
 from sluice.server import errors
 from sluice.server.auth import Auth, startup_warnings
 from sluice.server.context import AppContext
+from sluice.server.decisions import DecisionLog
 from sluice.server.errors import APIError
 from sluice.server.metrics import PrometheusObserver, SnapshotCollector, tenant_labels
 from sluice.server.middleware import AccessLogMiddleware, GuardMiddleware
 from sluice.server.peer_metrics import PeerMetricsCollector
 from sluice.server.quota import QuotaCollector, QuotaGate
 from sluice.server.routes import ROUTERS
+from sluice.server.sampler import read_metrics, sample_forever
 
 log = logging.getLogger("sluice.server")
 
@@ -40,14 +43,16 @@ log = logging.getLogger("sluice.server")
 def create_app(config: Config, backends: Mapping[str, Backend] | None = None) -> FastAPI:
     """Build the app and its runtime; the runtime starts and stops with the app."""
     registry = CollectorRegistry()
-    observer = PrometheusObserver(registry, tenant_labels(t.id for t in config.tenants),
-                                  generative=[m.id for m in config.models
-                                              if m.kind == "generative"])
+    prometheus = PrometheusObserver(registry, tenant_labels(t.id for t in config.tenants),
+                                    generative=[m.id for m in config.models
+                                                if m.kind == "generative"])
+    decisions = DecisionLog()
+    observer = Observers(prometheus, decisions)
     if backends is None:
         backends = make_backends(m.backend for m in config.models)
     runtime = Runtime(config.runtime_config(), backends, observer=observer)
     registry.register(SnapshotCollector(runtime.snapshot))
-    registry.register(PeerMetricsCollector(runtime.snapshot, observer.llama,
+    registry.register(PeerMetricsCollector(runtime.snapshot, prometheus.llama,
                                            config.engine.kv_block_tokens))
     quota = QuotaGate(config.quota, config.tenants, observer)
     registry.register(QuotaCollector(quota))
@@ -61,6 +66,7 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
                   require_keys=config.server.require_keys),
         registry=registry,
         quota=quota,
+        decisions=decisions,
     )
 
     for warning in startup_warnings(config.tenants, ctx.auth):
@@ -84,9 +90,12 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
         grpc_server = await _start_grpc(ctx)
         log.info("sluice ready: %d model(s), %d worker(s)", len(runtime.specs),
                  len(runtime.workers))
+        sampler = asyncio.create_task(sample_forever(
+            ctx.history, lambda: read_metrics(prometheus, runtime.snapshot(), runtime.clock())))
         try:
             yield
         finally:
+            sampler.cancel()
             drain_s = config.server.drain_timeout_s
             stopping = asyncio.to_thread(runtime.stop, drain_s)
             if grpc_server is not None:

@@ -6,13 +6,15 @@ rather than each other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
 from sluice.config import Config
 from sluice.engine.runtime import Runtime
 from sluice.server.auth import Auth
+from sluice.server.decisions import DecisionLog
+from sluice.server.history import History
 from sluice.server.quota import QuotaGate
 
 
@@ -25,6 +27,10 @@ class AppContext:
     auth: Auth
     registry: CollectorRegistry
     quota: QuotaGate
+    history: History = field(default_factory=History)
+    """The status page's last minutes, recorded while the app runs (``sampler``)."""
+    decisions: DecisionLog = field(default_factory=DecisionLog)
+    """The last requests' decisions (the runtime's observer feeds it)."""
     preloaded: bool = False
     """The default model loaded at start-up (``/ready`` turns 200)."""
     load_error: str | None = None

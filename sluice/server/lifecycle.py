@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sluice.engine.runtime import Runtime
+from sluice.engine.runtime import Runtime, RuntimeSnapshot
 from sluice.engine.worker import ModelState
 
 
@@ -41,3 +41,13 @@ def loaded_models(runtime: Runtime) -> list[LoadedModel]:
     return [LoadedModel(m.model_id, w.worker_id, m.memory_bytes, m.keep_alive,
                         expires_at_unix(m, clock_now, wall_now), m.in_use)
             for w in snap.workers for m in w.models]
+
+
+def residency_state(snap: RuntimeSnapshot, model_id: str) -> str:
+    """``loaded`` (resident on a worker), ``failed`` (not resident, and its last load on
+    some worker raised) or ``unloaded``."""
+    if any(model_id in w.resident for w in snap.workers):
+        return "loaded"
+    if any(model_id in w.failed_models for w in snap.workers):
+        return "failed"
+    return "unloaded"

@@ -16,7 +16,7 @@ from sluice.engine.request import Request as RtRequest
 from sluice.engine.worker import spec_keep_alive
 from sluice.server.context import AppContext
 from sluice.server.errors import APIError, bad_param, unknown_model
-from sluice.server.lifecycle import loaded_models
+from sluice.server.lifecycle import loaded_models, residency_state
 
 log = logging.getLogger("sluice.server")
 
@@ -225,7 +225,7 @@ def model_list(ctx: AppContext) -> list[dict[str, Any]]:
             "resident": bool(resident_on),
             "resident_on": resident_on,
             "status": "failed" if failed and not resident_on else "available",
-            "state": "loaded" if resident_on else "failed" if failed else "unloaded",
+            "state": residency_state(snap, spec.model_id),
             "keep_alive": here.keep_alive if here else spec_keep_alive(spec).describe(),
             "expires_at": None if here is None or here.expires_at_unix is None
             else round(here.expires_at_unix, 3),

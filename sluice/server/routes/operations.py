@@ -1,4 +1,5 @@
-"""The operations surface: liveness, readiness, Prometheus metrics, the status page."""
+"""The operations surface: liveness, readiness, Prometheus metrics, the status page; and the
+chat page at ``/`` (a first try of the default model in a browser, as llama-server's)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sluice.server.health import liveness, readiness
+from sluice.server.pages import STATUS_PAGE, chat_page
 from sluice.server.routes.common import ctx_of
-from sluice.server.status import STATUS_PAGE, status_json
+from sluice.server.status import status_json
 
 router = APIRouter(tags=["operations"])
 
@@ -42,10 +44,19 @@ async def metrics(request: Request) -> Response:
     return Response(generate_latest(ctx_of(request).registry), media_type=CONTENT_TYPE_LATEST)
 
 
+@router.get("/", response_class=HTMLResponse)
+async def chat(request: Request) -> HTMLResponse:
+    """A chat page: a model picker (``/v1/models``), a key field, and answers streamed from
+    ``/v1/chat/completions`` as they are generated; the default model preselected."""
+    return HTMLResponse(chat_page(ctx_of(request).config.default_model))
+
+
 @router.get("/status", response_class=HTMLResponse)
 async def status_page() -> HTMLResponse:
-    """A live page: queue, workers, resident models, batches. The page itself holds no
-    data; with a metrics key, open it as ``/status#key=<metrics key>``."""
+    """A live page: the last ten minutes as charts (tokens/s, requests waiting and running,
+    TTFT and TPOT p95, refusals by reason), models, workers, tenants against their quotas,
+    the last decisions. The page itself holds no data; with a metrics key, open it as
+    ``/status#key=<metrics key>``."""
     return HTMLResponse(STATUS_PAGE)
 
 
@@ -54,4 +65,4 @@ async def status_data(request: Request) -> dict[str, Any]:
     """The numbers behind the status page (the metrics key, when one is set)."""
     ctx = ctx_of(request)
     ctx.auth.require_metrics(request)
-    return status_json(ctx.runtime)
+    return status_json(ctx)
