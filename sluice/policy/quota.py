@@ -3,8 +3,9 @@ decided together on explicit state (all or nothing), so the same rule can run in
 one replica and, as a Lua script, inside Redis for a fleet.
 
 A reservation takes one request and an estimate of tokens (prompt + ``max_tokens``) at
-admission; a release gives back what was not used (the whole reservation when the request
-never ran) and frees its slot. Time comes in as ``now``; nothing here reads a clock.
+admission; a settlement gives back what the estimate held above the exact count once it is
+known (the slot kept); a release gives back what was not used (the whole reservation when
+the request never ran) and frees its slot. Time comes in as ``now``; nothing here reads a clock.
 """
 
 from __future__ import annotations
@@ -181,6 +182,15 @@ class TenantQuota:
                                                  refund_tokens, now)
         return replace(state, requests=requests, tokens=tokens_state,
                        in_flight=max(0, state.in_flight - 1))
+
+    def settle(self, state: QuotaState, refund_tokens: float, now: float) -> QuotaState:
+        """Give back ``refund_tokens`` of a reservation still held (its estimate was an
+        upper bound, settled to the exact count); its request and its slot stay taken."""
+        if self.tokens is None or refund_tokens <= 0:
+            return state
+        tokens_state = self.tokens.give_back(self._state(self.tokens, state.tokens, now),
+                                             refund_tokens, now)
+        return replace(state, tokens=tokens_state)
 
     @staticmethod
     def _state(bucket: TokenBucket, state: BucketState | None, now: float) -> BucketState:

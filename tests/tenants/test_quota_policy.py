@@ -78,6 +78,18 @@ def test_release_refunds_up_to_capacity() -> None:
     assert refunded.requests == BucketState(2.0, 0.0)
 
 
+def test_settle_refunds_tokens_and_keeps_the_request_and_slot() -> None:
+    quota = TenantQuota(QuotaLimits(requests_per_s=1.0, request_burst=2.0, tokens_per_s=1.0,
+                                    token_capacity=100.0, max_concurrent=1))
+    state = quota.reserve(quota.initial(0.0), 90.0, 0.0).state  # an upper bound
+    settled = quota.settle(state, 60.0, 0.0)  # the exact count was 30
+    assert settled.tokens == BucketState(70.0, 0.0)
+    assert settled.requests == BucketState(1.0, 0.0) and settled.in_flight == 1
+    assert quota.settle(state, 500.0, 0.0).tokens == BucketState(100.0, 0.0)
+    assert quota.settle(state, 0.0, 0.0) == state
+    assert TenantQuota(QuotaLimits(max_concurrent=1)).settle(state, 5.0, 0.0) == state
+
+
 def test_unlimited_dimensions_are_untouched() -> None:
     quota = TenantQuota(QuotaLimits(requests_per_s=1.0))
     decision = quota.reserve(quota.initial(0.0), 1e9, 0.0)

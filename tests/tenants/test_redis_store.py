@@ -47,15 +47,16 @@ def test_redact_url() -> None:
 @settings(max_examples=25, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(
-    st.tuples(st.floats(0.0, 1.5), st.sampled_from(["reserve", "reserve", "release"]),
+    st.tuples(st.floats(0.0, 1.5),
+              st.sampled_from(["reserve", "reserve", "release", "settle"]),
               st.integers(1, 320), st.booleans()),
     min_size=1, max_size=40,
 ))
 def test_lua_script_decides_like_the_pure_rule(
     redis: RedisProcess, ops: list[tuple[float, str, int, bool]]
 ) -> None:
-    """The same operations at the same (injected) times give the same decisions and levels
-    from Redis and from memory."""
+    """The same operations (reserve, settle, release) at the same (injected) times give the
+    same decisions and levels from Redis and from memory."""
     redis.client().flushall()
 
     async def run() -> None:
@@ -66,6 +67,21 @@ def test_lua_script_decides_like_the_pure_rule(
         try:
             for gap, op, tokens, ran in ops:
                 clock.now += gap
+                if op == "settle":
+                    if not held:
+                        continue
+                    hold_r, hold_m = held[0]
+                    target = hold_m.charged_tokens * (0.6 if ran else 1.2)
+                    got_s = await shared.settle(hold_r, target)
+                    want_s = await local.settle(hold_m, target)
+                    assert got_s.hold.charged_tokens == pytest.approx(
+                        want_s.hold.charged_tokens, rel=1e-12)
+                    assert (got_s.remaining_tokens is None) == (want_s.remaining_tokens is None)
+                    if got_s.remaining_tokens is not None:
+                        assert got_s.remaining_tokens == pytest.approx(
+                            want_s.remaining_tokens, rel=1e-12, abs=1e-9)
+                    held[0] = (got_s.hold, want_s.hold)
+                    continue
                 if op == "release":
                     if not held:
                         continue
@@ -117,6 +133,68 @@ def test_two_stores_share_one_quota_on_redis_time(redis: RedisProcess) -> None:
         finally:
             await a.aclose()
             await b.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_settlement_gives_back_once_and_keeps_the_slot_and_lease(redis: RedisProcess) -> None:
+    """Settling lowers the hold and refunds the difference at once; the request and the
+    slot stay taken and the hold keeps its lease; settling higher takes nothing, and a
+    settlement after the release gives nothing back."""
+    limits = QuotaLimits(requests_per_s=0.01, request_burst=3.0, tokens_per_s=0.01,
+                         token_capacity=100.0, max_concurrent=2)
+
+    async def run() -> None:
+        store = RedisQuotaStore(redis.url, key_prefix="settle")
+        try:
+            check = await store.reserve("t", limits, 80.0, "m1", 60.0)
+            assert check.ok and check.hold is not None
+            bucket, inflight = store.keys("t")
+            client = redis.client()
+            hold_key = store.hold_key("t", "m1")
+            lease_ms = client.pttl(hold_key)
+            settled = await store.settle(check.hold, 30.0)
+            assert settled.hold.charged_tokens == 30.0
+            assert settled.remaining_tokens == pytest.approx(70.0, abs=0.1)
+            assert float(client.hget(bucket, "tt")) == pytest.approx(70.0, abs=0.1)
+            assert float(client.hget(bucket, "rt")) == pytest.approx(2.0, abs=0.01)
+            assert client.zcard(inflight) == 1 and float(client.get(hold_key)) == 30.0
+            assert lease_ms - 1000 < client.pttl(hold_key) <= lease_ms
+            again = await store.settle(settled.hold, 50.0)  # never takes more
+            assert again.hold.charged_tokens == 30.0
+            assert float(client.hget(bucket, "tt")) == pytest.approx(70.0, abs=0.1)
+            await store.release(settled.hold, refund_request=False, refund_tokens=30.0)
+            late = await store.settle(check.hold, 0.0)  # the hold is gone: nothing back
+            assert late.hold is check.hold and late.remaining_tokens is None
+            assert float(client.hget(bucket, "tt")) == pytest.approx(100.0, abs=0.1)
+        finally:
+            await store.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_token_refund_does_not_expire_a_request_bucket_that_is_not_full(
+    redis: RedisProcess,
+) -> None:
+    """The bucket key expires once every bucket in it would be full again: a refund of
+    tokens alone (a release or a settlement) must not shorten that to the token bucket's
+    time, which would hand the tenant a full request bucket early."""
+    limits = QuotaLimits(requests_per_s=0.1, request_burst=2.0, tokens_per_s=100.0,
+                         token_capacity=100.0)
+
+    async def run() -> None:
+        store = RedisQuotaStore(redis.url, key_prefix="expiry")
+        try:
+            bucket, _ = store.keys("t")
+            client = redis.client()
+            check = await store.reserve("t", limits, 50.0, "m1", 60.0)
+            assert check.ok and check.hold is not None
+            settled = await store.settle(check.hold, 10.0)
+            assert client.pttl(bucket) > 9_000  # the request bucket: 1 / 0.1 s to refill
+            await store.release(settled.hold, refund_request=False, refund_tokens=10.0)
+            assert client.pttl(bucket) > 9_000
+        finally:
+            await store.aclose()
 
     asyncio.run(run())
 

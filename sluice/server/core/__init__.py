@@ -39,7 +39,10 @@ from sluice.server.core.generate import (
     open_generation,
 )
 from sluice.server.core.prompt import (
+    chat_bounds,
     check_prompt_length,
+    prompt_bounds,
+    text_bounds,
     token_limit,
     tokenize_chat,
     tokenize_text,
@@ -53,6 +56,7 @@ __all__ = [
     "TextPrompt",
     "TokenPrompt",
     "admit",
+    "chat_bounds",
     "check_prompt_length",
     "controls",
     "decision_headers",
@@ -64,7 +68,9 @@ __all__ = [
     "open_admitted",
     "open_generation",
     "plan_headers",
+    "prompt_bounds",
     "spec_of_kind",
+    "text_bounds",
     "token_limit",
     "tokenize_chat",
     "tokenize_text",

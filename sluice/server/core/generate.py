@@ -9,18 +9,20 @@ its event stream (``TokenEvent`` per token, then exactly one ``Final``).
 
 1. the model (404 unknown, 400 not generative) and its tokenizer;
 2. priority and deadlines (body, then headers or gRPC metadata, then the tenant);
-3. the prompt rendered and tokenized off the event loop, refused by its length before it is
-   tokenized (``check_prompt_length``, so the tokenizer's work is bounded by one sequence),
-   and the token limit checked against the context;
-4. the tenant's quota (429, ``Retry-After`` from the bucket): it reserves the exact prompt
-   tokens plus the limit, so it follows the tokenizer;
-5. for a request with a decoding constraint, the runtime's queue check
+3. the prompt rendered (a chat with the model's template) and bounded by its bytes
+   (``prompt_bounds``): one that cannot fit is refused before it is tokenized;
+4. the tenant's quota (429, ``Retry-After`` from the bucket), before any tokenizing: it
+   reserves the most the request can cost (the prompt's upper bound plus its token limit);
+5. the prompt tokenized off the event loop, the token limit checked against the context,
+   and the reservation settled to the exact prompt tokens plus the limit;
+6. for a request with a decoding constraint, the runtime's queue check
    (``Runtime.refuse_early``: 503 overloaded or draining), then the constraint compiled off
    the event loop (400 naming the field) — an overloaded server never compiles a grammar;
-6. runtime admission (``Runtime.open_unit``: variant plan, queue, deadline).
+7. runtime admission (``Runtime.open_unit``: variant plan, queue, deadline).
 
 Any refusal raises an ``APIError`` (the adapter renders it in its API's shape); a request
-created here and refused has ended ``REJECTED``. An admitted request ends in exactly one
+created here and refused, or left by a failure or a cancellation before it was admitted, has
+ended ``REJECTED``, so its reservation is given back. An admitted request ends in exactly one
 terminal state, whose ``Final`` is the last event of ``Generation.events``.
 """
 
@@ -28,10 +30,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sluice.backends.base import Tokenizer
+from sluice.backends.chat import ChatPrompt as BackendChatPrompt
 from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Constraint, Final, RequestStatus, TokenEvent
@@ -47,7 +50,13 @@ from sluice.server.core.controls import (
     ttft_deadline,
     ttft_target,
 )
-from sluice.server.core.prompt import token_limit, tokenize_chat, tokenize_text
+from sluice.server.core.prompt import (
+    chat_bounds,
+    text_bounds,
+    token_limit,
+    tokenize_chat,
+    tokenize_text,
+)
 from sluice.server.core.reasoning import ThinkingAsk, ThinkingTags, thinking_plan
 from sluice.server.errors import (
     APIError,
@@ -58,6 +67,7 @@ from sluice.server.errors import (
     rejection_error,
 )
 from sluice.server.params import checked
+from sluice.server.quota import TokenBounds
 
 
 @dataclass(frozen=True)
@@ -168,22 +178,34 @@ def open_admitted(ctx: AppContext, reqs: list[RtRequest]) -> list[AsyncHandle]:
 
 
 def _refuse(req: RtRequest, err: APIError, now: float) -> APIError:
-    """End ``req`` ``REJECTED`` for a 400 found after its quota was reserved (settling it)."""
+    """End ``req`` ``REJECTED`` for a 400 found after its quota was reserved (releasing it)."""
     req.finish(RequestStatus.REJECTED, now, error=err.message, error_code=err.code)
     return err
 
 
-async def _prompt_tokens(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> list[int]:
+@dataclass(frozen=True)
+class _Rendered:
+    """A prompt ready to tokenize (``text`` or ``chat``), or its ids already (``ids``)."""
+
+    text: str | None = None
+    chat: BackendChatPrompt | None = None
+    ids: list[int] | None = None
+
+
+def _render(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> _Rendered:
+    """The prompt as the tokenizer will take it: ids checked against the vocabulary, a
+    chat rendered with the model's template (400 when it has none or refuses the
+    messages)."""
     prompt, param = ask.prompt, ask.names[0]
     if isinstance(prompt, TokenPrompt):
         bad = [t for t in prompt.ids if not 0 <= t < tok.vocab_size]
         if bad:
             raise bad_param(param, f"token ids must be in [0, {tok.vocab_size}); got {bad[0]}")
-        return list(prompt.ids)
+        return _Rendered(ids=list(prompt.ids))
     if isinstance(prompt, TextPrompt):
         if ctx.config.server.log_content:
             access.note_prompt(prompt.text)
-        return await tokenize_text(tok, prompt.text, param)
+        return _Rendered(text=prompt.text)
     if tok.chat_template is None:
         raise no_chat_template(ask.model)
     try:
@@ -192,7 +214,40 @@ async def _prompt_tokens(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> 
         raise bad_param(param, f"Invalid messages: {public_text(str(exc))}") from None
     if ctx.config.server.log_content:
         access.note_prompt(rendered.text)
-    return await tokenize_chat(tok, rendered, param)
+    return _Rendered(chat=rendered)
+
+
+async def _bounds(tok: Tokenizer, rendered: _Rendered, ask: ServeRequest,
+                  default_tokens: int) -> TokenBounds | None:
+    """What the request's estimate (prompt + limit per choice) can be before its prompt is
+    tokenized; ``None`` for ids (the estimate is exact). Refuses a prompt whose length alone
+    cannot fit (``prompt_bounds``)."""
+    param = ask.names[0]
+    if rendered.ids is not None:
+        return None
+    prompt = (await text_bounds(tok, rendered.text, param) if rendered.text is not None
+              else await chat_bounds(tok, _chat(rendered), param))
+    context = tok.n_ctx_per_seq if ask.context_tokens is None else min(ask.context_tokens,
+                                                                        tok.n_ctx_per_seq)
+    asked = ask.max_tokens
+    most_limit = min(default_tokens if asked is None else asked, context)
+    least_limit = asked if asked is not None and not ask.fit_to_context else 1
+    n = int(ask.sampling.get("n", 1))
+    return TokenBounds(prompt.least_tokens + least_limit * n,
+                       prompt.most_tokens + most_limit * n)
+
+
+def _chat(rendered: _Rendered) -> BackendChatPrompt:
+    assert rendered.chat is not None
+    return rendered.chat
+
+
+async def _tokens(tok: Tokenizer, rendered: _Rendered) -> list[int]:
+    if rendered.ids is not None:
+        return rendered.ids
+    if rendered.text is not None:
+        return await tokenize_text(tok, rendered.text)
+    return await tokenize_chat(tok, _chat(rendered))
 
 
 async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: TenantConfig,
@@ -201,36 +256,48 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
     ``headers``: the HTTP headers or gRPC metadata (``x-sluice-*`` controls)."""
     spec = spec_of_kind(ctx, ask.model, "generative")
     tok = tokenizer_of(ctx, ask.model)
-    tags, limit = thinking_plan(spec, tok, ask.thinking, constrained=ask.constraint is not None)
     prio, deadline_s = controls(ctx, headers, tenant, ask.priority, ask.deadline_ms)
     ttft_s = ttft_deadline(ctx, headers, tenant)
     target_s = ttft_target(ctx, headers, tenant)
-    tokens = await _prompt_tokens(ctx, tok, ask)
     default = (ask.default_max_tokens if ask.default_max_tokens is not None
                else ctx.config.server.default_max_tokens)
-    n_limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names,
-                        context_tokens=ask.context_tokens, fit=ask.fit_to_context)
+    rendered = _render(ctx, tok, ask)
+    bounds = await _bounds(tok, rendered, ask, default)
+    # Not submitted until its prompt is tokenized: its prompt and limit are set then.
     req = ctx.runtime.new_request(
-        ask.model, prompt_tokens=tokens,
-        params=ctx.runtime.sampling_params(ask.model, max_tokens=n_limit,
-                                           constraint=ask.constraint, thinking=limit,
-                                           **ask.sampling),
+        ask.model, prompt_tokens=rendered.ids or (),
+        params=ctx.runtime.sampling_params(
+            ask.model, max_tokens=max(1, default if ask.max_tokens is None else ask.max_tokens),
+            constraint=ask.constraint, **ask.sampling),
         tenant_id=tenant.id, priority=prio, deadline_s=deadline_s,
         ttft_deadline_s=ttft_s, ttft_target_s=target_s, keep_alive=ask.keep_alive)
     access.note_admitted([req])
-    await ctx.quota.admit([req])
-    if ask.constraint is not None:
-        early = ctx.runtime.refuse_early([req])
-        if early is not None:
-            raise rejection_error(early)
-        # Compiling is quick, but the first constraint of a model builds its grammar
-        # vocabulary (1-3 s): never on the event loop.
-        try:
+    reservation = await ctx.quota.admit([req], bounds=bounds)
+    try:
+        tokens = await _tokens(tok, rendered)
+        n_limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names,
+                              context_tokens=ask.context_tokens, fit=ask.fit_to_context)
+        tags, limit = thinking_plan(spec, tok, ask.thinking,
+                                    constrained=ask.constraint is not None)
+        req.prompt_tokens = tuple(tokens)
+        req.params = replace(req.params, max_tokens=n_limit, thinking=limit)
+        await ctx.quota.settle(reservation, [req])
+        if ask.constraint is not None:
+            early = ctx.runtime.refuse_early([req])
+            if early is not None:
+                raise rejection_error(early)
+            # Compiling is quick, but the first constraint of a model builds its grammar
+            # vocabulary (1-3 s): never on the event loop.
             await asyncio.to_thread(checked, ask.constraint, tok, ask.constraint_param,
                                     ctx.config.constraints.limits())
-        except APIError as err:
-            raise _refuse(req, err, ctx.runtime.clock()) from None
-    [handle] = open_admitted(ctx, [req])
+        [handle] = open_admitted(ctx, [req])
+    except APIError as err:
+        raise _refuse(req, err, ctx.runtime.clock()) from None
+    except BaseException:
+        # a tokenizer failure or the client gone: the reservation must not be held
+        req.finish(RequestStatus.REJECTED, ctx.runtime.clock(), error="not admitted",
+                   error_code="not_admitted")
+        raise
     return Generation(req, handle, tok, tags)
 
 

@@ -1,13 +1,23 @@
-"""Prompts to tokens, within the model's context: a length bound that refuses a prompt
-before tokenizing it, tokenizing off the event loop, and the token limit a request gets."""
+"""Prompts to tokens, within the model's context: bounds of a prompt's tokens from its
+bytes (the least refuses a prompt that cannot fit before it is tokenized, the most is what
+the quota reserves before tokenizing), tokenizing off the event loop, and the token limit a
+request gets."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import ChatPrompt, chat_tokens
 from sluice.server.errors import APIError
+from sluice.server.quota import TokenBounds
+
+TOKENS_ADDED_PER_PIECE = 1
+"""Tokens a tokenizer may add to a piece of text of its own beyond the piece's bytes (a
+SentencePiece space prefix)."""
+TOKENS_ADDED_PER_PROMPT = 2
+"""Tokens a tokenizer may add to a whole prompt (BOS, and EOS where a model adds one)."""
 
 
 def check_prompt_length(tok: Tokenizer, text: str, param: str, *,
@@ -33,25 +43,43 @@ def check_prompt_length(tok: Tokenizer, text: str, param: str, *,
         )
 
 
-def _bounded_tokenize(tok: Tokenizer, text: str, param: str) -> list[int]:
+def prompt_bounds(tok: Tokenizer, pieces: Sequence[str], param: str) -> TokenBounds:
+    """Bounds of the tokens of ``pieces`` tokenized one by one with BOS first, from their
+    bytes alone: at least ``bytes / max_token_bytes()`` (a token stands for at most that
+    many), at most one per byte (a token stands for at least one) plus what a tokenizer
+    adds (``TOKENS_ADDED_PER_PIECE``, ``TOKENS_ADDED_PER_PROMPT``), and never more than one
+    sequence holds (a longer prompt is refused once tokenized). A prompt whose least already
+    cannot fit is refused here (``check_prompt_length``). May build the token table: call it
+    off the event loop."""
+    text = "".join(pieces)
     check_prompt_length(tok, text, param)
-    return tok.tokenize(text, add_bos=True)
+    n_bytes = len(text.encode("utf-8"))
+    longest = tok.max_token_bytes()
+    least = 0 if longest is None else -(-n_bytes // longest)
+    most = n_bytes + TOKENS_ADDED_PER_PIECE * len(pieces) + TOKENS_ADDED_PER_PROMPT
+    return TokenBounds(least, min(most, tok.n_ctx_per_seq))
 
 
-def _bounded_chat_tokens(tok: Tokenizer, prompt: ChatPrompt, param: str) -> list[int]:
-    check_prompt_length(tok, prompt.text, param)
-    return chat_tokens(tok, prompt)
+async def text_bounds(tok: Tokenizer, text: str, param: str) -> TokenBounds:
+    """A text prompt's ``prompt_bounds``, in a worker thread."""
+    return await asyncio.to_thread(prompt_bounds, tok, [text], param)
 
 
-async def tokenize_text(tok: Tokenizer, text: str, param: str) -> list[int]:
+async def chat_bounds(tok: Tokenizer, prompt: ChatPrompt, param: str) -> TokenBounds:
+    """A chat prompt's ``prompt_bounds`` (each part is tokenized on its own), in a worker
+    thread."""
+    return await asyncio.to_thread(prompt_bounds, tok, [p.text for p in prompt.parts], param)
+
+
+async def tokenize_text(tok: Tokenizer, text: str) -> list[int]:
     """A text prompt's tokens (BOS first), in a worker thread, never on the event loop;
-    refused by its length first when it cannot fit (``check_prompt_length``)."""
-    return await asyncio.to_thread(_bounded_tokenize, tok, text, param)
+    its length checked first (``text_bounds``)."""
+    return await asyncio.to_thread(tok.tokenize, text, add_bos=True)
 
 
-async def tokenize_chat(tok: Tokenizer, prompt: ChatPrompt, param: str) -> list[int]:
+async def tokenize_chat(tok: Tokenizer, prompt: ChatPrompt) -> list[int]:
     """A chat prompt's tokens (user text plain), as ``tokenize_text``."""
-    return await asyncio.to_thread(_bounded_chat_tokens, tok, prompt, param)
+    return await asyncio.to_thread(chat_tokens, tok, prompt)
 
 
 def token_limit(tok: Tokenizer, n_prompt: int, asked: int | None, default_tokens: int,

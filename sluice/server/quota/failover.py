@@ -7,10 +7,17 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from dataclasses import replace
 
 from sluice.policy.quota import QuotaLimits
 from sluice.server.quota.redis_store import RedisQuotaStore, redact_url
-from sluice.server.quota.stores import Hold, MemoryQuotaStore, QuotaBackendError, QuotaCheck
+from sluice.server.quota.stores import (
+    Hold,
+    MemoryQuotaStore,
+    QuotaBackendError,
+    QuotaCheck,
+    Settled,
+)
 
 log = logging.getLogger("sluice.quota")
 
@@ -65,6 +72,23 @@ class FailoverQuotaStore:
                 self.cancelled_reservations += 1
         return await self.local.reserve(tenant_id, limits.scaled(self.share), tokens, member,
                                         lease_s)
+
+    async def settle(self, hold: Hold, tokens: float) -> Settled:
+        """A local hold settles locally; a shared one in Redis, or, while Redis is down,
+        not at all: the hold keeps its charge and its release refunds the rest. A settle
+        whose call failed may have run (a slow Redis): the hold is taken as settled, so its
+        release never gives back more than Redis holds for it (at worst the tenant pays
+        the estimate's excess for that one request)."""
+        if not hold.shared:
+            return await self.local.settle(hold, tokens)
+        if self.in_fallback:
+            return Settled(hold, None)
+        try:
+            return await self.shared.settle(hold, tokens)
+        except QuotaBackendError as exc:
+            self._fail(exc)
+            return Settled(replace(hold, charged_tokens=min(hold.charged_tokens,
+                                                            max(0.0, tokens))), None)
 
     async def release(self, hold: Hold, *, refund_request: bool, refund_tokens: float) -> None:
         if not hold.shared:

@@ -1,16 +1,20 @@
 """``QuotaGate``: the quota check of the HTTP layer. It reserves before the runtime sees a
-request (or refuses with 429 and a computed ``Retry-After``) and settles when every request of
-the reservation has ended; plus the token estimates it reserves and settles by."""
+request (or refuses with 429 and a computed ``Retry-After``) — for a prompt not yet tokenized,
+an upper bound of its tokens, settled to the exact estimate once it is tokenized — and
+releases when every request of the reservation has ended; plus the token estimates it
+reserves and settles by."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from sluice.config import QuotaConfig, TenantConfig
 from sluice.engine.observer import Observer
@@ -27,6 +31,15 @@ log = logging.getLogger("sluice.quota")
 
 MAX_RETRY_AFTER_S = 3600.0
 """The longest Retry-After a quota refusal suggests."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBounds:
+    """What a request's token estimate can be before its prompt is tokenized:
+    ``least_tokens <= estimate_tokens <= most_tokens``."""
+
+    least_tokens: int
+    most_tokens: int
 
 
 def estimate_tokens(req: RtRequest) -> int:
@@ -47,13 +60,19 @@ def used_tokens(req: RtRequest, final: Final) -> int:
     return estimate_tokens(req)
 
 
-class _Settlement:
-    """Settles one reservation once every request it covers has a ``Final``."""
+class Reservation:
+    """One granted reservation: ``QuotaGate.settle`` charges it the exact estimate, and it
+    releases itself once every request it covers has a ``Final``.
+
+    ``settled``: its charge is final (reserved as the exact estimate, or settled to it);
+    until then it holds an upper bound. Its charge counts as ``reserved`` in the gate's
+    bookkeeping once final, or at its release if it never was (all of it then refunded)."""
 
     def __init__(self, gate: QuotaGate, hold: Hold, reqs: Sequence[RtRequest],
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, *, settled: bool) -> None:
         self._gate = gate
-        self._hold = hold
+        self.hold = hold
+        self.settled = settled
         self._loop = loop
         self._lock = threading.Lock()
         self._open = {r.request_id for r in reqs}
@@ -72,11 +91,12 @@ class _Settlement:
                 self._open.discard(req.request_id)
                 if self._open:
                     return
-            refund_tokens = max(0.0, self._hold.charged_tokens - self._used)
+            hold, counted = self.hold, self.settled
+            refund_tokens = max(0.0, hold.charged_tokens - self._used)
             # A closed loop (server gone) has nobody left to settle with.
             with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._gate._release, self._hold,
-                                                not self._ran, refund_tokens)
+                self._loop.call_soon_threadsafe(self._gate._release, hold, not self._ran,
+                                                refund_tokens, counted)
 
         return on_event
 
@@ -140,23 +160,28 @@ class QuotaGate:
     def limits(self, tenant_id: str) -> QuotaLimits | None:
         return self._limits.get(tenant_id)
 
-    async def admit(self, reqs: Sequence[RtRequest]) -> None:
+    async def admit(self, reqs: Sequence[RtRequest], *,
+                    bounds: TokenBounds | None = None) -> Reservation | None:
         """Reserve for ``reqs`` (one HTTP request of one tenant) or raise the ``APIError``
         (429 ``quota``, 400 ``too_large``); the requests are then finished ``REJECTED``.
-        On success each request carries a listener that settles the reservation."""
+        ``bounds``: what their tokens can be while their prompt is not tokenized yet: the
+        most is reserved (at most the whole budget) and ``settle`` charges the exact
+        estimate later; ``too_large`` is then judged on the least. On success each request
+        carries a listener that releases the reservation; ``None``: the tenant has no
+        limits."""
         if not reqs:
-            return
+            return None
         tenant_id = reqs[0].tenant_id
         limits = self._limits.get(tenant_id)
         if limits is None:
-            return
-        tokens = sum(estimate_tokens(r) for r in reqs)
-        if limits.tokens_per_s is not None and tokens > limits.token_capacity:
-            raise self._refuse(reqs, Rejection(
-                "too_large", 0.0,
-                f"this request reserves {tokens} tokens (prompt + max tokens), more than "
-                f"tenant {tenant_id!r}'s whole budget of {limits.token_capacity:g} tokens per "
-                f"minute; ask for fewer tokens"), "too_large")
+            return None
+        least = tokens = (sum(estimate_tokens(r) for r in reqs) if bounds is None
+                          else bounds.most_tokens)
+        if bounds is not None:
+            least = bounds.least_tokens
+            if limits.tokens_per_s is not None:
+                tokens = min(tokens, math.floor(limits.token_capacity))
+        self._check_fits(reqs, limits, least, exact=bounds is None)
         now = self._clock()
         deadlines = [r.deadline_s - now for r in reqs if r.deadline_s is not None]
         lease_s = self.config.lease_s
@@ -170,10 +195,48 @@ class QuotaGate:
                 "quota", min(MAX_RETRY_AFTER_S, check.retry_after_s),
                 _refusal_message(tenant_id, check, tokens, self.in_fallback)), check.limit)
         assert check.hold is not None
-        self.charged_tokens[tenant_id] = (self.charged_tokens.get(tenant_id, 0.0)
-                                          + check.hold.charged_tokens)
+        if bounds is None:
+            self._count_reserved(check.hold)
         self.in_flight[tenant_id] = self.in_flight.get(tenant_id, 0) + 1
-        _Settlement(self, check.hold, reqs, asyncio.get_running_loop())
+        return Reservation(self, check.hold, reqs, asyncio.get_running_loop(),
+                           settled=bounds is None)
+
+    async def settle(self, reservation: Reservation | None,
+                     reqs: Sequence[RtRequest]) -> None:
+        """Charge ``reservation`` (made with ``bounds`` for ``reqs``, now tokenized) their
+        exact estimate, giving back what the bound held above it; 400 ``too_large`` (the
+        requests finished ``REJECTED``, so the reservation is given back) when the estimate
+        exceeds the tenant's whole budget. A settled reservation, or none, is left as it
+        is."""
+        if reservation is None or reservation.settled:
+            return
+        hold = reservation.hold
+        tokens = sum(estimate_tokens(r) for r in reqs)
+        self._check_fits(reqs, self._limits.get(hold.tenant_id, hold.limits), tokens,
+                         exact=True)
+        settled = await self.store.settle(hold, float(tokens))
+        reservation.hold, reservation.settled = settled.hold, True
+        self._count_reserved(settled.hold)
+        if settled.remaining_tokens is not None:
+            self.remaining[(hold.tenant_id, "tokens")] = settled.remaining_tokens
+
+    def _check_fits(self, reqs: Sequence[RtRequest], limits: QuotaLimits, tokens: int, *,
+                    exact: bool) -> None:
+        """400 ``too_large`` when ``tokens`` (the estimate, or the least it can be) exceed
+        the tenant's whole token budget: no wait admits it."""
+        tenant_id = reqs[0].tenant_id
+        if limits.tokens_per_s is None or tokens <= limits.token_capacity:
+            return
+        what = f"{tokens} tokens" if exact else f"at least {tokens} tokens"
+        raise self._refuse(reqs, Rejection(
+            "too_large", 0.0,
+            f"this request reserves {what} (prompt + max tokens), more than tenant "
+            f"{tenant_id!r}'s whole budget of {limits.token_capacity:g} tokens per minute; "
+            f"ask for fewer tokens"), "too_large")
+
+    def _count_reserved(self, hold: Hold) -> None:
+        tenant = hold.tenant_id
+        self.charged_tokens[tenant] = self.charged_tokens.get(tenant, 0.0) + hold.charged_tokens
 
     async def charge_call(self, tenant_id: str, name: str) -> None:
         """A call that runs no model (``/tokenize``, ``/detokenize``): one request against
@@ -218,9 +281,13 @@ class QuotaGate:
             err.headers["x-sluice-quota-limit"] = limit
         return err
 
-    def _release(self, hold: Hold, refund_request: bool, refund_tokens: float) -> None:
-        """On the loop: start the release (a task, kept until it ends)."""
+    def _release(self, hold: Hold, refund_request: bool, refund_tokens: float,
+                 counted: bool) -> None:
+        """On the loop: start the release (a task, kept until it ends); ``counted``: the
+        hold's charge is in ``charged_tokens`` already."""
         tenant = hold.tenant_id
+        if not counted:
+            self._count_reserved(hold)
         self.refunded_tokens[tenant] = self.refunded_tokens.get(tenant, 0.0) + refund_tokens
         if tenant in self.in_flight:
             self.in_flight[tenant] = max(0, self.in_flight[tenant] - 1)

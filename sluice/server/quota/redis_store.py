@@ -1,11 +1,11 @@
 """``RedisQuotaStore``: quota state in Redis, shared by every replica pointed at it.
 
-One atomic Lua script per reservation and one per release (``reserve.lua``, ``release.lua``,
-each after ``_prelude.lua``; package resources beside this module) apply the same rule as
-``TenantQuota``, on Redis's clock. A granted reservation leaves a hold key recording what it
-charged; a release refunds from it once, so releases are safe to replay and a reservation
-whose reply was lost (a timeout) can be cancelled without ever refunding what was not
-charged.
+One atomic Lua script per reservation, per settlement and per release (``reserve.lua``,
+``settle.lua``, ``release.lua``, each after ``_prelude.lua``; package resources beside this
+module) apply the same rule as ``TenantQuota``, on Redis's clock. A granted reservation leaves
+a hold key recording what it charged; a settlement lowers it (refunding the difference) and a
+release refunds from it once, so neither gives back what was not charged, releases are safe
+to replay and a reservation whose reply was lost (a timeout) can be cancelled.
 """
 
 from __future__ import annotations
@@ -14,12 +14,19 @@ import asyncio
 import contextlib
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from importlib.resources import files
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from sluice.policy.quota import QuotaLimits
-from sluice.server.quota.stores import CONCURRENCY_RETRY_S, Hold, QuotaBackendError, QuotaCheck
+from sluice.server.quota.stores import (
+    CONCURRENCY_RETRY_S,
+    Hold,
+    QuotaBackendError,
+    QuotaCheck,
+    Settled,
+)
 
 
 def _lua(name: str) -> str:
@@ -27,6 +34,7 @@ def _lua(name: str) -> str:
 
 
 RESERVE_LUA = _lua("_prelude.lua") + _lua("reserve.lua")
+SETTLE_LUA = _lua("_prelude.lua") + _lua("settle.lua")
 RELEASE_LUA = _lua("_prelude.lua") + _lua("release.lua")
 PROBE_LUA = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', 60000)"
 """A write from a script: what reservations need, so a Redis that answers PING but refuses
@@ -73,7 +81,7 @@ def parse_reserve_reply(reply: Any) -> tuple[bool, str, float, float, float, int
 
 
 class RedisQuotaStore:
-    """Quota state in Redis, one Lua script per reservation and per release.
+    """Quota state in Redis, one Lua script per reservation, per settlement and per release.
 
     ``clock``: ``None`` decides on Redis's own clock (``TIME``), which every replica shares;
     tests pass an explicit clock to compare the script with ``TenantQuota`` step by step (the
@@ -96,6 +104,7 @@ class RedisQuotaStore:
             retry=Retry(NoBackoff(), 0), decode_responses=True,
         )
         self._reserve = self._client.register_script(RESERVE_LUA)
+        self._settle = self._client.register_script(SETTLE_LUA)
         self._release = self._client.register_script(RELEASE_LUA)
         self._probe = self._client.register_script(PROBE_LUA)
 
@@ -138,6 +147,32 @@ class RedisQuotaStore:
             in_flight=in_flight if limits.max_concurrent else None,
             hold=hold if ok else None, limits=limits,
         )
+
+    async def settle(self, hold: Hold, tokens: float) -> Settled:
+        target = max(0.0, tokens)
+        if hold.charged_tokens <= target:
+            return Settled(hold, None)
+        limits = hold.limits
+        args = [
+            self._now_arg(),
+            _num(limits.requests_per_s), _num(limits.request_burst),
+            _num(limits.tokens_per_s), _num(limits.token_capacity), _num(target),
+        ]
+        keys = [*self.keys(hold.tenant_id), self.hold_key(hold.tenant_id, hold.member)]
+        reply = await self._call(self._settle(keys=keys, args=args))
+        try:
+            held_raw, left_raw = reply
+            held, left = float(held_raw), float(left_raw)
+        except (TypeError, ValueError):
+            raise QuotaBackendError(f"unexpected reply from the settle script: "
+                                    f"{reply!r:.200}") from None
+        if not (math.isfinite(held) and math.isfinite(left)):
+            raise QuotaBackendError(f"unexpected reply from the settle script: "
+                                    f"{reply!r:.200}")
+        if held < 0:  # no hold left (released, or past its lease): nothing given back
+            return Settled(hold, None)
+        return Settled(replace(hold, charged_tokens=min(hold.charged_tokens, held)),
+                       left if left >= 0 else None)
 
     async def release(self, hold: Hold, *, refund_request: bool, refund_tokens: float) -> None:
         limits = hold.limits

@@ -11,13 +11,21 @@ if not held then return 0 end
 redis.call('DEL', KEYS[3])
 refund_tok = math.min(refund_tok, tonumber(held))
 local s = redis.call('HMGET', KEYS[1], 'rt', 'ru', 'tt', 'tu')
-if req_rate > 0 and refund_req > 0 and s[1] then
-  local rt, ru = refill(s[1], s[2], req_rate, req_cap)
-  keep('rt', 'ru', math.min(req_cap, rt + refund_req), ru, req_cap, req_rate)
-end
-if tok_rate > 0 and refund_tok > 0 and s[3] then
-  local tt, tu = refill(s[3], s[4], tok_rate, tok_cap)
-  keep('tt', 'tu', math.min(tok_cap, tt + refund_tok), tu, tok_cap, tok_rate)
+local give_req = req_rate > 0 and refund_req > 0 and s[1] ~= false
+local give_tok = tok_rate > 0 and refund_tok > 0 and s[3] ~= false
+if give_req or give_tok then
+  -- every bucket present is kept (refilled), so the key's expiry covers them all: set
+  -- from the refunded one alone it could expire a bucket that is not full yet
+  if req_rate > 0 and s[1] then
+    local rt, ru = refill(s[1], s[2], req_rate, req_cap)
+    keep('rt', 'ru', math.min(req_cap, rt + (give_req and refund_req or 0)), ru, req_cap,
+         req_rate)
+  end
+  if tok_rate > 0 and s[3] then
+    local tt, tu = refill(s[3], s[4], tok_rate, tok_cap)
+    keep('tt', 'tu', math.min(tok_cap, tt + (give_tok and refund_tok or 0)), tu, tok_cap,
+         tok_rate)
+  end
 end
 if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))

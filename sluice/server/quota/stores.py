@@ -1,12 +1,13 @@
 """Where quota state lives: the ``QuotaStore`` protocol, what a store answers (``QuotaCheck``,
-``Hold``), the in-process ``MemoryQuotaStore`` (the pure rule of ``sluice.policy.quota``) and
-``ScaledStore``, a memory store enforcing one replica's share of each limit."""
+``Hold``, ``Settled``), the in-process ``MemoryQuotaStore`` (the pure rule of
+``sluice.policy.quota``) and ``ScaledStore``, a memory store enforcing one replica's share of
+each limit."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from sluice.policy.quota import QuotaLimits, QuotaState, TenantQuota
@@ -55,12 +56,31 @@ class QuotaCheck:
         return self.hold.shared if self.hold is not None else False
 
 
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A store's answer to a settlement."""
+
+    hold: Hold
+    """The hold as it stands (pass it to ``release``)."""
+    remaining_tokens: float | None
+    """The token bucket's level after the refund (``None``: unlimited, or nothing given
+    back)."""
+
+
 class QuotaStore(Protocol):
-    """Where quota state lives. ``reserve`` is all or nothing; ``release`` undoes one granted
-    reservation's slot and gives back what it is told to (never above capacity)."""
+    """Where quota state lives. ``reserve`` is all or nothing; ``settle`` lowers a granted
+    reservation's tokens to an exact count (an upper bound was reserved), giving the
+    difference back at once and keeping its request and slot, and never takes more;
+    ``release`` undoes one granted reservation's slot and gives back what it is told to
+    (never above capacity)."""
 
     async def reserve(self, tenant_id: str, limits: QuotaLimits, tokens: float, member: str,
                       lease_s: float) -> QuotaCheck: ...
+
+    async def settle(self, hold: Hold, tokens: float) -> Settled:
+        """Charge ``hold`` ``tokens`` at most; the hold unchanged when it held no more, or
+        when the store cannot settle now (its release then refunds the rest)."""
+        ...
 
     async def release(self, hold: Hold, *, refund_request: bool, refund_tokens: float) -> None:
         ...
@@ -112,6 +132,17 @@ class MemoryQuotaStore:
                           decision.remaining_requests, decision.remaining_tokens,
                           decision.state.in_flight, hold if decision.ok else None, limits)
 
+    async def settle(self, hold: Hold, tokens: float) -> Settled:
+        refund_tokens = hold.charged_tokens - max(0.0, tokens)
+        if refund_tokens <= 0:
+            return Settled(hold, None)
+        now = self._clock()
+        rule = self._rule(hold.limits)
+        state = rule.settle(self._state(hold.tenant_id, rule, now), refund_tokens, now)
+        self._states[hold.tenant_id] = (hold.limits, state)
+        return Settled(replace(hold, charged_tokens=hold.charged_tokens - refund_tokens),
+                       None if state.tokens is None else state.tokens.tokens)
+
     async def release(self, hold: Hold, *, refund_request: bool, refund_tokens: float) -> None:
         now = self._clock()
         rule = self._rule(hold.limits)
@@ -141,6 +172,9 @@ class ScaledStore:
         if self.share < 1:
             limits = limits.scaled(self.share)
         return await self.inner.reserve(tenant_id, limits, tokens, member, lease_s)
+
+    async def settle(self, hold: Hold, tokens: float) -> Settled:
+        return await self.inner.settle(hold, tokens)
 
     async def release(self, hold: Hold, *, refund_request: bool, refund_tokens: float) -> None:
         await self.inner.release(hold, refund_request=refund_request,

@@ -85,10 +85,12 @@ def _count(tok: Tokenizer, body: CountTokensRequest) -> int:
 async def count_tokens(body: CountTokensRequest, request: Request,
                        tenant: Tenant) -> JSONResponse:
     """The prompt tokens a Messages request with this conversation, system and tools
-    would run (its ``usage.input_tokens``)."""
+    would run (its ``usage.input_tokens``); one request against the tenant's request rate,
+    charged before anything is tokenized."""
     ctx = ctx_of(request)
     headers = body_headers(request, body)
     spec_of_kind(ctx, body.model, "generative")
     tok = tokenizer_of(ctx, body.model)
+    await ctx.quota.charge_call(tenant.id, "count_tokens")
     n = await asyncio.to_thread(_count, tok, body)
     return JSONResponse({"input_tokens": n}, headers=headers)
