@@ -64,6 +64,13 @@ class ModelSpec:
     reasoning: ReasoningFormat | None = None
     """Generative models that think in tags: how, so each API can split the thinking from
     the answer (``None``: the output is all answer)."""
+    speculation: Literal["auto", "off"] = "auto"
+    """Generative models: ``auto`` drafts tokens from each greedy sequence's own prompt and
+    output (n-gram lookup) and verifies them in the decode step, as many per step as the
+    step-time model says pay (``sluice.policy.speculation``); ``off``: never."""
+    draft_max_tokens: int = 16
+    """Generative models: the most tokens one sequence drafts in a step (llama-server's
+    ``--draft-max``)."""
 
     sampling: Mapping[str, float | int] = field(default_factory=dict)
     """Generative models: the configured sampling defaults (``[models.sampling]``), for the
@@ -114,6 +121,11 @@ class ForwardChunk:
     start_pos: int
     want_logits: bool
     all_logits: bool = False
+    draft_tokens: int = 0
+    """The last ``draft_tokens`` of ``tokens`` are drafted (speculative decoding: the engine
+    verifies each from the logits row before it, with ``all_logits`` set). A backend feeds
+    them as any other tokens; the engine removes the KV of those it rejects with
+    ``trim_sequence``."""
 
     @property
     def n_rows(self) -> int:

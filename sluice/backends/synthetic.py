@@ -10,7 +10,11 @@ row after that token id is all NaN: one sequence's distribution breaks, not the 
 tests. ``byte_tokens`` makes ids 3..258 the 256 single bytes, so grammars over text
 (JSON) can be decoded; ``all_logits`` chunks get a row per position. With ``byte_tokens``,
 ``reply`` is a text the model writes byte by byte after any prompt, then EOS (a scripted
-answer: a model that thinks in tags, for instance).
+answer: a model that thinks in tags, for instance). ``markov_order`` (an integer k) makes
+the next token a hash of the last k tokens alone (no position): text that repeats itself,
+so n-gram drafts are accepted often but not always (speculation tests). Drafted tokens
+(``ForwardChunk.draft_tokens``) cost and count as decodes, and get the rows any token at
+their position would.
 """
 
 from __future__ import annotations
@@ -183,9 +187,12 @@ def _render_turns(messages: Sequence[Mapping[str, Any]]) -> str:
 
 
 class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
-    """Next token = a hash of (last token, position); EOS at ``eos_at_pos`` if set.
+    """Next token = a hash of (last token, position), or of the last ``markov_order``
+    tokens; EOS at ``eos_at_pos`` if set.
 
     Checks the engine's bookkeeping: a chunk must start exactly where its slot ends.
+    Invariant: ``history[slot]`` holds exactly the ``slot_len[slot]`` tokens the slot's KV
+    holds (so a trimmed draft is forgotten).
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -199,15 +206,22 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
         """Per slot, where its prompt ended (the reply's first byte follows it)."""
         nan_after = spec.options.get("nan_logits_after_token")
         self.nan_after_token: int | None = None if nan_after is None else int(nan_after)
+        order = spec.options.get("markov_order")
+        self.markov_order: int | None = None if order is None else int(order)
+        if self.markov_order is not None and self.markov_order < 1:
+            raise ModelLoadError(f"markov_order must be >= 1, got {self.markov_order}")
         self.slot_len: dict[int, int] = {}
+        self.history: dict[int, list[int]] = {}
+        """The tokens each slot's KV holds, in position order."""
         self.forward_calls = 0
         self.closed = False
 
     def forward(self, chunks: Sequence[ForwardChunk]) -> np.ndarray:
         self._cost.next_call("forward")
         self.forward_calls += 1
-        n_decode = sum(1 for c in chunks if len(c.tokens) == 1)
-        n_prefill = sum(len(c.tokens) for c in chunks if len(c.tokens) > 1)
+        n_decode = sum(1 + c.draft_tokens if c.draft_tokens else len(c.tokens) == 1
+                       for c in chunks)
+        n_prefill = sum(len(c.tokens) for c in chunks if len(c.tokens) > 1 and not c.draft_tokens)
         _sleep(
             self._cost.option_s(self.spec, "step_fixed_s", 0.002)
             + self._cost.option_s(self.spec, "decode_per_seq_s", 0.0005) * n_decode
@@ -224,23 +238,47 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
             if end > self.n_ctx_per_seq:
                 raise BackendError(f"slot {c.seq_slot} overflows its {self.n_ctx_per_seq} tokens")
             self.slot_len[c.seq_slot] = end
-            if len(c.tokens) > 1 or c.start_pos == 0:
+            history = self.history.setdefault(c.seq_slot, [])
+            history.extend(c.tokens)
+            if (len(c.tokens) > 1 and not c.draft_tokens) or c.start_pos == 0:
                 self._prompt_end[c.seq_slot] = end
-            if c.all_logits:
-                rows.extend(self._logits(t, c.start_pos + i + 1) for i, t in enumerate(c.tokens))
+            if c.draft_tokens:  # a decode and its drafts: each row as a decode's would be
+                rows.extend(self._next(c.seq_slot, c.start_pos + i + 1)
+                            for i in range(len(c.tokens)))
+            elif c.all_logits:
+                rows.extend(self._row(c.seq_slot, c.start_pos + i + 1)
+                            for i in range(len(c.tokens)))
             elif c.want_logits:
-                rows.append(self._scripted(c.seq_slot, end) if self.reply is not None
-                            else self._logits(c.tokens[-1], end))
+                rows.append(self._next(c.seq_slot, end))
         return np.stack(rows) if rows else np.zeros((0, self.vocab_size), dtype=np.float32)
 
-    def _logits(self, last_token: int, next_pos: int) -> np.ndarray:
+    def _next(self, slot: int, next_pos: int) -> np.ndarray:
+        """The row after position ``next_pos - 1`` of a decoding slot."""
+        if self.reply is not None:
+            return self._scripted(slot, next_pos)
+        return self._row(slot, next_pos)
+
+    def _row(self, slot: int, next_pos: int) -> np.ndarray:
+        """The row after the slot's first ``next_pos`` tokens."""
+        history = self.history[slot]
+        recent = history[max(0, next_pos - (self.markov_order or 0)):next_pos]
+        return self._logits(history[next_pos - 1], next_pos, recent)
+
+    def _logits(self, last_token: int, next_pos: int,
+                recent: Sequence[int] = ()) -> np.ndarray:
+        """The row after ``last_token`` at ``next_pos - 1`` (``recent``: the last
+        ``markov_order`` tokens, with ``markov_order``)."""
         if last_token == self.nan_after_token:
             return np.full(self.vocab_size, np.nan, dtype=np.float32)
         logits = np.zeros(self.vocab_size, dtype=np.float32)
         if self.eos_at_pos is not None and next_pos >= self.eos_at_pos:
             logits[EOS_ID] = 10.0
             return logits
-        h = int.from_bytes(_digest(self.spec.model_id, last_token, next_pos)[:8], "little")
+        if self.markov_order is None:
+            key: tuple[object, ...] = (self.spec.model_id, last_token, next_pos)
+        else:
+            key = (self.spec.model_id, *recent)
+        h = int.from_bytes(_digest(*key)[:8], "little")
         span = self.vocab_size - SPECIAL_TOKENS
         logits[SPECIAL_TOKENS + h % span] = 10.0
         logits[SPECIAL_TOKENS + (h // span) % span] += 5.0
@@ -257,18 +295,21 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
 
     def release_sequence(self, seq_slot: int) -> None:
         self.slot_len.pop(seq_slot, None)
+        self.history.pop(seq_slot, None)
         self._prompt_end.pop(seq_slot, None)
 
     def copy_sequence(self, src_slot: int, dst_slot: int, n_tokens: int) -> None:
         if self.slot_len.get(src_slot, 0) < n_tokens:
             raise BackendError(f"slot {src_slot} holds fewer than {n_tokens} tokens")
         self.slot_len[dst_slot] = n_tokens
+        self.history[dst_slot] = self.history.get(src_slot, [])[:n_tokens]
         self._prompt_end[dst_slot] = n_tokens
 
     def trim_sequence(self, seq_slot: int, n_tokens: int) -> None:
         if not 0 <= n_tokens <= self.slot_len.get(seq_slot, 0):
             raise BackendError(f"slot {seq_slot} holds fewer than {n_tokens} tokens")
         self.slot_len[seq_slot] = n_tokens
+        del self.history.get(seq_slot, [])[n_tokens:]
 
     def close(self) -> None:
         self.closed = True

@@ -61,6 +61,12 @@ from sluice.engine.request import (
     expired_what,
 )
 from sluice.engine.sampling import SamplingError, sample_token
+from sluice.engine.speculation import (
+    SequenceDrafts,
+    SpeculationState,
+    drafts_for,
+    greedy_verify,
+)
 from sluice.engine.step_times import StepTimes
 from sluice.engine.step_warmup import measure_step_cost
 from sluice.engine.textstream import TextStream
@@ -68,6 +74,7 @@ from sluice.engine.thinking import ThinkingBudget
 from sluice.policy.admission import clamp_retry_after
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.slot_layout import compaction_moves
+from sluice.policy.speculation import DraftBudget
 from sluice.policy.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost, StepSample
 from sluice.policy.step_planner import (
     TOKENS_ONLY,
@@ -134,6 +141,8 @@ class _Sequence:
     n_fed: int = 0
     generated: int = 0
     thinking: ThinkingBudget | None = None
+    drafts: SequenceDrafts | None = None
+    """Its n-gram drafting state (None: it never drafts, ``sluice.engine.speculation``)."""
 
     @property
     def req(self) -> Request:
@@ -143,11 +152,22 @@ class _Sequence:
     def prefilling(self) -> bool:
         return self.n_fed < self.n_prompt
 
-    def view(self) -> RunningSeq:
+    def view(self, draft_max_tokens: int) -> RunningSeq:
+        """The sequence as the planner sees it, with this step's draft proposal: up to
+        ``draft_max_tokens``, and one fewer than the tokens it has left (the token after
+        the last draft comes with them), so its KV stays within its reservation."""
+        draft: tuple[int, ...] = ()
+        acceptance = 0.0
+        if self.drafts is not None:
+            self.drafts.proposal = ()
+            room = self.req.params.max_tokens - self.generated - 1
+            if room > 0 and not self.prefilling and not self.group.fork_slots:
+                draft = self.drafts.propose(min(draft_max_tokens, room))
+            acceptance = self.drafts.rate.rate
         return RunningSeq(
             self.slot, self.req.request_id, self.n_prompt, self.n_fed, self.generated,
             self.tokens, prompt_logprobs=self.group.prompt_logprobs is not None,
-            tenant=self.req.tenant_id,
+            tenant=self.req.tenant_id, draft=draft, acceptance=acceptance,
         )
 
 
@@ -157,10 +177,16 @@ class _Batch:
 
     chunks: list[ForwardChunk] = field(default_factory=list)
     owners: list[_Sequence] = field(default_factory=list)
+    drafted: list[tuple[int, ...]] = field(default_factory=list)
+    """Per chunk, the drafted tokens it verifies (empty for most)."""
     decode_tokens: int = 0
     prefill_tokens: int = 0
     context_tokens: int = 0
-    """KV positions the decodes attend to (the step-time model's context term)."""
+    """KV positions the decodes (and their drafted tokens) attend to (the step-time
+    model's context term)."""
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    """Drafted tokens the model agreed with (known after the pass)."""
 
 
 def _waiting_view(req: Request) -> WaitingSeq:
@@ -231,6 +257,10 @@ class ContinuousEngine:
         self.width: WidthPlan | None = None
         """The last width decision made with requests waiting (``sluice.policy.width``):
         how many sequences the TPOT target let decode at once, and why."""
+        self.drafting = model.spec.speculation == "auto" and config.mode == "continuous"
+        """Greedy sequences draft tokens (n-gram speculation; the baselines never do)."""
+        self.speculation = SpeculationState(model.spec.speculation)
+        """The drafted and accepted tokens so far, and the last verifying step's."""
 
     # -- queue ---------------------------------------------------------------------------
 
@@ -364,7 +394,8 @@ class ContinuousEngine:
         now = self._clock()
         self._retire_stopped(now)
         self._compact()
-        plan = plan_step(self.config, self.view(now), self.budget())  # decide
+        budget = self.budget()
+        plan = plan_step(self.config, self.view(now), budget, self._draft_budget(budget))
         batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes
         if not batch.chunks:
             self._last_step_end_s = None
@@ -444,25 +475,38 @@ class ContinuousEngine:
                                   ttft_left_s=lefts)
         return TpotBudget(cost, self.tpot_target_s, margin, limit_s=self.width.step_limit_s)
 
+    def _draft_budget(self, budget: StepBudget) -> DraftBudget | None:
+        """What drafting may spend in the next step: priced on the learned step-time model,
+        within the TPOT budget's step limit (None: the engine does not draft)."""
+        if not self.drafting:
+            return None
+        limit_s = budget.step_limit_s if isinstance(budget, TpotBudget) else None
+        return DraftBudget(self.step_cost.current(), limit_s)
+
     def _learn(self, batch: _Batch, seconds: float) -> None:
         """Feed one step's measured time to the step-time model and the tally: from the
         end of the previous step (the worker's work between steps included) to the last
         token of this one streamed, which is what a running sequence waits between
         tokens. A step with decodes also feeds the margin: its cycle against what the model
-        predicted (before this observation refits it) for the same step."""
+        predicted (before this observation refits it) for the same step. A drafted token
+        counts as a decode in the step-time model (a token with a logits row, as
+        ``sluice.policy.speculation`` prices it)."""
+        decodes = batch.decode_tokens + batch.draft_tokens
         if batch.decode_tokens:
             predicted_s = self.step_cost.current().predict_s(
-                batch.decode_tokens, batch.prefill_tokens, batch.context_tokens)
+                decodes, batch.prefill_tokens, batch.context_tokens)
             self.tpot_margin.observe(predicted_s, seconds)
-        self.step_cost.observe(StepSample(batch.decode_tokens, batch.prefill_tokens, seconds,
+        self.step_cost.observe(StepSample(decodes, batch.prefill_tokens, seconds,
                                           batch.context_tokens))
         self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, seconds,
-                                batch.context_tokens)
+                                batch.context_tokens, batch.draft_tokens,
+                                batch.accepted_tokens)
 
     def view(self, now: float) -> StepView:
         """The engine as the step planner sees it (ended requests already swept out)."""
+        draft_max = self.model.spec.draft_max_tokens
         return StepView(
-            running=tuple(seq.view() for seq in self.running.values()),
+            running=tuple(seq.view(draft_max) for seq in self.running.values()),
             waiting=tuple(_waiting_view(req) for req in self.waiting),
             # lowest first: llama.cpp (one KV stream per slot) decodes a batch whose slots
             # spread over many streams up to 3x slower than the same batch on the lowest
@@ -491,15 +535,24 @@ class ContinuousEngine:
             seq = self.running.get(chunk.slot)
             if chunk.slot in not_started or seq is None:
                 continue  # not started, or its request failed while starting
-            tokens = tuple(seq.tokens[chunk.start_pos : chunk.start_pos + chunk.n_tokens])
+            proposal = seq.drafts.proposal if seq.drafts is not None else ()
+            drafted = proposal[: chunk.draft_tokens]
+            if drafted:  # its decode token, then the drafts, with every row's logits
+                tokens = (seq.tokens[chunk.start_pos], *drafted)
+            else:
+                tokens = tuple(seq.tokens[chunk.start_pos : chunk.start_pos + chunk.n_tokens])
             batch.chunks.append(
                 ForwardChunk(chunk.slot, tokens, chunk.start_pos, chunk.want_logits,
-                             chunk.all_logits)
+                             chunk.all_logits or bool(drafted), draft_tokens=len(drafted))
             )
             batch.owners.append(seq)
+            batch.drafted.append(drafted)
             if chunk.decode:
                 batch.decode_tokens += 1
-                batch.context_tokens += chunk.start_pos
+                batch.draft_tokens += len(drafted)
+                batch.context_tokens += chunk.start_pos * len(tokens)
+                if proposal and not drafted and seq.drafts is not None:
+                    seq.drafts.rate.idle()
             else:
                 batch.prefill_tokens += chunk.n_tokens
         self.last_batch_size = len(batch.chunks)
@@ -567,8 +620,17 @@ class ContinuousEngine:
             grammar = start_grammar(req.params.constraint, self.model)
         chooser = TokenChooser(req.params, group.seed, 0, req.prompt_tokens,
                                self.model.vocab_size, grammar)
-        return _Sequence(group, 0, adm.slot, list(req.prompt_tokens), len(req.prompt_tokens),
-                         chooser, TextStream(req.params.stop), thinking=_budget(req.params))
+        tokens, thinking = list(req.prompt_tokens), _budget(req.params)
+        return _Sequence(group, 0, adm.slot, tokens, len(tokens), chooser,
+                         TextStream(req.params.stop), thinking=thinking,
+                         drafts=self._drafts(req.params, chooser, thinking, tokens))
+
+    def _drafts(self, params: SamplingParams, chooser: TokenChooser,
+                thinking: ThinkingBudget | None, tokens: list[int]) -> SequenceDrafts | None:
+        """Drafting state over ``tokens`` for a sequence that may draft, else None."""
+        if not (self.drafting and drafts_for(params, chooser, thinking)):
+            return None
+        return SequenceDrafts.over(tokens)
 
     def _waiting_index(self, request_id: int) -> int:
         # Admissions come from the head of the line, so this is almost always index 0.
@@ -591,10 +653,15 @@ class ContinuousEngine:
         now = self._clock()
         self.steps += 1
         jobs: list[tuple[_Sequence, int]] = []  # (sequence, its logits row)
+        verifies: list[tuple[_Sequence, tuple[int, ...], int, int]] = []  # rows lo..hi
         row = 0
-        for chunk, seq in zip(batch.chunks, batch.owners, strict=True):
+        for chunk, seq, drafted in zip(batch.chunks, batch.owners, batch.drafted, strict=True):
             first_row, row = row, row + chunk.n_rows
             seq.n_fed += len(chunk.tokens)
+            if drafted:
+                if not seq.req.is_terminal:
+                    verifies.append((seq, drafted, first_row, row))
+                continue
             if chunk.all_logits:
                 self._barrier(seq.group, partial(self._prompt_logprobs, seq, chunk,
                                                  logits[first_row:row]))
@@ -605,8 +672,39 @@ class ContinuousEngine:
                 jobs.extend((s, row - 1) for s in forked or ())
             elif self.running.get(seq.slot) is seq:
                 jobs.append((seq, row - 1))
-        if not jobs:
-            return
+        if jobs:
+            self._choose_all(jobs, logits, now)
+        for seq, drafted, lo, hi in verifies:
+            if self.running.get(seq.slot) is seq:
+                accepted = self._barrier(seq.group, partial(self._take_verified, seq, drafted,
+                                                            logits[lo:hi], now))
+                batch.accepted_tokens += accepted or 0
+        if batch.draft_tokens:
+            self.speculation = self.speculation.after(batch.draft_tokens,
+                                                      batch.accepted_tokens)
+
+    def _take_verified(self, seq: _Sequence, drafted: tuple[int, ...], rows: np.ndarray,
+                       now: float) -> int:
+        """A drafted decode's outcome (``greedy_verify`` over its rows): the KV of the
+        rejected drafts is removed before any token is streamed, then each token taken is
+        accepted as a decode's would be (the sequence may end at any of them). Returns the
+        drafts accepted."""
+        taken = greedy_verify(rows, drafted, seq.req.params, seq.chooser)
+        accepted = len(taken) - 1
+        if accepted < len(drafted):
+            seq.n_fed -= len(drafted) - accepted
+            self.model.trim_sequence(seq.slot, seq.n_fed)
+        if seq.drafts is not None:
+            seq.drafts.rate.observe(len(drafted), accepted)
+        for token in taken:
+            self._accept(seq, Pick(token), now)
+            if self.running.get(seq.slot) is not seq:
+                break  # it ended (stop, length, deadline)
+        return accepted
+
+    def _choose_all(self, jobs: list[tuple[_Sequence, int]], logits: np.ndarray,
+                    now: float) -> None:
+        """Choose and accept one token for each job (sequence, its logits row)."""
         plain = all(seq.chooser.plain for seq, _ in jobs)
         rows = None
         if not plain:
@@ -638,11 +736,13 @@ class ContinuousEngine:
         for choice, slot in enumerate(list(group.fork_slots), start=1):
             self.model.copy_sequence(parent.slot, slot, parent.n_prompt)
             group.fork_slots.remove(slot)
+            tokens, params = list(parent.tokens), group.req.params
+            chooser = parent.chooser.fork(choice, group.seed, tokens, self.model.vocab_size)
+            thinking = _budget(params)
             child = _Sequence(
-                group, choice, slot, list(parent.tokens), parent.n_prompt,
-                parent.chooser.fork(choice, group.seed, parent.tokens, self.model.vocab_size),
-                TextStream(group.req.params.stop), n_fed=parent.n_prompt,
-                thinking=_budget(group.req.params),
+                group, choice, slot, tokens, parent.n_prompt, chooser,
+                TextStream(params.stop), n_fed=parent.n_prompt, thinking=thinking,
+                drafts=self._drafts(params, chooser, thinking, tokens),
             )
             self.running[slot] = child
             group.live.append(child)

@@ -104,6 +104,9 @@ class SamplingParams:
     constraint: Constraint | None = None
     thinking: ThinkingLimit | None = None
     """A budget of thinking tokens (``engine.thinking``); ``None``: no limit."""
+    speculation: bool = True
+    """May the engine draft tokens for it (n-gram speculation, greedy requests only, when
+    the model's ``speculation`` is ``auto``); False: never. Output is the same either way."""
 
 
 @dataclass(frozen=True, slots=True)

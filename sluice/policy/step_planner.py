@@ -50,6 +50,12 @@ views):
 - **Baselines**: ``static`` and ``serial`` admit only into an empty engine; ``serial`` one
   request at a time; ``static`` when the line fills every slot or its head has waited
   ``static_max_wait_s``.
+- **Speculation** (a ``DraftBudget`` given): after the admissions, the decode chunk of a
+  sequence with a proposal (``RunningSeq.draft``) may carry the first ``draft_tokens`` of
+  it after its decode token (``n_tokens = 1 + draft_tokens``, every row's logits wanted),
+  as ``sluice.policy.speculation.choose_draft_lengths`` decides from the tokens left in the
+  budget and the step's time limit. Drafting never changes the admissions, the prefill
+  chunks or which sequences decode; without a ``DraftBudget`` no chunk drafts.
 
 Extension points: a ``StepBudget`` bounds prefill tokens and admissions by more than the
 token count (a step-time model keeping each running sequence's time per output token
@@ -67,6 +73,12 @@ from itertools import islice
 from typing import Literal, Protocol, TypeVar
 
 from sluice.policy.kv_blocks import KVBlockAllocator, KVSnapshot
+from sluice.policy.speculation import (
+    DraftBudget,
+    DraftCandidate,
+    PlannedStep,
+    choose_draft_lengths,
+)
 
 _T = TypeVar("_T")
 
@@ -154,6 +166,11 @@ class RunningSeq:
     tenant: str = ""
     """Whose prompt it holds: a prefix donor only for that tenant's requests (unless
     ``share_prefix_across_tenants``)."""
+    draft: Sequence[int] = ()
+    """Tokens proposed to follow its last sampled token (n-gram lookup), at most as many
+    as it may verify in one step; empty: it does not draft this step."""
+    acceptance: float = 0.0
+    """Its drafts' measured acceptance rate (``AcceptanceRate.rate``)."""
 
     @property
     def prefilling(self) -> bool:
@@ -277,6 +294,10 @@ class PlannedChunk:
     """One generated token (else a piece of the prompt)."""
     all_logits: bool = False
     """Return the logits after every token of the chunk (prompt log-probabilities)."""
+    draft_tokens: int = 0
+    """A decode carrying this many drafted tokens after its decode token (the first of
+    the sequence's ``draft``), each to be verified from the logits row before it (which
+    the chunk wants for every token)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,14 +358,20 @@ class StepPlan:
     def prefill_tokens(self) -> int:
         return sum(c.n_tokens for c in self.chunks if not c.decode)
 
+    @property
+    def draft_tokens(self) -> int:
+        return sum(c.draft_tokens for c in self.chunks)
+
 
 # -- the planner ----------------------------------------------------------------------------
 
 
-def plan_step(config: EngineConfig, view: StepView, budget: StepBudget = TOKENS_ONLY) -> StepPlan:
+def plan_step(config: EngineConfig, view: StepView, budget: StepBudget = TOKENS_ONLY,
+              drafts: DraftBudget | None = None) -> StepPlan:
     """Decode tokens first, then prefill chunks of running sequences, then admissions while
-    the token budget, slots and KV blocks allow. Pure: the view is not changed."""
-    return _Draft(config, view, budget).plan()
+    the token budget, slots and KV blocks allow, then (``drafts`` given) drafted tokens on
+    the decodes that pay for them. Pure: the view is not changed."""
+    return _Draft(config, view, budget, drafts).plan()
 
 
 def static_wakeup_s(config: EngineConfig, n_running: int, head: WaitingSeq | None) -> float | None:
@@ -412,10 +439,12 @@ def common_prefix_tokens(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 class _Draft:
     """One plan being built: local copies of the token budget, slots and KV counts."""
 
-    def __init__(self, config: EngineConfig, view: StepView, budget: StepBudget) -> None:
+    def __init__(self, config: EngineConfig, view: StepView, budget: StepBudget,
+                 drafts: DraftBudget | None = None) -> None:
         self.config = config
         self.view = view
         self.budget = budget
+        self.drafts = drafts
         self.tokens_left = config.max_batch_tokens
         self.decode_tokens = 0
         self.context_tokens = 0
@@ -438,7 +467,28 @@ class _Draft:
             if seq.prefilling and self.tokens_left > 0:
                 self._prefill(seq.slot, seq.n_prompt, seq.n_fed, seq.prompt_logprobs)
         held_back = self._admit()
+        if self.drafts is not None:
+            self._speculate(self.drafts)
         return StepPlan(tuple(self.chunks), tuple(self.admissions), held_back)
+
+    def _speculate(self, drafts: DraftBudget) -> None:
+        """Lengthen the decode chunks of sequences with a proposal by the drafted tokens
+        that pay for themselves (``choose_draft_lengths``), within the tokens left."""
+        by_slot = {seq.slot: seq for seq in self.view.running if seq.draft}
+        drafting = [i for i, c in enumerate(self.chunks) if c.decode and c.slot in by_slot]
+        if not drafting or self.tokens_left <= 0:
+            return
+        load = self._load()
+        step = PlannedStep(load.decode_tokens, load.prefill_tokens, load.context_tokens,
+                           output_tokens=sum(1 for c in self.chunks if c.want_logits))
+        seqs = [by_slot[self.chunks[i].slot] for i in drafting]
+        lengths = choose_draft_lengths(
+            drafts, step, [DraftCandidate(len(s.draft), s.acceptance, s.n_fed) for s in seqs],
+            self.tokens_left)
+        for i, k in zip(drafting, lengths, strict=True):
+            if k:
+                self.chunks[i] = replace(self.chunks[i], n_tokens=1 + k, draft_tokens=k)
+                self.tokens_left -= k
 
     def _load(self) -> StepLoad:
         return StepLoad(

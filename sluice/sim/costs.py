@@ -245,6 +245,8 @@ def step_tables(entry: Mapping[str, Any]
         steps = int(bucket["steps"])
         if steps < MIN_BUCKET_STEPS:
             continue
+        if str(key).endswith("+draft"):
+            continue  # verified drafts: not the plain steps these tables hold
         decodes, plus, _ = str(key).partition("+")
         mean_s = float(bucket["seconds"]) / steps
         if plus:

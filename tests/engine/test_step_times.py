@@ -77,3 +77,21 @@ def test_a_rolling_table_takes_each_bucket_from_the_newest_windows_that_hold_eno
     assert table["7+prefill"] == b(2, 90.0, 20)
     assert recent([old, mid, new], min_steps=1)["1"] == b(3, 18.0)
     assert recent([], min_steps=10) == {}
+
+
+def test_steps_that_verified_drafts_have_their_own_buckets_with_the_counts() -> None:
+    t = StepTimes()
+    t.observe(2, 0, 0.030, 40, draft_tokens=5, accepted_tokens=3)
+    t.observe(2, 0, 0.034, 42, draft_tokens=2, accepted_tokens=2)
+    t.observe(2, 8, 0.050, 40, draft_tokens=1, accepted_tokens=0)
+    t.observe(2, 0, 0.020, 40)
+    snap = t.snapshot()
+    assert set(snap) == {"2", "2+draft", "2+prefill+draft"}
+    assert (snap["2+draft"].draft_tokens, snap["2+draft"].accepted_tokens) == (7, 5)
+    assert snap["2"].draft_tokens == 0
+    raw = to_json(snap)
+    assert raw["2+draft"]["draft_tokens"] == 7 and "draft_tokens" not in raw["2"]
+    back = from_json(raw)["2+draft"]
+    assert (back.draft_tokens, back.accepted_tokens) == (7, 5)
+    window = minus(t.snapshot(), {"2+draft": StepBucket(1, 0.030, 0, 40, 5, 3)})
+    assert (window["2+draft"].draft_tokens, window["2+draft"].accepted_tokens) == (2, 2)

@@ -329,7 +329,9 @@ def test_the_engines_step_tally_is_read_as_decode_and_prefill_step_tables() -> N
                            "per_prefill_token_s": 0.001},
              "step_times": {"1": bucket(50, 16.0), "2": bucket(MIN_BUCKET_STEPS - 1, 99.0),
                             "3": bucket(40, 42.0), "0+prefill": bucket(20, 30.0, 18),
-                            "2+prefill": bucket(30, 60.0, 20)},
+                            "2+prefill": bucket(30, 60.0, 20),
+                            # verified drafts: not a plain decode or prefill step
+                            "3+draft": bucket(40, 80.0), "2+prefill+draft": bucket(40, 90.0)},
              "load_s": 0.0}
     cost = model_cost("chat", "generative", "llamacpp", {}, 0.0, {"chat": entry})
     assert cost.decode_sizes == (1, 3) and cost.prefill_sizes == (0, 2)

@@ -1,0 +1,234 @@
+"""N-gram speculation: drafts from a sequence's own text, and how many of them a step
+verifies.
+
+A decode step at a small batch reads every weight of the model to compute a handful of
+tokens; feeding a few more positions of one sequence in the same pass costs little more.
+When the text a sequence is writing repeats text it already holds (a rewrite, a quote,
+an edit of its prompt), the tokens that followed the latest earlier occurrence of its
+last few tokens are a good guess at what comes next (prompt lookup decoding, llama.cpp's
+``ngram-simple``): the engine feeds them after the sequence's decode token, reads the
+model's choice after each, and keeps the longest prefix the model agrees with.
+
+- ``NgramIndex``: the per-sequence index over prompt + output. ``propose(k)`` finds the
+  latest earlier occurrence of the last ``n`` tokens (``n`` from ``max_n`` down to
+  ``min_n``, the longest match wins) and returns up to ``k`` tokens that followed it.
+- ``AcceptanceRate``: a sequence's measured share of drafted tokens accepted, smoothed
+  towards a prior and decayed so that it follows the text as it changes.
+- ``choose_draft_lengths``: each sequence's draft length for one step, from the step-time
+  model (``sluice.policy.step_cost``), the acceptance rates and the step's time limit.
+
+The choice. A draft token ``j`` of a sequence whose drafts are accepted with probability
+``a`` each yields a token with probability ``a ** j`` (every draft before it must be
+accepted too) and costs what the step-time model charges for one more token with a
+logits row: ``per_decode_token_s`` plus its attention over the sequence's context. The
+step as planned yields ``E`` tokens in ``T`` seconds; one more draft token is worth
+adding when ``a ** j / cost > E / T`` -- when it raises the step's expected tokens per
+second -- and while the step stays within its limit (the TPOT target's). Candidates are
+taken best first (highest ``a ** j / cost``), so the rule stops at the first that does
+not pay. At a small batch ``T`` is mostly the step's fixed cost and drafting pays even at
+modest acceptance; as the batch grows the step becomes compute-bound, ``E / T`` approaches
+``1 / per_decode_token_s`` and no draft accepted with probability below 1 beats it: the
+lengths fall to 0 by themselves.
+
+Pure: no clocks, no model. The engine owns one index and one rate per sequence; the step
+planner (``sluice.policy.step_planner``) calls ``choose_draft_lengths``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sluice.policy.step_cost import StepCost
+
+DEFAULT_MAX_NGRAM = 3
+"""Longest suffix looked up (llama.cpp's prompt lookup and HF's default match 1-3)."""
+DEFAULT_DRAFT_MAX_TOKENS = 16
+"""The most tokens one sequence drafts in a step (llama-server's ``--draft-max``)."""
+
+
+class NgramIndex:
+    """The n-grams of one sequence's tokens (prompt + output), by where they last ended.
+
+    Invariant: ``tokens`` only grows (the caller appends, never changes or removes); after
+    ``_catch_up``, ``_last_end[g]`` is the largest ``e < len(tokens)`` with
+    ``tokens[e - len(g):e] == g`` for every gram ``g`` of ``min_n .. max_n`` tokens, i.e.
+    the latest occurrence that is not the sequence's current suffix itself. Memory is
+    ``O((max_n - min_n + 1) * len(tokens))``; each appended token costs that many dict
+    writes, each ``propose`` that many lookups."""
+
+    def __init__(self, tokens: Sequence[int], *, max_n: int = DEFAULT_MAX_NGRAM,
+                 min_n: int = 1) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min_n <= max_n, got "
+                             f"min_n={min_n}, max_n={max_n}")
+        self.tokens = tokens
+        """The sequence's tokens: read, never written (the engine's own list)."""
+        self.max_n = max_n
+        self.min_n = min_n
+        self._last_end: dict[tuple[int, ...], int] = {}
+        self._indexed_to = 0
+        """Every gram ending at or before this position is in ``_last_end``."""
+
+    def _catch_up(self) -> None:
+        tokens = self.tokens
+        top = len(tokens) - 1  # the gram ending at len(tokens) is the suffix: not indexed
+        for end in range(self._indexed_to + 1, top + 1):
+            for n in range(self.min_n, min(self.max_n, end) + 1):
+                self._last_end[tuple(tokens[end - n:end])] = end
+        self._indexed_to = max(self._indexed_to, top)
+
+    def propose(self, k: int) -> tuple[int, ...]:
+        """Up to ``k`` tokens that followed the latest earlier occurrence of the longest
+        suffix (``max_n`` down to ``min_n`` tokens) that occurred before; ``()`` when no
+        suffix did or ``k`` < 1. The proposal may run into the suffix itself (a repeated
+        token proposes itself again)."""
+        if k < 1:
+            return ()
+        self._catch_up()
+        tokens = self.tokens
+        size = len(tokens)
+        for n in range(min(self.max_n, size - 1), self.min_n - 1, -1):
+            end = self._last_end.get(tuple(tokens[size - n:]))
+            if end is not None:
+                return tuple(tokens[end:min(end + k, size)])
+        return ()
+
+
+@dataclass(slots=True)
+class AcceptanceRate:
+    """A sequence's chance that a drafted token is accepted, given the drafts before it
+    were: accepted drafts over verified ones (a draft after the first rejected one is not
+    verified), smoothed by ``prior_weight`` verified drafts at ``prior`` and decayed by
+    ``decay`` per verified draft (a memory of about ``1 / (1 - decay)`` drafts).
+
+    ``idle()`` (a step the sequence had a proposal but drafted nothing) decays the
+    evidence alone, so a rate that stopped drafting drifts back towards the prior and the
+    sequence probes again now and then rather than never.
+
+    Invariant: ``0 < rate < 1``."""
+
+    prior: float = 0.5
+    prior_weight: float = 2.0
+    decay: float = 0.9
+    idle_decay: float = 0.95
+    accepted: float = 0.0
+    verified: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.prior < 1.0:
+            raise ValueError(f"prior must be in (0, 1), got {self.prior}")
+        if not self.prior_weight > 0:
+            raise ValueError(f"prior_weight must be > 0, got {self.prior_weight}")
+        for name in ("decay", "idle_decay"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+    @property
+    def rate(self) -> float:
+        return ((self.accepted + self.prior * self.prior_weight)
+                / (self.verified + self.prior_weight))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """A step verified ``drafted`` tokens and the model agreed with the first
+        ``accepted`` of them (``0 <= accepted <= drafted``)."""
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted ({accepted}) must be within 0..drafted ({drafted})")
+        if drafted == 0:
+            return
+        verified = accepted + (1 if accepted < drafted else 0)
+        keep = self.decay ** verified
+        self.accepted = self.accepted * keep + accepted
+        self.verified = self.verified * keep + verified
+
+    def idle(self) -> None:
+        """A step in which the sequence could have drafted and did not."""
+        self.accepted *= self.idle_decay
+        self.verified *= self.idle_decay
+
+
+@dataclass(frozen=True, slots=True)
+class DraftCandidate:
+    """One decoding sequence that has a proposal."""
+
+    max_tokens: int
+    """Drafted tokens it may verify at most (its proposal's length)."""
+    acceptance: float
+    """Its acceptance rate (``AcceptanceRate.rate``), in [0, 1)."""
+    context_tokens: int
+    """KV positions each of its drafted tokens attends to (its fed tokens)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DraftBudget:
+    """What drafting may spend in one step: the step-time model it is priced on, and the
+    longest step to plan (the TPOT budget's limit; ``None``: no limit but the tokens)."""
+
+    cost: StepCost
+    step_limit_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.step_limit_s is not None and not self.step_limit_s > 0:
+            raise ValueError(f"step_limit_s must be > 0, got {self.step_limit_s!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedStep:
+    """The step before drafting, as the step-time model prices it."""
+
+    decode_tokens: int
+    prefill_tokens: int
+    context_tokens: int
+    output_tokens: int
+    """Tokens the step yields without drafts (its chunks that want logits)."""
+
+
+def draft_token_s(cost: StepCost, context_tokens: int) -> float:
+    """Seconds one drafted token adds to a step: a token with a logits row (as a decode)
+    attending to ``context_tokens`` positions."""
+    return cost.per_decode_token_s + cost.per_context_token_s * context_tokens
+
+
+def choose_draft_lengths(budget: DraftBudget, step: PlannedStep,
+                         candidates: Sequence[DraftCandidate],
+                         token_room: int) -> tuple[int, ...]:
+    """Each candidate's draft length for this step (in candidate order, each within
+    ``0 .. max_tokens``, together at most ``token_room``): drafted tokens are added best
+    first while each raises the step's expected tokens per second and the predicted
+    step stays within ``budget.step_limit_s`` (see the module docstring)."""
+    lengths = [0] * len(candidates)
+    if token_room <= 0 or not candidates:
+        return tuple(lengths)
+    cost = budget.cost
+    step_s = cost.predict_s(step.decode_tokens, step.prefill_tokens, step.context_tokens)
+    expected = float(step.output_tokens)
+    limit_s = math.inf if budget.step_limit_s is None else budget.step_limit_s
+    heap: list[tuple[float, int, float, float]] = []  # (-value per s, index, gain, seconds)
+
+    def push(i: int) -> None:
+        c = candidates[i]
+        if lengths[i] >= c.max_tokens or not 0.0 < c.acceptance < 1.0:
+            return
+        gain = c.acceptance ** (lengths[i] + 1)
+        seconds = draft_token_s(cost, c.context_tokens)
+        value = gain / seconds if seconds > 0 else math.inf
+        heapq.heappush(heap, (-value, i, gain, seconds))
+
+    for i in range(len(candidates)):
+        push(i)
+    room = token_room
+    while heap and room > 0:
+        _, i, gain, seconds = heapq.heappop(heap)
+        # worth it only if it raises expected tokens per second: gain / s > E / T
+        if gain * step_s <= expected * seconds:
+            break  # the best remaining candidate does not pay, so none does
+        if step_s + seconds > limit_s:
+            continue  # past the step's limit: this sequence drafts no more
+        lengths[i] += 1
+        step_s += seconds
+        expected += gain
+        room -= 1
+        push(i)
+    return tuple(lengths)
