@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from sluice.backends.base import Backend
 from sluice.backends.registry import make_backends
 from sluice.config import Config
+from sluice.engine.constraints import warm_vocabulary
 from sluice.engine.observer import Observers
 from sluice.engine.runtime import Runtime
 from sluice.server import errors
@@ -132,9 +133,17 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
 
 
 def _warm_tokenizer(runtime: Runtime, model_id: str) -> None:
-    """Load a generative model's tokenizer and its prompt-length bound (which may build the
-    token table, about a second), so no request waits for either."""
-    runtime.tokenizer(model_id).max_token_bytes()
+    """Load a generative model's tokenizer, its prompt-length bound (which may build the
+    token table, about a second) and its grammar vocabulary (1-3 s for 262,144 tokens), so
+    no request waits for them: the vocabulary is built in Python and llguidance holding the
+    GIL, so built by the first constrained request it stalled the event loop, and every
+    other request with it, for as long."""
+    tok = runtime.tokenizer(model_id)
+    tok.max_token_bytes()
+    try:
+        warm_vocabulary(tok)
+    except ValueError as exc:  # e.g. no EOS token: constrained requests get the reason
+        log.warning("model %s: no grammar vocabulary: %s", model_id, exc)
 
 
 async def _start_grpc(ctx: AppContext) -> Any:

@@ -80,6 +80,23 @@ def wait_idle(runtime: Any, timeout_s: float = 20.0) -> dict[str, tuple[int, int
         time.sleep(0.05)
 
 
+def test_the_grammar_vocabulary_is_built_before_ready(
+        server: tuple[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first in this module, before any constrained request: start-up built the
+    model's llguidance vocabulary (1-3 s holding the GIL for 262,144 tokens), so a
+    constrained request never builds it while the event loop waits."""
+    from sluice.engine.constraints import vocab
+
+    def built_again(*_: Any, **__: Any) -> None:
+        raise AssertionError("the grammar vocabulary was built after start-up")
+
+    monkeypatch.setattr(vocab, "ll_tokenizer_from_table", built_again)
+    r = httpx.post(f"{server[0]}/v1/chat/completions", timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "A number?"}],
+        "max_tokens": 8, "temperature": 0, "response_format": {"type": "json_object"}})
+    assert r.status_code == 200, r.text
+
+
 def test_greedy_completion_names_paris(client: openai.OpenAI) -> None:
     r = client.completions.create(model=MODEL, prompt="The capital of France is the city of",
                                   max_tokens=4, temperature=0)
