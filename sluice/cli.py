@@ -33,6 +33,7 @@ def _load(args: argparse.Namespace) -> Config:
     if getattr(args, "model_files", None) is not None:
         config = _llama_flags(args, config)
     env = os.environ.get
+    cors = getattr(args, "cors_origins", None)
     port = args.port if args.port is not None else env("SLUICE_PORT")
     grpc_port = args.grpc_port if args.grpc_port is not None else env("SLUICE_GRPC_PORT")
     overrides: dict[str, dict[str, Any]] = {
@@ -45,6 +46,7 @@ def _load(args: argparse.Namespace) -> Config:
             "open_admin": True if getattr(args, "open_admin", False) else None,
             "metrics_key": env("SLUICE_METRICS_KEY"),
             "log_content": True if getattr(args, "log_content", False) else None,
+            "cors_origins": _split(cors) if cors else None,
         },
         "scheduling": {
             "scheduler": args.scheduler,
@@ -62,18 +64,36 @@ def _load(args: argparse.Namespace) -> Config:
     return with_overrides(config, overrides)
 
 
+def _split(values: str | list[str]) -> list[str]:
+    """Comma-separated values (llama-server's lists), from one flag or several."""
+    items = [values] if isinstance(values, str) else values
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
+
+
+REFUSED_POOLING = {
+    "none": "per-token embeddings are not served (OpenAI's and Ollama's embeddings are one "
+            "vector per input); use mean, cls or last",
+    "rank": "reranking is not served from llama-server's flags; use mean, cls or last",
+}
+
+
 def _llama_flags(args: argparse.Namespace, config: Config) -> Config:
     from sluice.serve_gguf import LlamaFlags, apply_llama_flags
 
     template = args.chat_template
     if args.chat_template_file:
         template = Path(args.chat_template_file).read_text(encoding="utf-8")
-    keys = [k for k in (args.api_key or []) if k]
+    keys = _split(args.api_key or [])
     if os.environ.get("SLUICE_API_KEY"):
         keys.append(os.environ["SLUICE_API_KEY"])
+    if args.pooling in REFUSED_POOLING:
+        raise ValueError(f"--pooling {args.pooling}: {REFUSED_POOLING[args.pooling]}")
     flags = LlamaFlags(
         ctx_size=args.ctx_size, parallel=args.parallel, threads=args.threads,
         batch_size=args.batch_size, n_gpu_layers=args.n_gpu_layers, chat_template=template,
+        no_repack=args.no_repack, kv_unified=args.kv_unified, temperature=args.temp,
+        seed=None if args.seed is None or args.seed < 0 else args.seed,
+        n_predict=args.n_predict, embedding=args.embedding, pooling=args.pooling,
         api_keys=tuple(keys), aliases=tuple(args.alias or ()),
         keep_alive=args.keep_alive or os.environ.get("SLUICE_KEEP_ALIVE"),
         pins=tuple(args.pin or ()),
@@ -82,19 +102,47 @@ def _llama_flags(args: argparse.Namespace, config: Config) -> Config:
     return apply_llama_flags(config, files, flags)
 
 
+class _Refused(argparse.Action):
+    """A llama-server flag whose meaning sluice does not have: naming it is an error that
+    says why (never ignored)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, why: str = "",
+                 **kwargs: Any) -> None:
+        self.why = why
+        super().__init__(option_strings, dest, nargs=0, help=f"refused: {why}",
+                         default=argparse.SUPPRESS)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: {self.why}")
+
+
+class _ConfigOrCtx(argparse.Action):
+    """``-c``: a number is llama-server's ``--ctx-size``, anything else sluice's
+    ``--config``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if str(values).isdigit():
+            namespace.ctx_size = int(values)
+        else:
+            namespace.config = values
+
+
 def _llama_server_flags(p: argparse.ArgumentParser) -> None:
-    """llama-server's (and vLLM's) flag names where they mean the same thing."""
+    """llama-server's (and vLLM's) flag names where they mean the same thing; the ones whose
+    meaning sluice has not are refused by name."""
     p.add_argument("model_files", nargs="*", metavar="PATH.gguf",
                    help="serve these GGUF files, or every GGUF in a folder (instead of the "
                         "config's models)")
     p.add_argument("-m", "--model", action="append", metavar="PATH.gguf",
                    help="a GGUF file to serve (llama-server's -m; repeatable)")
-    p.add_argument("--alias", "--served-model-name", action="append", metavar="NAME",
+    p.add_argument("--alias", "--served-model-name", action="append", metavar="NAME[,NAME]",
                    help="the model id clients use, one per file in order (default: the "
-                        "file's name)")
+                        "file's name); more names after commas are aliases of it")
     p.add_argument("--ctx-size", type=int, metavar="N",
                    help="KV cells per model, split over --parallel sequences (0 = the "
-                        "model's trained context; default 8192)")
+                        "model's trained context; default 8192); also -c N")
     p.add_argument("-np", "--parallel", type=int, metavar="N",
                    help="sequences decoded at once per model (default 8)")
     p.add_argument("-t", "--threads", type=int, metavar="N", help="CPU threads per decode")
@@ -102,22 +150,66 @@ def _llama_server_flags(p: argparse.ArgumentParser) -> None:
                    help="the most tokens in one llama_decode (default 512)")
     p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, metavar="N",
                    help="layers offloaded to a GPU (for a GPU build of llama.cpp)")
-    p.add_argument("--chat-template", metavar="JINJA_OR_NAME",
-                   help="a Jinja chat template, or a llama.cpp template name")
+    p.add_argument("--no-repack", action="store_true",
+                   help="keep the weights as the file lays them out (llama.cpp's extra "
+                        "buffer types off: the extra_bufts option)")
+    p.add_argument("--kv-unified", action="store_true",
+                   help="one KV pool that every sequence fills (the kv_unified option)")
+    p.add_argument("--chat-template", metavar="NAME|TEMPLATE",
+                   help="a llama.cpp template name (chatml, llama3, ...), or the template's "
+                        "text, rendered as Jinja")
     p.add_argument("--chat-template-file", metavar="PATH", help="a Jinja chat template file")
+    p.add_argument("--jinja", action="store_true",
+                   help="accepted: chat templates are always rendered as Jinja")
+    p.add_argument("--temp", type=float, metavar="T",
+                   help="the temperature of requests that send none ([models.sampling], over "
+                        "the model file's own, as in llama-server)")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="the seed of requests that send none (-1: each request its own)")
+    p.add_argument("-n", "--n-predict", type=int, metavar="N",
+                   help="the token limit of requests that name none (default_max_tokens; "
+                        "-1: until the context is full)")
+    p.add_argument("--embedding", "--embeddings", action="store_true",
+                   help="every model also embeds, as MODEL:embedding, on /v1/embeddings and "
+                        "Ollama's embed routes (generation stays on)")
+    p.add_argument("--pooling", choices=["mean", "cls", "last", "none", "rank"],
+                   help="how --embedding pools an input's tokens (default: the file's own, "
+                        "else mean; none and rank are refused)")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="accepted: sluice never shifts a context (a request that does not "
+                        "fit is refused)")
+    p.add_argument("--context-shift", action=_Refused,
+                   why="sluice does not shift a full context (it would drop the start of "
+                       "the conversation); a request whose prompt and max_tokens exceed the "
+                       "context is refused with context_length_exceeded")
+    p.add_argument("--cont-batching", action="store_true",
+                   help="accepted: generative models batch continuously (see --mode)")
+    p.add_argument("--metrics", action="store_true",
+                   help="accepted: /metrics is always served (see server.metrics_key)")
+    p.add_argument("--cors-origins", metavar="ORIGIN[,ORIGIN]",
+                   help="origins browsers may call from (server.cors_origins; *: any)")
     p.add_argument("--keep-alive", metavar="DURATION",
                    help="unload a model idle this long (Ollama's forms: 300, 5m, 1h; 0: after "
                         "each request; -1: never; default: never for files, 5m for a folder; "
                         "or $SLUICE_KEEP_ALIVE); a request's keep_alive overrides it")
     p.add_argument("--pin", action="append", metavar="NAME",
                    help="keep this model loaded: never unloaded nor evicted (repeatable)")
-    p.add_argument("--api-key", action="append", metavar="KEY",
-                   help="require this API key (repeatable; or $SLUICE_API_KEY)")
+    p.add_argument("--api-key", action="append", metavar="KEY[,KEY]",
+                   help="require this API key (repeatable or comma-separated; or "
+                        "$SLUICE_API_KEY)")
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", "-c", help="TOML config file (default: the packaged model)")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+def _common(p: argparse.ArgumentParser, llama: bool = False) -> None:
+    """The flags every serving command takes; ``llama``: ``-c N`` is also llama-server's
+    ``--ctx-size`` (a number), else a config file."""
+    p.add_argument("--config", help="TOML config file (default: the packaged model)")
+    if llama:
+        p.add_argument("-c", dest="config", action=_ConfigOrCtx, metavar="FILE|N",
+                       help="a config file (--config), or a number: --ctx-size")
+    else:
+        p.add_argument("-c", dest="config", help="--config")
+    p.add_argument("--host", help="bind address, or several separated by commas "
+                   "(default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
     p.add_argument("--grpc-port", type=int, help="also serve the gRPC API on this port "
                    "(0: a free one; or $SLUICE_GRPC_PORT; needs the grpc extra)")
@@ -165,6 +257,9 @@ def setup_logging(level: str, log_format: str) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args)
     if args.ray:  # replicas on Ray Serve, from the [cluster] section (sluice.cluster)
+        if len(config.server.hosts) > 1:
+            raise ValueError(f"--ray: Ray Serve's proxy binds one address, not "
+                             f"{config.server.host}")
         from sluice.cluster.app import serve_on_ray
 
         return serve_on_ray(config, address=args.ray_address)
@@ -172,8 +267,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from sluice.server.app import create_app
-    from sluice.server.connections import uvicorn_settings
+    from sluice.server.connections import bind_sockets, uvicorn_settings
 
+    hosts = config.server.hosts
+    # uvicorn binds one host; several are bound here and handed to it
+    sockets = bind_sockets(hosts, config.server.port) if len(hosts) > 1 else None
     app = create_app(config)
     runtime = app.state.ctx.runtime
 
@@ -210,16 +308,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
             log_config=None if args.log_format == "json" else uvicorn.config.LOGGING_CONFIG,
         )
     )
-    log.info("serving on http://%s:%d", config.server.host, config.server.port)
-    server.run()
+    if sockets is None:
+        log.info("serving on http://%s:%d", config.server.host, config.server.port)
+    else:
+        log.info("serving on %s", ", ".join(
+            f"http://{h if ':' not in h else f'[{h}]'}:{s.getsockname()[1]}"
+            for h, s in zip(hosts, sockets, strict=True)))
+    server.run(sockets=sockets)
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     config = _load(args)
-    for m in config.models:
-        default = " (default)" if m.id == config.default_model else ""
-        print(f"{m.id}\t{m.kind}\t{m.backend}\t{m.task}\t{m.memory_bytes} bytes{default}")
+    for spec in (s for m in config.models for s in m.specs()):
+        default = " (default)" if spec.model_id == config.default_model else ""
+        print(f"{spec.model_id}\t{spec.kind}\t{spec.backend}\t{spec.task}\t"
+              f"{spec.memory_bytes} bytes{default}")
     return 0
 
 
@@ -312,13 +416,24 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(bench_main(args.args))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def serve_config(argv: Sequence[str]) -> Config:
+    """The configuration ``sluice serve ARGV`` serves (``SLUICE_*`` variables included);
+    ``ValueError`` or pydantic's ``ValidationError`` as ``sluice serve`` reports them."""
+    args = build_parser().parse_args(["serve", *argv])
+    return _load(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser, every subcommand included."""
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the HTTP server",
-                           description="Serve the config's models, or GGUF files given as "
-                                       "arguments (sluice serve model.gguf).")
-    _common(serve)
+    serve = sub.add_parser(
+        "serve", help="run the HTTP server",
+        description="Serve the config's models, or GGUF files given as arguments (sluice serve "
+                    "model.gguf). llama-server's flags below map to the config as their help "
+                    "says (docs/operations.md has the table); the ones marked refused, and "
+                    "any flag not listed, stop the start with a message naming it.")
+    _common(serve, llama=True)
     serve.add_argument("--ray", action="store_true",
                        help="run replicas on Ray Serve per the [cluster] section "
                             "(needs the cluster extra)")
@@ -327,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _llama_server_flags(serve)
     serve.set_defaults(func=cmd_serve)
     models = sub.add_parser("models", help="list the configured models")
-    _common(models)
+    _common(models, llama=True)
     _llama_server_flags(models)
     models.set_defaults(func=cmd_models)
     chat = sub.add_parser("chat", help="stream one reply to the terminal")
@@ -370,6 +485,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("args", nargs=argparse.REMAINDER,
                        help="its flags: --quick, --model ID, --out PATH")
     bench.set_defaults(func=cmd_bench, log_level="warning")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "bench":
         args.args = [*extra, *args.args]  # its own flags, parsed by bench/llm_bench.py

@@ -98,10 +98,49 @@ class SamplingConfig(_Strict):
     """Recent tokens the penalties look at; -1 = the whole context."""
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    seed: int | None = Field(default=None, ge=0, lt=2**64)
+    """The seed of a request that sends none (llama-server's ``--seed``); unset: each
+    request its own (its id)."""
+    over_model_file: bool = False
+    """These values win over the model file's recommendation (as llama-server's flags do:
+    ``sluice serve --temp`` sets it); off: the file's win."""
 
     def given(self) -> dict[str, float | int]:
-        """The fields this table sets."""
-        return {k: v for k, v in self.model_dump().items() if v is not None}
+        """The sampling fields this table sets."""
+        return {k: v for k, v in self.model_dump(exclude={"over_model_file"}).items()
+                if v is not None}
+
+
+EMBEDDING_SUFFIX = ":embedding"
+"""A generative model ``m`` with ``[models.embeddings]`` embeds through ``m:embedding``."""
+
+
+class EmbeddingsConfig(_Strict):
+    """Embeddings from a generative GGUF (llama-server's ``--embedding``): a second llama.cpp
+    context over the same file with embeddings on, pooled per input and L2-normalised; a
+    one-shot model of its own in residency (loaded on first use, evicted like any other)."""
+
+    pooling: Literal["mean", "cls", "last"] | None = None
+    """How the token states of an input become one vector (llama-server's ``--pooling``);
+    unset: the file's own (``<arch>.pooling_type``), else ``mean``."""
+    n_ctx: int = Field(default=2048, ge=16, le=1_048_576)
+    """Tokens of one input at most (longer inputs are cut to it, as Ollama's ``truncate``
+    does and the ONNX lane's ``max_tokens``); also the tokens of one forward pass."""
+    memory_bytes: int | None = Field(default=None, gt=0)
+    """Its resident size; unset: worked out from the file by ``sluice serve FILE.gguf``,
+    else the generative model's ``memory_bytes`` (the same weights, an upper bound)."""
+
+    def spec(self, model_id: str, of: ModelSpec) -> ModelSpec:
+        """The one-shot spec that embeds for the generative model ``of``."""
+        keys = ("path", "n_threads", "n_gpu_layers", "verbose", "extra_bufts")
+        options: dict[str, Any] = {k: of.options[k] for k in keys if k in of.options}
+        options.update(n_ctx=self.n_ctx, n_batch=self.n_ctx, kv_unified=True)
+        if self.pooling is not None:
+            options["pooling"] = self.pooling
+        return ModelSpec(
+            model_id=model_id, kind="oneshot", backend="llamacpp", task="embedding",
+            memory_bytes=self.memory_bytes or of.memory_bytes, load_cost_s=of.load_cost_s,
+            options=options, keep_alive_s=of.keep_alive_s, pinned=of.pinned)
 
 
 class ModelConfig(_Strict):
@@ -149,6 +188,22 @@ class ModelConfig(_Strict):
 
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Generative: sampling defaults where the model file has none (``[models.sampling]``)."""
+    default_max_tokens: int | None = Field(default=None, ge=-1)
+    """Generative: the token limit of a request that names none (llama-server's
+    ``--n-predict``), within the room its context leaves; ``-1``: until the context is
+    full; unset: ``server.default_max_tokens``."""
+    embeddings: EmbeddingsConfig | None = None
+    """Generative llamacpp: also embed (llama-server's ``--embedding``), through a
+    one-shot model ``<id>:embedding`` that ``/v1/embeddings`` and Ollama's embed routes
+    use when a request names this model (``[models.embeddings]``)."""
+
+    @field_validator("default_max_tokens")
+    @classmethod
+    def _max_tokens_form(cls, value: int | None) -> int | None:
+        if value == 0:
+            raise ValueError("default_max_tokens must be -1 (until the context is full) or "
+                             "at least 1, got 0")
+        return value
 
     @field_validator("keep_alive")
     @classmethod
@@ -169,7 +224,24 @@ class ModelConfig(_Strict):
                 LlamaCppOptions.from_spec(self.spec())
             except ModelLoadError as exc:
                 raise ValueError(f"options: {exc}") from None
+        if self.embeddings is not None and (self.backend != "llamacpp"
+                                            or self.kind != "generative"):
+            raise ValueError(f"embeddings: only a generative llamacpp model embeds this way "
+                             f"(got {self.kind} {self.backend}); configure an embedding "
+                             f"model of its own instead")
         return self
+
+    @property
+    def embedding_id(self) -> str | None:
+        """The id of the one-shot model that embeds for this one (``None``: it does not)."""
+        return None if self.embeddings is None else f"{self.id}{EMBEDDING_SUFFIX}"
+
+    def specs(self) -> list[ModelSpec]:
+        """This model's spec, and its embedding model's after it when it embeds."""
+        spec = self.spec()
+        if self.embeddings is None or self.embedding_id is None:
+            return [spec]
+        return [spec, self.embeddings.spec(self.embedding_id, spec)]
 
     def spec(self) -> ModelSpec:
         keep_alive = PINNED if self.pinned else (
@@ -192,6 +264,9 @@ class ModelConfig(_Strict):
             pinned=keep_alive.pinned,
             reasoning=None if self.reasoning is None else self.reasoning.format(),
             sampling=self.sampling.given(),
+            sampling_over_model=self.sampling.over_model_file,
+            default_max_tokens=self.default_max_tokens,
+            embedding_model=self.embedding_id,
         )
 
 
@@ -403,6 +478,8 @@ class ServerConfig(_Strict):
     """The HTTP front end."""
 
     host: str = "127.0.0.1"
+    """The address to bind, or several separated by commas (``127.0.0.1,::1``), each on
+    ``port``."""
     port: int = Field(default=8000, ge=0, le=65535)
     grpc_port: int | None = Field(default=None, ge=0, le=65535)
     """Serve the gRPC API (``sluice.v1.Inference``, health, reflection) on this port of
@@ -471,6 +548,18 @@ class ServerConfig(_Strict):
     openapi: bool = False
     """Serve the OpenAPI schema and its pages (``/openapi.json``, ``/docs``, ``/redoc``).
     Off by default: they list every route, admin ones included, to anyone."""
+
+    @field_validator("host")
+    @classmethod
+    def _host_list(cls, value: str) -> str:
+        if any(not part.strip() for part in value.split(",")):
+            raise ValueError(f"server.host: an empty address in {value!r}")
+        return value
+
+    @property
+    def hosts(self) -> list[str]:
+        """Every address ``host`` names, in order."""
+        return [part.strip() for part in self.host.split(",")]
 
     def admin_key_value(self) -> str | None:
         """``admin_key``, else the key in ``admin_key_file`` (``ValueError`` naming the field
@@ -566,7 +655,7 @@ class Config(_Strict):
     @field_validator("models")
     @classmethod
     def _unique_models(cls, models: list[ModelConfig]) -> list[ModelConfig]:
-        ids = [m.id for m in models]
+        ids = [i for m in models for i in (m.id, m.embedding_id) if i is not None]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"duplicate model ids: {dupes}")
@@ -636,7 +725,7 @@ class Config(_Strict):
             for i in range(self.workers.count)
         )
         return RuntimeConfig(
-            models=tuple(m.spec() for m in self.models),
+            models=tuple(s for m in self.models for s in m.specs()),
             workers=workers,
             scheduler=self.scheduling.scheduler,
             bypass_threshold=self.scheduling.bypass_threshold,

@@ -76,6 +76,13 @@ class ModelSpec:
     """Generative models: the configured sampling defaults (``[models.sampling]``), for the
     fields a request leaves out and the model file does not set
     (``sluice.engine.sampling_defaults``)."""
+    sampling_over_model: bool = False
+    """``sampling`` wins over the model file's recommendation (llama-server's flags)."""
+    default_max_tokens: int | None = None
+    """Generative models: the token limit of a request that names none (``-1``: until the
+    context is full; ``None``: the server's default)."""
+    embedding_model: str | None = None
+    """Generative models that also embed: the one-shot model that does it."""
 
 @dataclass(frozen=True)
 class ReasoningFormat:

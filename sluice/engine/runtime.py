@@ -262,15 +262,17 @@ class Runtime:
         """The sampling a request to ``model_id`` gets for the fields it leaves out: the
         model file's, else the configuration's, else llama-server's
         (``sluice.engine.sampling_defaults``). Loads the model's tokenizer if need be."""
-        return resolve_defaults(self.tokenizer(model_id).model_sampling,
-                                self.specs[model_id].sampling)
+        spec = self.specs[model_id]
+        return resolve_defaults(self.tokenizer(model_id).model_sampling, spec.sampling,
+                                config_first=spec.sampling_over_model)
 
     def sampling_params(self, model_id: str, **sent: Any) -> SamplingParams:
         """A request's ``SamplingParams``: the fields it sent (every API passes only those
         its client gave) over ``sampling_defaults``. ``penalty_last_n`` -1 is the whole
-        context of one sequence."""
+        context of one sequence; a ``seed`` sent as ``None`` is not sent."""
         tok = self.tokenizer(model_id)
-        fields = {**self.sampling_defaults(model_id).values, **sent}
+        given = {k: v for k, v in sent.items() if not (k == "seed" and v is None)}
+        fields = {**self.sampling_defaults(model_id).values, **given}
         if fields["penalty_last_n"] == -1:
             fields["penalty_last_n"] = tok.n_ctx_per_seq
         return SamplingParams(**fields)

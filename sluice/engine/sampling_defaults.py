@@ -2,8 +2,10 @@
 
 Each field resolves on its own, first match wins: the field as the request sent it; the
 model file's recommendation (a GGUF's ``general.sampling.*`` keys, read by its tokenizer:
-``Tokenizer.model_sampling``); the model's ``[models.sampling]`` table in the TOML;
-llama-server's defaults.
+``Tokenizer.model_sampling``); the model's ``[models.sampling]`` table in the TOML (before
+the file's when its ``over_model_file`` is set, as ``sluice serve --temp`` does: a flag
+wins over the file in llama-server too); llama-server's defaults. A ``seed`` comes from the
+table alone (no default: each request seeds with its own id).
 Every API (OpenAI, native ``/v1/infer``, gRPC, ``sluice chat``) builds its
 ``SamplingParams`` through ``Runtime.sampling_params``, which applies this, so a request
 samples the same whichever way it came; ``/v1/models`` shows the values in force.
@@ -38,17 +40,21 @@ class SamplingDefaults:
     sources: Mapping[str, Source]
 
 
-def resolve_defaults(model: Mapping[str, float | int],
-                     config: Mapping[str, float | int]) -> SamplingDefaults:
+def resolve_defaults(model: Mapping[str, float | int], config: Mapping[str, float | int],
+                     config_first: bool = False) -> SamplingDefaults:
     """Each field from the model file (``model``), else the configuration (``config``),
-    else llama-server's defaults. Keys outside ``DEFAULTED_FIELDS`` are ignored."""
+    else llama-server's defaults; ``config_first``: the configuration before the file.
+    ``seed`` is taken from the configuration when it has one; other keys outside
+    ``DEFAULTED_FIELDS`` are ignored."""
     values: dict[str, float | int] = {}
     sources: dict[str, Source] = {}
+    first: tuple[tuple[Mapping[str, float | int], Source], ...] = (
+        ((config, "config"), (model, "model")) if config_first
+        else ((model, "model"), (config, "config")))
     for name in DEFAULTED_FIELDS:
-        if name in model:
-            values[name], sources[name] = model[name], "model"
-        elif name in config:
-            values[name], sources[name] = config[name], "config"
-        else:
-            values[name], sources[name] = LLAMA_SERVER_DEFAULTS[name], "llama-server"
+        found = next(((table[name], source) for table, source in first if name in table),
+                     (LLAMA_SERVER_DEFAULTS[name], "llama-server"))
+        values[name], sources[name] = found
+    if "seed" in config:
+        values["seed"], sources["seed"] = config["seed"], "config"
     return SamplingDefaults(values, sources)

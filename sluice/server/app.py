@@ -157,6 +157,6 @@ async def _start_grpc(ctx: AppContext) -> Any:
     except ImportError as exc:
         raise RuntimeError(f"server.grpc_port is set but the grpc extra is not installed "
                            f"(pip install 'sluice[grpc]'): {exc}") from None
-    server = GrpcServer(ctx, ctx.config.server.host, port)
+    server = GrpcServer(ctx, ctx.config.server.hosts, port)
     ctx.grpc_port = await server.start()
     return server

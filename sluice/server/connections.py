@@ -13,6 +13,8 @@ connecting or of its previous response. The body's deadline is ``GuardMiddleware
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -79,4 +81,32 @@ def uvicorn_settings(server: ServerConfig) -> dict[str, Any]:
     }
 
 
-__all__ = ["HeadTimeoutH11Protocol", "uvicorn_settings"]
+def bind_sockets(hosts: Sequence[str], port: int, backlog: int = 2048) -> list[socket.socket]:
+    """Listening sockets for every host on one port, for uvicorn's ``sockets`` (it binds one
+    host itself); port 0 binds a free port on the first host and the same on the others.
+    ``OSError`` names the address that cannot be bound."""
+    sockets: list[socket.socket] = []
+    try:
+        for host in hosts:
+            family, kind, proto, _, address = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # this address only, not every IPv4 one as well
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise OSError(f"cannot bind {host} port {port}: {exc.strerror}") from None
+            sock.listen(backlog)
+            sock.set_inheritable(True)
+            port = sock.getsockname()[1]
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+__all__ = ["HeadTimeoutH11Protocol", "bind_sockets", "uvicorn_settings"]

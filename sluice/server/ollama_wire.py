@@ -242,5 +242,6 @@ def model_entry(spec: ModelSpec, modified_unix: float) -> dict[str, Any]:
 
 def capabilities(spec: ModelSpec) -> list[str]:
     if spec.kind == "generative":
-        return ["completion", "tools"]
+        embeds = ["embedding"] if spec.embedding_model is not None else []
+        return ["completion", "tools", *embeds]
     return ["embedding"] if spec.task == "embedding" else []

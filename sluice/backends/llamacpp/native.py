@@ -79,6 +79,19 @@ def load_llama_model(
     return model, path
 
 
+def tokenize(lib: Any, vocab: Any, text: str, *, add_bos: bool, special: bool) -> list[int]:
+    """``text``'s token ids (``add_bos``: with the vocabulary's leading special tokens;
+    ``special``: special-token text such as ``<|im_end|>`` becomes that token)."""
+    data = text.encode("utf-8")
+    capacity = len(data) + 2
+    while True:
+        buf = (ctypes.c_int32 * capacity)()
+        n = lib.llama_tokenize(vocab, data, len(data), buf, capacity, add_bos, special)
+        if n >= 0:
+            return buf[:n]
+        capacity = -n
+
+
 def free_native(lib: Any, ctx: Any, model: Any) -> None:
     """Free a context and a model, either of which may be null."""
     if ctx:

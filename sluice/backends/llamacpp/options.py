@@ -16,6 +16,8 @@ from sluice.backends.packaged import (
     packaged_gguf_path,
 )
 
+POOLING_TYPES = ("mean", "cls", "last")
+"""The poolings an embedding model may name (llama.cpp's ``LLAMA_POOLING_TYPE_*``)."""
 KV_CELL_ALIGN = 256
 """llama.cpp rounds each sequence's KV cells up to a multiple of this."""
 
@@ -73,6 +75,9 @@ class LlamaCppOptions:
     extra_bufts: bool | None = None
     """Let llama.cpp repack weights into extra CPU buffer types (AMX, AVX); ``None`` =
     yes unless the CPU has AMX, where llama.cpp 0.3.36's AMX matmul segfaults."""
+    pooling: str | None = None
+    """One-shot embedding models: ``mean``, ``cls`` or ``last`` (how an input's token states
+    become one vector); ``None`` = the file's own (``<arch>.pooling_type``), else mean."""
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> LlamaCppOptions:
@@ -100,6 +105,10 @@ class LlamaCppOptions:
         template = opts.get("chat_template")
         extra = opts.get("extra_bufts")
         gpu = opts.get("n_gpu_layers")
+        pooling = opts.get("pooling")
+        if pooling is not None and pooling not in POOLING_TYPES:
+            raise ModelLoadError(f"{spec.model_id}: option pooling={pooling!r} must be one of "
+                                 f"{', '.join(POOLING_TYPES)}")
         if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < -1):
             raise ModelLoadError(
                 f"{spec.model_id}: option n_gpu_layers={gpu!r} must be an integer >= -1")
@@ -110,6 +119,7 @@ class LlamaCppOptions:
             verbose=bool(opts.get("verbose", False)),
             extra_bufts=None if extra is None else bool(extra),
             kv_unified=bool(opts.get("kv_unified", cls.kv_unified)),
+            pooling=pooling,
             **ints,
         )
 
@@ -118,7 +128,7 @@ class LlamaCppOptions:
 
 
 OPTION_KEYS = frozenset({"path", "n_ctx", "n_seq_max", "n_threads", "n_batch", "chat_template",
-                         "n_gpu_layers", "verbose", "extra_bufts", "kv_unified"})
+                         "n_gpu_layers", "verbose", "extra_bufts", "kv_unified", "pooling"})
 """Every option the llamacpp backend reads (any other key is an error naming it)."""
 
 

@@ -1,13 +1,16 @@
 """The chat template of a GGUF: the configured one, else the GGUF's own
 (``tokenizer.chat_template``), else none: a GGUF without a template (a base model) is a
-completion model unless the operator names one. Template text is rendered as Jinja, as
-llama-server does; ``gemma`` selects Gemma's turn format and another name (``chatml``,
-``llama3`` ...) llama.cpp's built-in renderer: the documented fallbacks for a file whose
-own template is missing or cannot be rendered."""
+completion model unless the operator names one. A configured value is a NAME when it is
+one word of name characters (``chatml``, ``llama3`` ...: llama.cpp's built-in renderer;
+``gemma``: Gemma's turn format; a word that names no built-in template is an error, not a
+one-word template), and otherwise template TEXT, rendered as Jinja as llama-server does with
+``--jinja`` (text without a single tag renders as itself). The names are the documented
+fallbacks for a file whose own template is missing or cannot be rendered."""
 
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,6 +26,38 @@ GEMMA_TEMPLATE = "gemma"
 """The template name that selects Gemma's turn format."""
 
 
+def builtin_template_names(lib: Any) -> frozenset[str]:
+    """The template names llama.cpp's built-in renderer knows."""
+    size = 256
+    names = (ctypes.c_char_p * size)()
+    count = min(int(lib.llama_chat_builtin_templates(names, size)), size)
+    return frozenset(name.decode() for name in names[:count] if name)
+
+
+def is_template_name(configured: str) -> bool:
+    """Whether a configured template is a name (one word of name characters), else text."""
+    return _NAME.fullmatch(configured) is not None
+
+
+def check_configured_template(lib: Any, configured: str) -> None:
+    """``ValueError`` (fit to print at start) unless ``configured`` is a built-in template
+    name or Jinja text that compiles and renders a one-turn conversation."""
+    known = builtin_template_names(lib)
+    if is_template_name(configured):
+        if configured != GEMMA_TEMPLATE and configured not in known:
+            raise ValueError(f"{configured!r} is not a llama.cpp template name (known: "
+                             f"{', '.join(sorted(known))}); template text is rendered as "
+                             f"Jinja")
+        return
+    try:
+        jinja_template(configured)
+    except ValueError as exc:
+        raise ValueError(f"the template text is not a usable Jinja template: {exc}") from None
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
 def pick_template(lib: Any, model: Any, vocab: Any,
                   configured: str | None) -> ChatTemplate | None:
     """The configured template, else the GGUF's own, else ``None`` (a completion model);
@@ -35,7 +70,9 @@ def pick_template(lib: Any, model: Any, vocab: Any,
         source = embedded.decode("utf-8", "replace")
     if source == GEMMA_TEMPLATE:
         return gemma_template()
-    if looks_like_jinja(source):
+    if configured and is_template_name(configured):
+        return builtin_template(lib, configured)
+    if configured or looks_like_jinja(source):
         try:
             return jinja_template(source, bos_token=_token_text(lib, vocab, "bos"),
                                   eos_token=_token_text(lib, vocab, "eos"),

@@ -12,7 +12,7 @@ from typing import Any
 from sluice.backends.base import ModelLoadError, ModelSpec, NoChatTemplateError, TokenTable
 from sluice.backends.chat import ChatPrompt, ChatTemplate
 from sluice.backends.llamacpp.metadata import gguf_sampling
-from sluice.backends.llamacpp.native import free_native
+from sluice.backends.llamacpp.native import free_native, tokenize
 from sluice.backends.llamacpp.options import LlamaCppOptions, ctx_layout, resolve_model_path
 from sluice.backends.llamacpp.templates import pick_template
 
@@ -75,17 +75,8 @@ class LlamaCppTokenizer:
         self._finalizer()
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
-        data = text.encode("utf-8")
-        capacity = len(data) + 2
-        while True:
-            buf = (ctypes.c_int32 * capacity)()
-            with self._lock:
-                n = self._lib.llama_tokenize(
-                    self._vocab, data, len(data), buf, capacity, add_bos, special
-                )
-            if n >= 0:
-                return buf[:n]
-            capacity = -n
+        with self._lock:
+            return tokenize(self._lib, self._vocab, text, add_bos=add_bos, special=special)
 
     def token_bytes(self, token_id: int) -> bytes:
         piece = self._pieces.get(token_id)

@@ -51,7 +51,16 @@ def spec_of_kind(ctx: AppContext, model: str, kind: str) -> ModelSpec:
 
 
 def embedding_spec(ctx: AppContext, model: str) -> ModelSpec:
-    """An embedding model's spec (404 unknown, 400 ``model_kind_mismatch`` otherwise)."""
+    """The spec of the model that embeds for ``model``: an embedding model, or the one-shot
+    model of a generative model started with embeddings on (``[models.embeddings]``,
+    ``--embedding``). 404 unknown; 400 ``model_kind_mismatch`` for any other model."""
+    spec = ctx.runtime.spec_for(model)
+    if spec is not None and spec.kind == "generative":
+        if spec.embedding_model is None:
+            raise bad_param("model", f"The model '{model}' does not embed: start it with "
+                                     f"embeddings on (--embedding, or [models.embeddings])",
+                            code="model_kind_mismatch")
+        return ctx.runtime.specs[spec.embedding_model]
     spec = spec_of_kind(ctx, model, "oneshot")
     if spec.task != "embedding":
         raise bad_param("model", f"The model '{model}' is not an embedding model",

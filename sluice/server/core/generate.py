@@ -112,7 +112,8 @@ class ServeRequest:
     max_tokens: int | None = None
     """The token limit asked for; ``None``: ``default_max_tokens``, capped by the room left."""
     default_max_tokens: int | None = None
-    """The limit when none is asked; ``None``: the server's ``default_max_tokens``."""
+    """The limit when none is asked; ``None``: the model's ``default_max_tokens``, else the
+    server's."""
     constraint: Constraint | None = None
     """Decoding constrained to a JSON schema, JSON or a grammar (a forced tool call too)."""
     constraint_param: str = "response_format"
@@ -259,8 +260,11 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
     prio, deadline_s = controls(ctx, headers, tenant, ask.priority, ask.deadline_ms)
     ttft_s = ttft_deadline(ctx, headers, tenant)
     target_s = ttft_target(ctx, headers, tenant)
-    default = (ask.default_max_tokens if ask.default_max_tokens is not None
-               else ctx.config.server.default_max_tokens)
+    default = ask.default_max_tokens
+    if default is None:
+        default = spec.default_max_tokens or ctx.config.server.default_max_tokens
+    if default == -1:  # until the context is full (llama-server's --n-predict -1)
+        default = tok.n_ctx_per_seq
     rendered = _render(ctx, tok, ask)
     bounds = await _bounds(tok, rendered, ask, default)
     # Not submitted until its prompt is tokenized: its prompt and limit are set then.

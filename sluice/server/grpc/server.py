@@ -5,6 +5,7 @@ port."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -20,11 +21,12 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class GrpcServer:
-    """Owns the ``grpc.aio.Server``; ``start`` binds ``host:port`` (0: a free port)."""
+    """Owns the ``grpc.aio.Server``; ``start`` binds ``port`` (0: a free one) on every host,
+    the same port on each."""
 
-    def __init__(self, ctx: AppContext, host: str, port: int) -> None:
+    def __init__(self, ctx: AppContext, hosts: Sequence[str], port: int) -> None:
         self.ctx = ctx
-        self.host = host
+        self.hosts = list(hosts)
         self.requested_port = port
         self.port: int | None = None
         """The bound port, once started."""
@@ -49,14 +51,17 @@ class GrpcServer:
         reflection.enable_server_reflection(names, self.server)
 
     async def start(self) -> int:
-        address = f"[{self.host}]:{self.requested_port}" if ":" in self.host \
-            else f"{self.host}:{self.requested_port}"
-        self.port = self.server.add_insecure_port(address)
-        if not self.port:
-            raise OSError(f"gRPC: cannot bind {address}")
+        port = self.requested_port
+        for host in self.hosts:
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            bound = self.server.add_insecure_port(address)
+            if not bound:
+                raise OSError(f"gRPC: cannot bind {address}")
+            port = bound
+        self.port = port
         await self.server.start()
         await self.health.start()
-        log.info("serving gRPC on %s:%d", self.host, self.port)
+        log.info("serving gRPC on %s port %d", ", ".join(self.hosts), self.port)
         return self.port
 
     async def stop(self, grace_s: float) -> None:

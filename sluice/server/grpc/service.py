@@ -254,9 +254,9 @@ class InferenceService(pb_grpc.InferenceServicer):
             tenant = self._tenant(call.headers)  # the key before the model: no enumeration
             body = validated(EmbeddingRequest, {"model": request.model,
                                                 "input": list(request.input)})
-            embedding_spec(self.ctx, body.model)
+            embedder = embedding_spec(self.ctx, body.model).model_id
             inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-            finals, reqs = await self._one_shot(call, tenant, body.model, inputs)
+            finals, reqs = await self._one_shot(call, tenant, embedder, inputs)
             n_tokens = sum(len(x.split()) for x in inputs)
             return pb.EmbedResponse(
                 model=body.model,

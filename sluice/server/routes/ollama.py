@@ -274,12 +274,13 @@ async def _embed_inputs(request: Request, model: str, inputs: list[str],
     ctx = ctx_of(request)
     tenant = ctx.auth.tenant(request)
     spec = ctx.runtime.spec_for(model)
-    if spec is not None and spec.kind == "generative":
-        raise APIError(400, f"model '{model}' does not support embeddings", param="model",
+    if spec is not None and spec.kind == "generative" and spec.embedding_model is None:
+        raise APIError(400, f"model '{model}' does not support embeddings (start it with "
+                            f"--embedding, or [models.embeddings])", param="model",
                        code="model_kind_mismatch")
-    embedding_spec(ctx, model)
+    embedder = embedding_spec(ctx, model).model_id
     started = time.monotonic()
-    finals, _ = await one_shot(request, model, tenant, inputs, None, None,
+    finals, _ = await one_shot(request, embedder, tenant, inputs, None, None,
                                wire.keep_alive_of(keep_alive))
     return [f.result for f in finals], time.monotonic() - started
 

@@ -84,7 +84,7 @@ async def completions(body: CompletionRequest, request: Request, tenant: Tenant)
     headers = body_headers(request, body)
     ctx = ctx_of(request)
     model = model_name(ctx, body.model)
-    spec_of_kind(ctx, model, "generative")
+    spec = spec_of_kind(ctx, model, "generative")
     tok = tokenizer_of(ctx, model)
     want_logprobs = body.logprobs is not None
     if body.echo and want_logprobs and body.stream:
@@ -97,7 +97,9 @@ async def completions(body: CompletionRequest, request: Request, tenant: Tenant)
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
         model,
         TextPrompt(text) if text is not None else TokenPrompt([int(t) for t in prompt]),
-        sampling=sampling_kwargs(body, tok), max_tokens=body.max_tokens or 16,
+        sampling=sampling_kwargs(body, tok), max_tokens=body.max_tokens or None,
+        # OpenAI's 16, unless the model sets its own (llama-server's --n-predict)
+        default_max_tokens=None if spec.default_max_tokens is not None else 16,
         constraint=constraint, constraint_param=param, priority=body.priority,
         deadline_ms=body.deadline_ms, names=("prompt", "max_tokens")))
     req = gen.request
@@ -123,12 +125,13 @@ def _encode(vector: list[float], encoding_format: str) -> list[float] | str:
 @router.post("/v1/embeddings", responses=ERROR_RESPONSES)
 @router.post("/embeddings", include_in_schema=False)
 async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -> Response:
-    """OpenAI embeddings for one-shot embedding models."""
+    """OpenAI embeddings from an embedding model, or a generative one started with
+    embeddings on."""
     headers = body_headers(request, body)
     model = model_name(ctx_of(request), body.model)
-    embedding_spec(ctx_of(request), model)
+    embedder = embedding_spec(ctx_of(request), model).model_id
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-    finals, reqs = await one_shot(request, model, tenant, inputs, body.priority,
+    finals, reqs = await one_shot(request, embedder, tenant, inputs, body.priority,
                                   body.deadline_ms)
     n_tokens = sum(len(str(x).split()) for x in inputs)
     payload = {

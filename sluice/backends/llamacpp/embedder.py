@@ -1,0 +1,135 @@
+"""Embeddings from a GGUF: a one-shot model over its own llama.cpp context with embeddings
+on (llama-server's ``--embedding``), one L2-normalised vector per input.
+
+The context has one KV pool (``kv_unified``) of ``n_ctx`` cells, which is also its batch
+(``n_batch = n_ubatch = n_ctx``), so every input is pooled from a single forward pass, as a
+non-causal encoder needs. A batch of inputs is packed into as few ``llama_decode`` calls as
+the pool and ``n_seq_max`` allow, one sequence id per input; the KV is cleared before each.
+An input longer than ``n_ctx`` tokens is cut to its first ``n_ctx`` (as Ollama's
+``truncate`` does by default and the ONNX lane's ``max_tokens``); an empty one embeds the
+vocabulary's leading special tokens, or the end-of-text token when it has none.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sluice.backends.base import BackendError, ModelLoadError, ModelSpec
+from sluice.backends.llamacpp.native import NumpyBatch, free_native, load_llama_model, tokenize
+from sluice.backends.llamacpp.options import LlamaCppOptions
+
+
+def file_pooling(lib: Any, model: Any) -> str | None:
+    """The pooling the GGUF names (``<arch>.pooling_type``) when it is one of
+    ``options.POOLING_TYPES``; else ``None``."""
+    buf = ctypes.create_string_buffer(64)
+    if lib.llama_model_meta_val_str(model, b"general.architecture", buf, len(buf)) < 0:
+        return None
+    key = f"{buf.value.decode()}.pooling_type".encode()
+    if lib.llama_model_meta_val_str(model, key, buf, len(buf)) < 0:
+        return None
+    codes = {lib.LLAMA_POOLING_TYPE_MEAN: "mean", lib.LLAMA_POOLING_TYPE_CLS: "cls",
+             lib.LLAMA_POOLING_TYPE_LAST: "last"}
+    try:
+        return codes.get(int(buf.value.decode()))
+    except ValueError:
+        return None
+
+
+class LlamaCppEmbedder:
+    """A GGUF that embeds: ``run_batch`` maps texts to unit vectors of ``n_embd`` floats.
+
+    Invariants: every returned vector has ``n_embd`` entries and L2 norm 1 (a zero vector
+    stays zero); the same text gives the same vector whatever batch it runs in, up to
+    llama.cpp's floating-point differences between batch shapes. Not thread-safe: one
+    worker thread drives it."""
+
+    def __init__(self, lib: Any, spec: ModelSpec, options: LlamaCppOptions) -> None:
+        self.spec = spec
+        self._lib = lib
+        self._ctx: Any = None
+        self._model: Any
+        self._model, self.path = load_llama_model(lib, spec, options, vocab_only=False)
+        try:
+            self.pooling = options.pooling or file_pooling(lib, self._model) or "mean"
+            params = lib.llama_context_default_params()
+            params.n_ctx = params.n_batch = params.n_ubatch = options.n_ctx
+            params.n_seq_max = options.n_seq_max
+            params.n_threads = params.n_threads_batch = options.n_threads
+            params.embeddings = True
+            params.kv_unified = True
+            params.pooling_type = getattr(lib, f"LLAMA_POOLING_TYPE_{self.pooling.upper()}")
+            self._ctx = lib.llama_init_from_model(self._model, params)
+            if not self._ctx:
+                raise ModelLoadError(f"{spec.model_id}: llama.cpp could not create an "
+                                     f"embedding context with n_ctx={options.n_ctx}")
+        except BaseException:
+            free_native(lib, self._ctx, self._model)
+            raise
+        self._finalizer = weakref.finalize(self, free_native, lib, self._ctx, self._model)
+        self._mem = lib.llama_get_memory(self._ctx)
+        self._vocab = lib.llama_model_get_vocab(self._model)
+        self.n_ctx = int(lib.llama_n_ctx(self._ctx))
+        self.n_seq_max = options.n_seq_max
+        self.n_embd = int(lib.llama_model_n_embd_out(self._model))
+        self._batch = NumpyBatch(lib, self.n_ctx)
+
+    def close(self) -> None:
+        """Free the context and the model. Idempotent."""
+        self._finalizer()
+
+    def tokens(self, text: str) -> list[int]:
+        """The ids an input is embedded from (special tokens added and parsed, as
+        llama-server does), cut to ``n_ctx``; never empty."""
+        ids = tokenize(self._lib, self._vocab, text, add_bos=True, special=True)
+        if not ids:
+            eos = int(self._lib.llama_vocab_eos(self._vocab))
+            ids = [eos if eos >= 0 else 0]
+        return ids[: self.n_ctx]
+
+    def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        if not self._finalizer.alive:
+            raise BackendError(f"{self.spec.model_id}: model is closed")
+        seqs = [self.tokens(str(x)) for x in inputs]
+        out: list[list[float]] = []
+        start = 0
+        while start < len(seqs):
+            end, used = start, 0
+            while (end < len(seqs) and end - start < self.n_seq_max
+                   and used + len(seqs[end]) <= self.n_ctx):
+                used += len(seqs[end])
+                end += 1
+            out.extend(self._embed(seqs[start:end]))
+            start = end
+        return out
+
+    def _embed(self, seqs: Sequence[list[int]]) -> list[list[float]]:
+        """One ``llama_decode`` over ``seqs`` (sequence ids 0..), pooled per sequence."""
+        lib, b = self._lib, self._batch
+        lib.llama_memory_clear(self._mem, True)
+        fill = 0
+        for seq_id, ids in enumerate(seqs):
+            span = slice(fill, fill + len(ids))
+            b.token[span] = ids
+            b.pos[span] = np.arange(len(ids), dtype=np.int32)
+            b.seq[span] = seq_id
+            b.logits[span] = 1
+            fill += len(ids)
+        b.struct.n_tokens = fill
+        rc = lib.llama_decode(self._ctx, b.struct)
+        if rc != 0:
+            raise BackendError(f"{self.spec.model_id}: llama_decode failed with code {rc}")
+        vectors = []
+        for seq_id in range(len(seqs)):
+            ptr = lib.llama_get_embeddings_seq(self._ctx, seq_id)
+            if not ptr:
+                raise BackendError(f"{self.spec.model_id}: no pooled embedding for a sequence")
+            vec = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).astype(np.float64)
+            norm = float(np.linalg.norm(vec))
+            vectors.append((vec / norm if norm > 0 else vec).tolist())
+        return vectors

@@ -1,0 +1,114 @@
+"""Embeddings from a GGUF (llama.cpp pooling) on the packaged SmolLM2: a generative model with
+``[models.embeddings]`` embeds through its one-shot ``MODEL:embedding`` on ``/v1/embeddings``,
+Ollama's ``/api/embed`` and ``/api/embeddings`` (the real ``ollama`` client); one without is a
+400 that names ``--embedding``, and the server serves on after it."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+
+import numpy as np
+import ollama
+import pytest
+
+from sluice.config import Config
+from tests.server.live import LiveServer, assert_error, start_server
+
+pytestmark = pytest.mark.llm
+llama_cpp = pytest.importorskip("llama_cpp", reason="the llm extra is not installed")
+
+MEAN, LAST, PLAIN = "chat-mean", "chat-last", "chat-plain"
+TEXTS = ["The cat sat on the mat.", "Stock markets fell sharply today.",
+         "The cat sat on the mat."]
+
+
+def _n_embd() -> int:
+    """SmolLM2's embedding width, read from its GGUF."""
+    from sluice.backends.llamacpp.native import init_llama
+    from sluice.backends.packaged import smollm2_gguf_path
+
+    lib = init_llama(False)
+    params = lib.llama_model_default_params()
+    params.vocab_only = True
+    model = lib.llama_model_load_from_file(str(smollm2_gguf_path()).encode(), params)
+    try:
+        buf = ctypes.create_string_buffer(32)
+        lib.llama_model_meta_val_str(model, b"llama.embedding_length", buf, len(buf))
+        return int(buf.value.decode())
+    finally:
+        lib.llama_model_free(model)
+
+
+def _model(model_id: str, pooling: str | None) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "id": model_id, "kind": "generative", "backend": "llamacpp", "task": "generation",
+        "memory_bytes": 300_000_000,
+        "options": {"path": "packaged:smollm2-135m-instruct", "n_ctx": 1024, "n_seq_max": 2,
+                    "n_threads": 2}}
+    if pooling is not None:
+        entry["embeddings"] = {"pooling": pooling, "n_ctx": 256,
+                               "memory_bytes": 150_000_000}
+    return entry
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[LiveServer]:
+    config = Config.model_validate({
+        "models": [_model(MEAN, "mean"), _model(LAST, "last"), _model(PLAIN, None)],
+        "server": {"default_model": MEAN},
+        "workers": {"count": 1, "budget_bytes": 2_000_000_000},
+    })
+    server = start_server(config)
+    yield server
+    server.stop()
+
+
+def test_a_generative_gguf_embeds_through_its_embedding_model(live: LiveServer) -> None:
+    n_embd = _n_embd()
+    with live.client(timeout=120) as http:
+        r = http.post("/v1/embeddings", json={"model": MEAN, "input": TEXTS})
+        assert r.status_code == 200, r.text
+        vectors = np.array([d["embedding"] for d in r.json()["data"]])
+        assert vectors.shape == (3, n_embd)
+        np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+        np.testing.assert_allclose(vectors[0], vectors[2], atol=1e-6)  # same text, same vector
+        assert float(vectors[0] @ vectors[1]) < 0.99  # different texts differ
+        # alone, in another batch: the same vector; no model named: the default model's
+        alone = http.post("/v1/embeddings", json={"input": TEXTS[0]})
+        np.testing.assert_allclose(alone.json()["data"][0]["embedding"], vectors[0],
+                                   atol=1e-5)
+        # the pooling is the model's: last-token pooling gives other vectors
+        last = http.post("/v1/embeddings", json={"model": LAST, "input": TEXTS[0]})
+        assert last.status_code == 200, last.text
+        assert float(np.dot(last.json()["data"][0]["embedding"], vectors[0])) < 0.99
+        listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+        assert listed[f"{MEAN}:embedding"]["kind"] == "oneshot"
+        assert listed[f"{MEAN}:embedding"]["task"] == "embedding"
+        assert listed[f"{MEAN}:embedding"]["state"] == "loaded"
+        assert f"{PLAIN}:embedding" not in listed
+        # a model of its own in residency, at its own memory estimate
+        [worker] = live.runtime.snapshot().workers
+        resident = {m.model_id: m.memory_bytes for m in worker.models}
+        assert resident[f"{MEAN}:embedding"] == 150_000_000
+    with ollama.Client(host=live.url, timeout=120) as client:
+        embed = client.embed(model=MEAN, input=TEXTS[:2])
+        np.testing.assert_allclose(np.array(embed.embeddings), vectors[:2], atol=1e-5)
+        older = client.embeddings(model=MEAN, prompt=TEXTS[1])
+        np.testing.assert_allclose(older.embedding, vectors[1], atol=1e-5)
+        assert "embedding" in client.show(MEAN).capabilities
+
+
+def test_a_model_without_embeddings_is_refused_then_the_server_serves(
+        live: LiveServer) -> None:
+    with live.client(timeout=120) as http:
+        r = http.post("/v1/embeddings", json={"model": PLAIN, "input": "hello"})
+        assert_error(r, 400, code="model_kind_mismatch")
+        assert "--embedding" in r.json()["error"]["message"]
+        ok = http.post("/v1/completions", json={"model": PLAIN, "prompt": "Hello",
+                                                "max_tokens": 2})
+        assert ok.status_code == 200, ok.text
+    with ollama.Client(host=live.url, timeout=120) as client, \
+            pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model=PLAIN, input="hello")
+    assert refused.value.status_code == 400 and "--embedding" in refused.value.error
