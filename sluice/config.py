@@ -196,6 +196,15 @@ class ModelConfig(_Strict):
     """Generative llamacpp: also embed (llama-server's ``--embedding``), through a
     one-shot model ``<id>:embedding`` that ``/v1/embeddings`` and Ollama's embed routes
     use when a request names this model (``[models.embeddings]``)."""
+    speculation: Literal["auto", "off"] = "auto"
+    """Generative: ``auto`` drafts tokens for greedy requests from their own prompt and
+    output (n-gram lookup) and verifies them in the decode step, each step as many as the
+    step-time model says pay at that load (none once the batch is compute-bound); the
+    output is the same as without. ``off``: never. A request's ``speculation: false``
+    turns it off for that request."""
+    draft_max: int = Field(default=16, ge=1, le=64)
+    """Generative: the most tokens one sequence drafts in a step (llama-server's
+    ``--draft-max``)."""
 
     @field_validator("default_max_tokens")
     @classmethod
@@ -267,6 +276,8 @@ class ModelConfig(_Strict):
             sampling_over_model=self.sampling.over_model_file,
             default_max_tokens=self.default_max_tokens,
             embedding_model=self.embedding_id,
+            speculation=self.speculation,
+            draft_max_tokens=self.draft_max,
         )
 
 

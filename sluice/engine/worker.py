@@ -31,6 +31,7 @@ from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.observer import Observer
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request, RequestStatus, end_stopped, is_stopped
+from sluice.engine.speculation import SpeculationState
 from sluice.engine.step_times import StepBucket
 from sluice.policy.keep_alive import KeepAlive, configured_keep_alive, effective_keep_alive
 from sluice.policy.residency import Residency
@@ -129,6 +130,9 @@ class ModelState:
     """Generative: every step its engine ran since the model loaded, by decodes and
     whether it fed a prompt (``sluice.engine.step_times``): the measured table beside the
     learned line, which a simulator's cost file takes as two snapshots' difference."""
+    speculation: SpeculationState | None = None
+    """Generative: its engine's drafted and accepted tokens since the model loaded, and
+    its last verifying step's (``sluice.engine.speculation``)."""
     loaded_at_s: float = 0.0
     """When it finished loading (the runtime's clock)."""
     keep_alive: str = "until evicted"
@@ -667,6 +671,7 @@ class Worker:
                     tpot_margin=engine.tpot_margin.state() if engine else None,
                     width=engine.width if engine else None,
                     step_times=engine.step_times.snapshot() if engine else {},
+                    speculation=engine.speculation if engine else None,
                     loaded_at_s=self._loaded_at_s.get(m.model_id, m.last_used_s),
                     keep_alive=m.keep_alive.describe(),
                     keep_alive_idle_s=m.keep_alive.idle_s,

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from sluice.engine.observer import Observer
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runtime import RuntimeSnapshot
+from sluice.engine.worker import WorkerState
 from sluice.server.peer_metrics import LlamaTally, requests_running, requests_waiting
 
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -290,6 +291,7 @@ class SnapshotCollector(Collector):
             for m in state.models:
                 hits.add_metric([str(state.worker_id), m.model_id], m.prefix_hit_tokens)
         yield hits
+        yield from speculation_counters(snap.workers)
         yield GaugeMetricFamily(
             "sluice_requests_running", "Requests executing on a worker (all models)",
             value=requests_running(snap))
@@ -297,3 +299,24 @@ class SnapshotCollector(Collector):
             "sluice_requests_waiting",
             "Requests admitted and not yet running: the global queue, worker inboxes, and "
             "requests waiting for KV blocks", value=requests_waiting(snap))
+
+
+def speculation_counters(workers: Iterable[WorkerState]) -> Iterator[Metric]:
+    """``sluice_spec_draft_tokens_total`` and ``sluice_spec_accepted_tokens_total`` by
+    worker and model: the tokens n-gram speculation drafted and the model accepted (per
+    load of the model, as the engine counts them)."""
+    drafted = CounterMetricFamily(
+        "sluice_spec_draft_tokens",
+        "Tokens drafted by n-gram speculation and verified in a decode step (per load of "
+        "the model: restarts at 0 when it is loaded again)", labels=["worker", "model"])
+    accepted = CounterMetricFamily(
+        "sluice_spec_accepted_tokens",
+        "Drafted tokens the model agreed with: each a token gained over plain decoding "
+        "(per load of the model)", labels=["worker", "model"])
+    for state in workers:
+        for m in state.models:
+            if m.speculation is not None:
+                labels = [str(state.worker_id), m.model_id]
+                drafted.add_metric(labels, m.speculation.draft_tokens)
+                accepted.add_metric(labels, m.speculation.accepted_tokens)
+    yield from (drafted, accepted)

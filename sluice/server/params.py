@@ -52,6 +52,7 @@ def sampling_kwargs(body: ChatCompletionRequest | CompletionRequest,
         "seed": None if body.seed is None else body.seed % 2**64,
         "stop": body.stop_list(),
         "ignore_eos": body.ignore_eos,
+        "speculation": body.speculation is not False,
         "logit_bias": bias,
         "n": body.n,
     }

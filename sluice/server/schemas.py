@@ -247,6 +247,9 @@ class _Sampling(_Body):
     ignore_eos: bool = False
     priority: Priority | None = None
     deadline_ms: DeadlineMs | None = None
+    speculation: bool | None = None
+    """sluice: ``false`` keeps the engine from drafting tokens for this request (n-gram
+    speculation, greedy requests only; the output is the same either way)."""
 
     @field_validator("stop")
     @classmethod
