@@ -113,7 +113,7 @@ class AcceptanceRate:
     prior: float = 0.5
     prior_weight: float = 2.0
     decay: float = 0.9
-    idle_decay: float = 0.95
+    idle_decay: float = 0.98
     accepted: float = 0.0
     verified: float = 0.0
 

@@ -36,7 +36,8 @@ Per model, one ``ModelCost``:
 
 Where they come from, first match wins: a costs file given to the simulator (``--costs``,
 JSON ``{model_id: {"load_s", "batch_ms" | "service_ms", "step_cost", "step_times" |
-"decode_step_ms", "overhead_ms", "cv"}}``),
+"decode_step_ms", "overhead_ms", "cv", "draft_acceptance"}}``; ``draft_acceptance`` is read
+by ``sluice.sim.setup``),
 or a ``sluice profile`` result (``variants.*.model`` / ``batch_ms`` / ``length``); then the
 model's own options (``service_ms``, ``length_prior``, ``step_cost`` as an object or a
 path to a JSON file, ``load_s``); then the

@@ -17,6 +17,14 @@ engine learns it from its measured cycles; a request with a first-token deadline
 refused on arrival at the engine when ``predict_engine_ttft`` (the server's prediction)
 misses it (``deadline_infeasible``), and ends ``expired`` if it has no token by then.
 
+N-gram speculation (a ``SimDrafting``: the workload's chance that the model accepts each
+drafted token): every decoding sequence proposes as many tokens as it may draft, with its
+own ``AcceptanceRate`` as the engine keeps one; the plan's draft lengths come from the
+same ``choose_draft_lengths`` on the same ``DraftBudget``; a step is charged its drafted
+tokens as decodes (as the engine's step-time model counts them), and each drafted chunk
+keeps the drafts before its first rejection, drawn from the acceptance with the seeded
+generator, plus the token after them.
+
 Retained prefixes (``config.retain_prefixes``) as the engine keeps them: a completed
 sequence's slot keeps its prompt as a donor (``StepView.retained``, least recently used
 first; the generated tokens, which no simulated prompt shares, are left out), handed out
@@ -25,11 +33,13 @@ or evicted as the plan says.
 
 from __future__ import annotations
 
+import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.speculation import DEFAULT_DRAFT_MAX_TOKENS, AcceptanceRate, DraftBudget
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import (
     TOKENS_ONLY,
@@ -53,11 +63,30 @@ from sluice.policy.width import WidthPlan, arrival_due_s, engine_width, predict_
 from sluice.sim.request import SimRequest
 
 
+@dataclass(frozen=True, slots=True)
+class SimDrafting:
+    """N-gram speculation in a simulated engine."""
+
+    acceptance: float
+    """The chance that the model accepts a drafted token (given the drafts before it
+    were): what the served engine measured on the workload (``/status.json``
+    ``speculation.acceptance``)."""
+    draft_max_tokens: int = DEFAULT_DRAFT_MAX_TOKENS
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError(f"draft acceptance must be in [0, 1], got {self.acceptance}")
+        if self.draft_max_tokens < 1:
+            raise ValueError(f"draft_max_tokens must be >= 1, got {self.draft_max_tokens}")
+
+
 @dataclass(slots=True)
 class _Seq:
     req: SimRequest
     slot: int
     n_fed: int = 0
+    rate: AcceptanceRate = field(default_factory=AcceptanceRate)
+    """Its drafts' measured acceptance (as the engine keeps one per sequence)."""
 
 
 class SimEngine:
@@ -66,8 +95,17 @@ class SimEngine:
     def __init__(self, config: EngineConfig, cost: StepCost, n_ctx_total: int,
                  n_seq_max: int, jitter: Callable[[], float] = lambda: 1.0,
                  tpot_target_s: float | None = None,
-                 step_s: Callable[[int, int, int], float] | None = None) -> None:
+                 step_s: Callable[[int, int, int], float] | None = None,
+                 drafting: SimDrafting | None = None,
+                 rng: random.Random | None = None) -> None:
         self.config = config
+        self.drafting = drafting if config.mode == "continuous" else None
+        """Speculation, if the simulated model drafts (never in the baselines)."""
+        self._rng = rng or random.Random(0)
+        """Draws which drafts are accepted."""
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        """Drafted tokens verified, and accepted (counters)."""
         self.cost = cost
         """The linear step model the engine's policies plan with (budget, TTFT)."""
         self.step_s = step_s or cost.predict_s
@@ -158,10 +196,19 @@ class SimEngine:
             self.waiting = keep
         return gone
 
+    def _draft_of(self, seq: _Seq) -> tuple[int, ...]:
+        """A decoding sequence's proposal: as many tokens as it may draft (their ids do
+        not matter here), one fewer than it has left."""
+        if self.drafting is None or seq.n_fed < seq.req.n_prompt:
+            return ()
+        room = seq.req.max_tokens - seq.req.generated - 1
+        return (0,) * max(0, min(self.drafting.draft_max_tokens, room))
+
     def view(self, now: float) -> StepView:
         return StepView(
             running=tuple(RunningSeq(s.slot, s.req.request_id, s.req.n_prompt, s.n_fed,
-                                     s.req.generated, s.req.prompt)
+                                     s.req.generated, s.req.prompt, draft=self._draft_of(s),
+                                     acceptance=s.rate.rate)
                           for s in self.running.values()),
             waiting=tuple(WaitingSeq(r.request_id, r.prompt, r.max_tokens, r.arrival_s)
                           for r in self.waiting),
@@ -174,7 +221,12 @@ class SimEngine:
     def start_step(self, now: float) -> tuple[StepPlan, float]:
         """Plan and apply one step at ``now``; returns the plan and its seconds (0 and
         no chunks when there is nothing to feed)."""
-        plan = plan_step(self.config, self.view(now), self.budget(now))
+        budget = self.budget(now)
+        drafts = None
+        if self.drafting is not None:
+            limit_s = budget.step_limit_s if isinstance(budget, TpotBudget) else None
+            drafts = DraftBudget(self.cost, limit_s)
+        plan = plan_step(self.config, self.view(now), budget, drafts)
         for adm in plan.admissions:
             req = self.waiting.popleft()
             if req.request_id != adm.request_id:  # the planner admits from the head
@@ -195,12 +247,13 @@ class SimEngine:
         if not plan.chunks:
             return plan, 0.0
         running = self.running
-        context = sum(running[c.slot].n_fed for c in plan.chunks if c.decode)
-        step_s = self.step_s(plan.decode_tokens, plan.prefill_tokens, context)
+        context = sum(running[c.slot].n_fed * c.n_tokens for c in plan.chunks if c.decode)
+        decodes = plan.decode_tokens + plan.draft_tokens  # a draft is charged as a decode
+        step_s = self.step_s(decodes, plan.prefill_tokens, context)
         step_s *= self.jitter()
         if plan.decode_tokens:
             self.tpot_margin.observe(
-                self.cost.predict_s(plan.decode_tokens, plan.prefill_tokens, context), step_s)
+                self.cost.predict_s(decodes, plan.prefill_tokens, context), step_s)
         self.busy_s += step_s
         return plan, step_s
 
@@ -221,13 +274,30 @@ class SimEngine:
                 self._retire(chunk.slot)
                 ended.append((req, "expired"))
                 continue
-            req.generated += 1
+            req.generated += 1 + self._verify(seq, chunk.draft_tokens, chunk.decode)
             if req.first_token_s is None:
                 req.first_token_s = now
             if req.generated >= req.max_tokens:
                 self._retire(chunk.slot, completed=True)
                 ended.append((req, "completed"))
         return ended
+
+    def _verify(self, seq: _Seq, drafted: int, decode: bool) -> int:
+        """The drafts of one chunk the model accepts (those before the first rejection,
+        each accepted with the workload's probability); the rest leave the KV."""
+        if self.drafting is None or not decode:
+            return 0
+        if not drafted:
+            seq.rate.idle()
+            return 0
+        accepted = 0
+        while accepted < drafted and self._rng.random() < self.drafting.acceptance:
+            accepted += 1
+        seq.n_fed -= drafted - accepted
+        seq.rate.observe(drafted, accepted)
+        self.draft_tokens += drafted
+        self.accepted_tokens += accepted
+        return accepted
 
     def next_wakeup_s(self) -> float | None:
         """Static mode: when the waiting head stops waiting for a full batch."""

@@ -18,6 +18,7 @@ from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_planner import EngineConfig
 from sluice.sim.costs import ModelCost, model_cost
+from sluice.sim.engine import SimDrafting
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class SimModel:
     """Generative: the default first-token target (soft), seconds after arrival."""
     keep_alive: KeepAlive = STAY
     """How long it stays loaded once idle (the server's ``keep_alive`` / ``pinned``)."""
+    drafting: SimDrafting | None = None
+    """Generative: n-gram speculation at the acceptance the served engine measured (a cost
+    entry's ``draft_acceptance``, for a model whose ``speculation`` is ``auto``); None:
+    its engine does not draft."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +144,8 @@ class SimConfig:
                 accuracy=float(opts.get("accuracy", 0.0)), n_seq_max=n_seq, n_ctx_total=n_ctx,
                 tpot_target_s=spec.tpot_target_s, ttft_deadline_s=spec.ttft_deadline_s,
                 ttft_target_s=spec.ttft_target_s,
-                keep_alive=configured_keep_alive(spec.keep_alive_s, spec.pinned))
+                keep_alive=configured_keep_alive(spec.keep_alive_s, spec.pinned),
+                drafting=_drafting(spec, (costs or {}).get(spec.model_id, {})))
         return cls(
             models=models,
             groups=tuple(SimGroup(g.group_id, tuple(g.variants), g.planner,
@@ -164,3 +170,12 @@ class SimConfig:
             replica_capacity=config.cluster.max_ongoing_requests,
             preload=(config.default_model,),
         )
+
+
+def _drafting(spec: Any, entry: Mapping[str, Any]) -> SimDrafting | None:
+    """A generative model's speculation in the simulator: its ``speculation`` setting and
+    the acceptance its cost entry measured (``draft_acceptance``), else none."""
+    acceptance = entry.get("draft_acceptance")
+    if spec.kind != "generative" or spec.speculation != "auto" or acceptance is None:
+        return None
+    return SimDrafting(float(acceptance), spec.draft_max_tokens)

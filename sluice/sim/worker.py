@@ -214,7 +214,7 @@ class SimWorker:
             self.engines[model.model_id] = SimEngine(
                 self.config.engine, step, model.n_ctx_total, model.n_seq_max,
                 functools.partial(model.cost.jitter, self._rng), model.tpot_target_s,
-                model.cost.step_s)
+                model.cost.step_s, model.drafting, self._rng)
         self.loads += 1
         self._resident = frozenset(m.model_id for m in self.residency.models())
         self._view = None

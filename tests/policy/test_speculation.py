@@ -90,7 +90,7 @@ def test_acceptance_follows_the_drafts_and_idle_steps_drift_back_to_the_prior() 
         rate.observe(drafted=4, accepted=0)  # one verified, rejected, each time
     low = rate.rate
     assert 0.0 < low < 0.2
-    for _ in range(100):
+    for _ in range(300):
         rate.idle()
     assert low < rate.rate == pytest.approx(0.5, abs=0.05)
 

@@ -501,3 +501,48 @@ def test_a_model_idle_past_its_keep_alive_is_loaded_again(keep_alive: KeepAlive,
     assert soon.end_s - soon.arrival_s == pytest.approx(batch_s)
     expected = 0.05 + batch_s if reloads else batch_s
     assert late.end_s - late.arrival_s == pytest.approx(expected)
+
+
+def test_simulated_speculation_drafts_through_the_servers_policy() -> None:
+    """A model that drafts (``SimDrafting``, the acceptance the server measured): a lone
+    request verifies drafts on the planner's choice and finishes in fewer, longer steps;
+    every request still gets exactly its tokens. At acceptance 0 drafting stops after
+    the first rejections."""
+    from sluice.sim.engine import SimDrafting
+
+    step = StepCost(0.010, 0.002, 0.0001)
+    arrivals = [Arrival(0.0, "chat", prompt_tokens=40, output_tokens=64)]
+
+    def run(drafting: SimDrafting | None) -> tuple[float, int, int, int]:
+        model = replace(chat(step=step), drafting=drafting)
+        report, fleet = simulate(SimConfig(models={"chat": model}, workers=1), arrivals,
+                                 keep_requests=True)
+        assert fleet.requests is not None
+        (req,) = fleet.requests
+        assert req.generated == 64 and report["overall"]["states"] == {"completed": 1}
+        engine = fleet.replicas[0].workers[0].engines["chat"]
+        return (req.end_s or 0) - (req.first_token_s or 0), engine.steps, \
+            engine.draft_tokens, engine.accepted_tokens
+    plain_s, plain_steps, drafted, _ = run(None)
+    assert drafted == 0
+    fast_s, fast_steps, drafted, accepted = run(SimDrafting(0.9))
+    assert accepted > 0 and drafted >= accepted and fast_steps < plain_steps
+    assert fast_s < plain_s
+    _, _, drafted, accepted = run(SimDrafting(0.0))
+    assert accepted == 0 and 0 < drafted < 16
+
+
+def test_a_cost_entrys_draft_acceptance_makes_an_auto_model_draft() -> None:
+    from sluice.sim.engine import SimDrafting
+    from tests.server.live import config_with, synth_chat
+
+    def drafting(**model: object) -> SimDrafting | None:
+        config = config_with(models=[{**synth_chat(), **model}])
+        sim = SimConfig.from_config(config, {"synth-chat": {"draft_acceptance": 0.7}})
+        return sim.models["synth-chat"].drafting
+    assert drafting(draft_max=4) == SimDrafting(0.7, 4)
+    assert drafting(speculation="off") is None
+    config = config_with(models=[synth_chat()])
+    assert SimConfig.from_config(config).models["synth-chat"].drafting is None
+    with pytest.raises(ValueError, match="acceptance"):
+        SimDrafting(1.5)
