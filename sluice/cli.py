@@ -47,6 +47,7 @@ def _load(args: argparse.Namespace) -> Config:
             "metrics_key": env("SLUICE_METRICS_KEY"),
             "log_content": True if getattr(args, "log_content", False) else None,
             "cors_origins": _split(cors) if cors else None,
+            "slots_endpoint": False if getattr(args, "no_slots", False) else None,
         },
         "scheduling": {
             "scheduler": args.scheduler,
@@ -186,6 +187,14 @@ def _llama_server_flags(p: argparse.ArgumentParser) -> None:
                    help="accepted: generative models batch continuously (see --mode)")
     p.add_argument("--metrics", action="store_true",
                    help="accepted: /metrics is always served (see server.metrics_key)")
+    p.add_argument("--slots", action="store_true",
+                   help="accepted: GET /slots is served unless --no-slots")
+    p.add_argument("--no-slots", action="store_true",
+                   help="GET /slots and POST /slots/{id} answer 501 "
+                        "(server.slots_endpoint = false)")
+    p.add_argument("--props", action=_Refused,
+                   why="sluice does not change its settings at run time (POST /props "
+                       "answers 501): set them in the config file")
     p.add_argument("--cors-origins", metavar="ORIGIN[,ORIGIN]",
                    help="origins browsers may call from (server.cors_origins; *: any)")
     p.add_argument("--keep-alive", metavar="DURATION",

@@ -546,6 +546,9 @@ class ServerConfig(_Strict):
     """Origins a browser may call from (CORS, llama-server's ``--cors-origins``; ``*``: any).
     Empty (the default): no CORS headers, so browsers refuse cross-origin calls."""
     default_max_tokens: int = Field(default=256, ge=1)
+    slots_endpoint: bool = True
+    """Serve llama-server's ``GET /slots`` and ``POST /slots/{id}`` (off: 501, as
+    llama-server's ``--no-slots``)."""
     drain_timeout_s: float = Field(default=10.0, ge=0)
     log_content: bool = False
     """Log prompt and completion text (debug only; off by default)."""

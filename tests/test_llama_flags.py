@@ -38,7 +38,7 @@ def test_llama_server_flags_map_to_the_config() -> None:
         "--host", "127.0.0.1,::1", "--port", "0", "--api-key", "k1,k2", "--api-key", "k3",
         "--cors-origins", "http://a.test,http://b.test",
         "--no-repack", "--kv-unified", "--jinja", "--no-context-shift", "--cont-batching",
-        "--metrics"])
+        "--metrics", "--slots"])
     [model] = config.models
     assert model.id == "tiny" and config.server.model_aliases == {"tiny-b": "tiny"}
     assert {k: model.options[k] for k in ("n_ctx", "n_seq_max", "n_threads", "extra_bufts",
@@ -59,11 +59,14 @@ def test_llama_server_flags_map_to_the_config() -> None:
     assert [m.id for m in synthetic.models] == ["synth-a", "synth-b", "synth-chat"]
     gen = serve_config([str(path), "--n-predict", "-1", "--seed", "-1"]).models[0]
     assert gen.default_max_tokens == -1 and "seed" not in gen.sampling.given()
+    assert config.server.slots_endpoint is True
+    assert serve_config([str(path), "--no-slots"]).server.slots_endpoint is False
 
 
 @pytest.mark.llm
 @pytest.mark.parametrize(("args", "message"), [
     (["--context-shift"], "--context-shift: sluice does not shift a full context"),
+    (["--props"], "--props: sluice does not change its settings at run time"),
     (["--pooling", "none"], "--pooling none: per-token embeddings are not served"),
     (["--embedding", "--pooling", "rank"], "--pooling rank: reranking is not served"),
     (["--pooling", "mean"], "--pooling mean: embeddings are off (add --embedding)"),

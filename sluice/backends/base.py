@@ -154,6 +154,19 @@ class TokenTable:
     """Control tokens (BOS, EOS, turn markers, unknown): never part of generated text."""
 
 
+@dataclass(frozen=True, slots=True)
+class FimTokens:
+    """A model's fill-in-the-middle tokens (a GGUF's ``tokenizer.ggml.fim_*_token_id``):
+    prefix, suffix and middle are required for infill; the repository and file-separator
+    tokens of the repo-level pattern are optional."""
+
+    prefix: int
+    suffix: int
+    middle: int
+    repo: int | None = None
+    file_sep: int | None = None
+
+
 @runtime_checkable
 class OneShotModel(Protocol):
     """A loaded model that answers a whole batch in one call."""
@@ -183,6 +196,9 @@ class Tokenizer(Protocol):
     model_sampling: Mapping[str, float | int]
     """The model file's recommended sampling (a GGUF's ``general.sampling.*``), by
     ``SamplingParams`` field name; empty when it recommends none."""
+    fim_tokens: FimTokens | None
+    """Its fill-in-the-middle tokens; ``None``: it lacks one of prefix, suffix and middle,
+    so it cannot infill."""
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         """Token ids of ``text``; ``special``: text such as ``<start_of_turn>`` becomes its

@@ -29,6 +29,7 @@ import numpy as np
 
 from sluice.backends.base import (
     BackendError,
+    FimTokens,
     ForwardChunk,
     GenerativeModel,
     ModelLoadError,
@@ -131,6 +132,10 @@ class SyntheticTokenizer:
         self.model_sampling: Mapping[str, float | int] = dict(
             spec.options.get("model_sampling", {}))
         """What a GGUF's ``general.sampling.*`` keys would recommend (by field name)."""
+        top = self.vocab_size
+        self.fim_tokens: FimTokens | None = (
+            FimTokens(top - 3, top - 2, top - 1) if spec.options.get("fim") else None)
+        """``fim``: the three highest ids are the prefix, suffix and middle tokens."""
 
     def tokenize(self, text: str, *, add_bos: bool, special: bool = True) -> list[int]:
         if self.byte_tokens:

@@ -109,7 +109,21 @@ DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
 sequences is estimated for a TTFT prediction that names no budget."""
 
-__all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig"]
+__all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig", "SlotState"]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """One sequence slot as llama-server's ``/slots`` shows it: the request using it (with
+    its prompt and tokens decoded so far), or idle, holding ``n_prompt_tokens`` of a
+    retained prefix (0: empty)."""
+
+    slot: int
+    request_id: int | None = None
+    """The request running in it (or holding it for a choice not yet forked)."""
+    n_prompt_tokens: int = 0
+    n_decoded: int = 0
+    max_tokens: int = 0
 
 
 @dataclass(eq=False)
@@ -386,6 +400,39 @@ class ContinuousEngine:
         """Static mode: when the oldest waiting request stops waiting for a full batch."""
         head = _waiting_view(self.waiting[0]) if self.waiting else None
         return static_wakeup_s(self.config, len(self.running), head)
+
+    # -- slots ---------------------------------------------------------------------------
+
+    def slot_states(self) -> tuple[SlotState, ...]:
+        """Every slot, in order (see ``SlotState``)."""
+        held = {slot: g for g in self._groups.values() for slot in g.fork_slots}
+        out = []
+        for slot in range(self.model.n_seq_max):
+            seq = self.running.get(slot)
+            if seq is not None:
+                out.append(SlotState(slot, seq.req.request_id, seq.n_prompt, seq.generated,
+                                     seq.req.params.max_tokens))
+            elif slot in held:
+                req = held[slot].req
+                out.append(SlotState(slot, req.request_id, len(req.prompt_tokens), 0,
+                                     req.params.max_tokens))
+            else:
+                out.append(SlotState(slot, n_prompt_tokens=len(self._retained.get(slot, ()))))
+        return tuple(out)
+
+    def erase_slot(self, slot: int) -> int | None:
+        """Forget an idle slot's retained prefix; the tokens it held (0 for an empty slot),
+        or ``None`` when a request is using the slot (nothing changes)."""
+        if not 0 <= slot < self.model.n_seq_max:
+            raise ValueError(f"slot {slot} is outside 0..{self.model.n_seq_max - 1}")
+        if slot in self.running or any(slot in g.fork_slots for g in self._groups.values()):
+            return None
+        tokens = self._retained.pop(slot, None)
+        if tokens is None:
+            return 0
+        self._retained_tenant.pop(slot, None)
+        self._free_slot(slot)
+        return len(tokens)
 
     # -- the step loop -------------------------------------------------------------------
 

@@ -463,6 +463,15 @@ class Runtime:
         futures = [w.call(functools.partial(w.unload_now, model_id)) for w in self.workers]
         return [f.result(timeout=60) for f in futures]
 
+    def erase_slot(self, model_id: str, worker_id: int, slot: int) -> int | None:
+        """Forget the retained prefix in slot ``slot`` of ``model_id`` on worker
+        ``worker_id`` (``Worker.erase_slot_now``, on its thread): the tokens it held, or
+        ``None`` while a request uses the slot. Blocks: call it off the event loop."""
+        worker = self.workers[worker_id]
+        erase = functools.partial(worker.erase_slot_now, model_id, slot)
+        result: int | None = worker.call(erase).result(timeout=60)
+        return result
+
     # -- async conveniences (the Python API) ---------------------------------------------
 
     def open(self, req: Request) -> AsyncHandle:

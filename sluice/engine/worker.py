@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from sluice.backends.base import Backend, GenerativeModel, ModelSpec, OneShotModel
 from sluice.backends.faults import FaultInjector
-from sluice.engine.continuous import ContinuousEngine, EngineConfig
+from sluice.engine.continuous import ContinuousEngine, EngineConfig, SlotState
 from sluice.engine.observer import Observer
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request, RequestStatus, end_stopped, is_stopped
@@ -142,6 +142,8 @@ class ModelState:
     expires_at_s: float | None = None
     """When it unloads if no request comes first (the runtime's clock); ``None`` while in
     use, pinned, or kept until evicted."""
+    slots: tuple[SlotState, ...] = ()
+    """Generative: its engine's sequence slots (llama-server's ``/slots``)."""
 
 
 @dataclass(frozen=True)
@@ -624,6 +626,18 @@ class Worker:
         self._publish()
         return True
 
+    def erase_slot_now(self, model_id: str, slot: int) -> int | None:
+        """Forget the retained prefix in one of ``model_id``'s slots (worker thread; via
+        ``call``): ``ContinuousEngine.erase_slot``. ``ValueError`` if the model is not
+        resident here or has no such slot."""
+        engine = self._engines.get(model_id)
+        if engine is None:
+            raise ValueError(f"model {model_id} is not resident on worker "
+                             f"{self.config.worker_id}")
+        erased = engine.erase_slot(slot)
+        self._publish()
+        return erased
+
     def integrity(self) -> dict[str, tuple[int, int]]:
         """Check the resident set and every KV allocator (worker thread; via ``call``):
         raises on a violation, returns ``{model: (free_blocks, total_blocks)}``."""
@@ -676,6 +690,7 @@ class Worker:
                     keep_alive=m.keep_alive.describe(),
                     keep_alive_idle_s=m.keep_alive.idle_s,
                     expires_at_s=m.expires_at_s,
+                    slots=engine.slot_states() if engine else (),
                 )
             )
         engines = self._engines.values()

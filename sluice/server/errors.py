@@ -1,7 +1,9 @@
 """One error for every failure, rendered in the shape of the API it came through: OpenAI's
 ``{"error": {"message", "type", "param", "code"}}`` everywhere but Anthropic Messages
 (``/v1/messages``), whose shape is ``{"type": "error", "error": {"type", "message"}}`` with
-Anthropic's status codes (``error_response`` picks by path).
+Anthropic's status codes, and llama-server's native endpoints (``/completion``, ``/infill``,
+``/props``, ``/slots`` ...), whose shape is ``{"error": {"code", "message", "type"}}`` with
+the HTTP status as ``code`` (``error_response`` picks by path).
 
 Each case has one status (the table is in docs/api.md); nothing internal leaks into a
 message of a 500.
@@ -109,8 +111,39 @@ def _anthropic_response(err: APIError) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=err.all_headers())
 
 
+LLAMA_SERVER_TYPES: dict[int, str] = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 500: "server_error", 501: "not_supported_error",
+    503: "unavailable_error",
+}
+"""llama-server's error type per status (``format_error_response``); other statuses keep
+sluice's type."""
+
+
+def llama_server_error(err: APIError) -> dict[str, Any]:
+    """``err`` as llama-server's native endpoints report it (a prompt past the context is
+    its ``exceed_context_size_error``); the shape has no ``param``, so a message that does
+    not name the field it blames starts with it."""
+    etype = ("exceed_context_size_error" if err.code == "context_length_exceeded"
+             else LLAMA_SERVER_TYPES.get(err.status, err.type))
+    message = err.message
+    if err.param and err.param not in message:
+        message = f"{err.param}: {message}"
+    return {"error": {"code": err.status, "message": message, "type": etype}}
+
+
+def _llama_server_response(err: APIError) -> JSONResponse:
+    return JSONResponse(llama_server_error(err), status_code=err.status,
+                        headers=err.all_headers())
+
+
+LLAMA_SERVER_PATHS = ("/completion", "/completions", "/infill", "/props", "/apply-template",
+                      "/slots")
+"""llama-server's native endpoints (not its OpenAI-compatible ones)."""
+
 ERROR_SHAPES: tuple[tuple[str, Callable[[APIError], JSONResponse]], ...] = (
     ("/v1/messages", _anthropic_response),
+    *((path, _llama_server_response) for path in LLAMA_SERVER_PATHS),
 )
 """Path prefixes whose API has its own error shape (every other path: OpenAI's)."""
 

@@ -25,6 +25,7 @@ from sluice.server.schemas import (
     CompletionRequest,
     NamedToolChoice,
     ResponseFormat,
+    SamplingBody,
 )
 
 
@@ -34,15 +35,21 @@ def sent_sampling(body: Any) -> dict[str, Any]:
     return {k: v for k in DEFAULTED_FIELDS if (v := getattr(body, k, None)) is not None}
 
 
-def sampling_kwargs(body: ChatCompletionRequest | CompletionRequest,
-                    tok: Tokenizer) -> dict[str, Any]:
-    """``SamplingParams`` fields (all but ``max_tokens`` and the constraint); of the
-    sampling controls only those the client sent."""
+def checked_bias(body: SamplingBody, tok: Tokenizer) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as (token id, bias) pairs, each id checked against the vocabulary."""
     bias = body.bias_pairs()
     bad = [t for t, _ in bias if t >= tok.vocab_size]
     if bad:
         raise bad_param("logit_bias", f"logit_bias keys must be token ids in "
                                       f"[0, {tok.vocab_size}); got {bad[0]}")
+    return bias
+
+
+def sampling_kwargs(body: ChatCompletionRequest | CompletionRequest,
+                    tok: Tokenizer) -> dict[str, Any]:
+    """``SamplingParams`` fields (all but ``max_tokens`` and the constraint); of the
+    sampling controls only those the client sent."""
+    bias = checked_bias(body, tok)
     if body.n > tok.n_seq_max:
         raise bad_param("n", f"n must be at most {tok.n_seq_max}, the sequences this model "
                              f"runs at once; got {body.n}")
@@ -79,8 +86,7 @@ def format_constraint(fmt: ResponseFormat | None) -> Constraint | None:
                       strict=bool(fmt.json_schema.strict))
 
 
-def body_constraint(body: ChatCompletionRequest | CompletionRequest
-                    ) -> tuple[Constraint | None, str]:
+def body_constraint(body: SamplingBody) -> tuple[Constraint | None, str]:
     """The decoding constraint a body asks for and the field it came from:
     ``response_format`` (chat), llama-server's top-level ``json_schema`` or its GBNF
     ``grammar`` (converted to llguidance's lark form). More than one is a 400, as in

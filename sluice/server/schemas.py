@@ -275,6 +275,11 @@ class _Sampling(_Body):
         return tuple(sorted((int(k), float(b)) for k, b in (self.logit_bias or {}).items()))
 
 
+SamplingBody = _Sampling
+"""The sampling fields every completion-like body shares (OpenAI chat and completions,
+llama-server's ``/completion``)."""
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)

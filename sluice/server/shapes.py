@@ -26,6 +26,7 @@ from sluice.server.core.output import (
     split_thinking,
 )
 from sluice.server.core.reasoning import ThinkingTags
+from sluice.server.errors import APIError
 from sluice.server.schemas import usage
 
 LOGPROB_FLOOR = -9999.0
@@ -71,6 +72,8 @@ class Shape:
 
     object_name = ""
     chunk_name = ""
+    done_marker: str | None = "[DONE]"
+    """The last ``data:`` line of a stream (``None``: none, its last chunk says so)."""
 
     def __init__(self, response_id: str, model: str) -> None:
         self.id = response_id
@@ -101,6 +104,11 @@ class Shape:
 
     def end(self, finish_reason: str, choice: int = 0) -> dict[str, Any]:
         raise NotImplementedError
+
+    def error_chunk(self, err: APIError) -> dict[str, Any]:
+        """The chunk that ends a stream whose request failed after its first token."""
+        return {"error": {"message": err.message, "type": err.type, "param": None,
+                          "code": err.code}}
 
     def usage_chunk(self, final: Final) -> dict[str, Any]:
         body = self._envelope(self.chunk_name, [])

@@ -26,18 +26,19 @@ def live(serve_module: Callable[..., LiveServer]) -> LiveServer:
         workers={"count": 1, "budget_bytes": 1_000_000_000}))
 
 
-@pytest.mark.parametrize(("path", "body"), [
-    ("/chat/completions", {"messages": MSG, "max_tokens": 2}),
-    ("/completions", {"prompt": "hello", "max_tokens": 2}),
-])
-def test_paths_without_v1_and_no_model_serve_the_default(live: LiveServer, path: str,
-                                                         body: dict[str, object]) -> None:
+def test_paths_without_v1_and_no_model_serve_the_default(live: LiveServer) -> None:
+    body = {"messages": MSG, "max_tokens": 2}
     with live.client() as c:
-        r = c.post(path, json=body)
+        r = c.post("/chat/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["model"] == CHAT
         assert r.json()["usage"]["completion_tokens"] == 2
-        assert c.post(f"/v1{path}", json=body).json()["model"] == CHAT
+        assert c.post("/v1/chat/completions", json=body).json()["model"] == CHAT
+        # llama-server's /completions is its native completion, /v1/completions OpenAI's
+        native = c.post("/completions", json={"prompt": "hello", "max_tokens": 2}).json()
+        assert native["model"] == CHAT and native["tokens_predicted"] == 2
+        openai = c.post("/v1/completions", json={"prompt": "hello", "max_tokens": 2}).json()
+        assert openai["object"] == "text_completion" and openai["model"] == CHAT
 
 
 def test_models_embeddings_and_health_without_v1(live: LiveServer) -> None:

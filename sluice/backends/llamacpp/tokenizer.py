@@ -9,7 +9,13 @@ from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from sluice.backends.base import ModelLoadError, ModelSpec, NoChatTemplateError, TokenTable
+from sluice.backends.base import (
+    FimTokens,
+    ModelLoadError,
+    ModelSpec,
+    NoChatTemplateError,
+    TokenTable,
+)
 from sluice.backends.chat import ChatPrompt, ChatTemplate
 from sluice.backends.llamacpp.metadata import gguf_sampling
 from sluice.backends.llamacpp.native import free_native, tokenize
@@ -63,6 +69,7 @@ class LlamaCppTokenizer:
             raise ModelLoadError(f"{spec.model_id}: {exc}") from exc
         self.chat_template: str | None = None if self.template is None else self.template.name
         self.model_sampling: Mapping[str, float | int] = gguf_sampling(lib, model)
+        self.fim_tokens: FimTokens | None = _fim_tokens(lib, self._vocab)
         if standalone:
             self._finalizer = weakref.finalize(self, free_native, lib, None, model)
 
@@ -157,3 +164,14 @@ class LlamaCppTokenizer:
             raise NoChatTemplateError(f"{self.spec.model_id} is a completion model: it has no "
                                       f"chat template")
         return self.template
+
+
+def _fim_tokens(lib: Any, vocab: Any) -> FimTokens | None:
+    """The vocabulary's fill-in-the-middle tokens (llama.cpp: -1 where the GGUF has none)."""
+    ids = {name: int(getattr(lib, f"llama_vocab_fim_{name}")(vocab))
+           for name in ("pre", "suf", "mid", "rep", "sep")}
+    if min(ids["pre"], ids["suf"], ids["mid"]) < 0:
+        return None
+    return FimTokens(ids["pre"], ids["suf"], ids["mid"],
+                     repo=ids["rep"] if ids["rep"] >= 0 else None,
+                     file_sep=ids["sep"] if ids["sep"] >= 0 else None)

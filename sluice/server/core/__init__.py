@@ -28,6 +28,7 @@ from sluice.server.core.controls import (
 from sluice.server.core.generate import (
     ChatPrompt,
     Generation,
+    MixedPrompt,
     Prompt,
     ServeRequest,
     TextPrompt,
@@ -37,6 +38,7 @@ from sluice.server.core.generate import (
     one_shot_requests,
     open_admitted,
     open_generation,
+    rendered_chat,
 )
 from sluice.server.core.prompt import (
     chat_bounds,
@@ -51,6 +53,7 @@ from sluice.server.core.prompt import (
 __all__ = [
     "ChatPrompt",
     "Generation",
+    "MixedPrompt",
     "Prompt",
     "ServeRequest",
     "TextPrompt",
@@ -69,6 +72,7 @@ __all__ = [
     "open_generation",
     "plan_headers",
     "prompt_bounds",
+    "rendered_chat",
     "spec_of_kind",
     "text_bounds",
     "token_limit",

@@ -52,9 +52,11 @@ from sluice.server.core.controls import (
 )
 from sluice.server.core.prompt import (
     chat_bounds,
+    mixed_bounds,
     text_bounds,
     token_limit,
     tokenize_chat,
+    tokenize_mixed,
     tokenize_text,
 )
 from sluice.server.core.reasoning import ThinkingAsk, ThinkingTags, thinking_plan
@@ -94,7 +96,18 @@ class TokenPrompt:
     ids: Sequence[int]
 
 
-Prompt = TextPrompt | ChatPrompt | TokenPrompt
+@dataclass(frozen=True)
+class MixedPrompt:
+    """A prompt given as token ids and texts in order (llama-server's mixed prompt, an
+    infill's pieces): each text is tokenized where it stands, after BOS when ``bos``;
+    ``special``: special-token text in the texts becomes the model's special tokens."""
+
+    pieces: Sequence[int | str]
+    bos: bool = True
+    special: bool = True
+
+
+Prompt = TextPrompt | ChatPrompt | TokenPrompt | MixedPrompt
 
 
 @dataclass(frozen=True)
@@ -186,11 +199,26 @@ def _refuse(req: RtRequest, err: APIError, now: float) -> APIError:
 
 @dataclass(frozen=True)
 class _Rendered:
-    """A prompt ready to tokenize (``text`` or ``chat``), or its ids already (``ids``)."""
+    """A prompt ready to tokenize (``text``, ``chat`` or ``mixed``), or its ids already
+    (``ids``)."""
 
     text: str | None = None
     chat: BackendChatPrompt | None = None
     ids: list[int] | None = None
+    mixed: MixedPrompt | None = None
+
+
+def rendered_chat(tok: Tokenizer, prompt: ChatPrompt, model: str,
+                  param: str = "messages") -> BackendChatPrompt:
+    """The conversation as the model's chat template renders it (every chat surface, and
+    llama-server's ``/apply-template``): 400 ``model_has_no_chat_template`` for a
+    completion model, 400 naming ``param`` when the template refuses the messages."""
+    if tok.chat_template is None:
+        raise no_chat_template(model)
+    try:
+        return tok.apply_chat(list(prompt.messages), list(prompt.tools) or None)
+    except ValueError as exc:
+        raise bad_param(param, f"Invalid messages: {public_text(str(exc))}") from None
 
 
 def _render(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> _Rendered:
@@ -198,21 +226,20 @@ def _render(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> _Rendered:
     chat rendered with the model's template (400 when it has none or refuses the
     messages)."""
     prompt, param = ask.prompt, ask.names[0]
-    if isinstance(prompt, TokenPrompt):
-        bad = [t for t in prompt.ids if not 0 <= t < tok.vocab_size]
+    if isinstance(prompt, TokenPrompt | MixedPrompt):
+        ids = prompt.ids if isinstance(prompt, TokenPrompt) else [
+            p for p in prompt.pieces if isinstance(p, int)]
+        bad = [t for t in ids if not 0 <= t < tok.vocab_size]
         if bad:
             raise bad_param(param, f"token ids must be in [0, {tok.vocab_size}); got {bad[0]}")
+        if isinstance(prompt, MixedPrompt):
+            return _Rendered(mixed=prompt)
         return _Rendered(ids=list(prompt.ids))
     if isinstance(prompt, TextPrompt):
         if ctx.config.server.log_content:
             access.note_prompt(prompt.text)
         return _Rendered(text=prompt.text)
-    if tok.chat_template is None:
-        raise no_chat_template(ask.model)
-    try:
-        rendered = tok.apply_chat(list(prompt.messages), list(prompt.tools) or None)
-    except ValueError as exc:
-        raise bad_param(param, f"Invalid messages: {public_text(str(exc))}") from None
+    rendered = rendered_chat(tok, prompt, ask.model, param)
     if ctx.config.server.log_content:
         access.note_prompt(rendered.text)
     return _Rendered(chat=rendered)
@@ -226,8 +253,12 @@ async def _bounds(tok: Tokenizer, rendered: _Rendered, ask: ServeRequest,
     param = ask.names[0]
     if rendered.ids is not None:
         return None
-    prompt = (await text_bounds(tok, rendered.text, param) if rendered.text is not None
-              else await chat_bounds(tok, _chat(rendered), param))
+    if rendered.mixed is not None:
+        prompt = await mixed_bounds(tok, rendered.mixed.pieces, param)
+    elif rendered.text is not None:
+        prompt = await text_bounds(tok, rendered.text, param)
+    else:
+        prompt = await chat_bounds(tok, _chat(rendered), param)
     context = tok.n_ctx_per_seq if ask.context_tokens is None else min(ask.context_tokens,
                                                                         tok.n_ctx_per_seq)
     asked = ask.max_tokens
@@ -248,6 +279,9 @@ async def _tokens(tok: Tokenizer, rendered: _Rendered) -> list[int]:
         return rendered.ids
     if rendered.text is not None:
         return await tokenize_text(tok, rendered.text)
+    if rendered.mixed is not None:
+        return await tokenize_mixed(tok, rendered.mixed.pieces, bos=rendered.mixed.bos,
+                                    special=rendered.mixed.special)
     return await tokenize_chat(tok, _chat(rendered))
 
 

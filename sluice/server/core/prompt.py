@@ -65,6 +65,34 @@ async def text_bounds(tok: Tokenizer, text: str, param: str) -> TokenBounds:
     return await asyncio.to_thread(prompt_bounds, tok, [text], param)
 
 
+async def mixed_bounds(tok: Tokenizer, pieces: Sequence[int | str],
+                       param: str) -> TokenBounds:
+    """A mixed prompt's ``prompt_bounds``: its texts' bounds plus one token per id (at most
+    one sequence), in a worker thread."""
+    texts = [p for p in pieces if isinstance(p, str)]
+    n_ids = len(pieces) - len(texts)
+    text = await asyncio.to_thread(prompt_bounds, tok, texts, param)
+    return TokenBounds(text.least_tokens + n_ids,
+                       min(text.most_tokens + n_ids, tok.n_ctx_per_seq))
+
+
+def mixed_tokens(tok: Tokenizer, pieces: Sequence[int | str], *, bos: bool,
+                 special: bool) -> list[int]:
+    """Token ids and texts in order, each text tokenized where it stands, after BOS (when
+    ``bos`` and the model adds one); the caller checked the ids."""
+    ids = tok.tokenize("", add_bos=True) if bos else []
+    for piece in pieces:
+        ids.extend([piece] if isinstance(piece, int)
+                   else tok.tokenize(piece, add_bos=False, special=special))
+    return ids
+
+
+async def tokenize_mixed(tok: Tokenizer, pieces: Sequence[int | str], *, bos: bool,
+                         special: bool) -> list[int]:
+    """``mixed_tokens`` in a worker thread, its length checked first (``mixed_bounds``)."""
+    return await asyncio.to_thread(mixed_tokens, tok, pieces, bos=bos, special=special)
+
+
 async def chat_bounds(tok: Tokenizer, prompt: ChatPrompt, param: str) -> TokenBounds:
     """A chat prompt's ``prompt_bounds`` (each part is tokenized on its own), in a worker
     thread."""

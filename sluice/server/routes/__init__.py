@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from sluice.server.routes import (
     admin,
     anthropic,
+    llama_server,
     native,
     ollama,
     openai,
@@ -16,8 +17,8 @@ from sluice.server.routes import (
 )
 
 ROUTERS: tuple[APIRouter, ...] = (openai.router, responses.router, anthropic.router,
-                                  native.router, tokens.router, ollama.router, admin.router,
-                                  operations.router)
+                                  native.router, tokens.router, ollama.router,
+                                  llama_server.router, admin.router, operations.router)
 """Every router, in the order the app includes them."""
 
 __all__ = ["ROUTERS"]

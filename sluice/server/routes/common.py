@@ -118,8 +118,8 @@ async def run_generative(
 ) -> Response:
     """Answer the admitted ``gen``: one JSON body (``shape.full``, given the token events
     when ``keep_events``), or (``stream``) SSE chunks from ``shape.on_token`` and
-    ``shape.on_final`` ending with ``[DONE]``. A client that disconnects cancels the request
-    (499)."""
+    ``shape.on_final`` ending with ``shape.done_marker`` (``[DONE]``). A client that
+    disconnects cancels the request (499)."""
     ctx = ctx_of(request)
     req, handle = gen.request, gen.handle
     extra = dict(headers or {})
@@ -161,10 +161,9 @@ async def run_generative(
                         if include_usage:
                             yield sse(shape.usage_chunk(event))
                     else:
-                        err = final_api_error(event)
-                        yield sse({"error": {"message": err.message, "type": err.type,
-                                              "param": None, "code": err.code}})
-                    yield sse("[DONE]")
+                        yield sse(shape.error_chunk(final_api_error(event)))
+                    if shape.done_marker is not None:
+                        yield sse(shape.done_marker)
                     return
                 for chunk in shape.on_token(event):
                     yield sse(chunk)

@@ -1,5 +1,6 @@
 """The OpenAI-compatible surface: chat completions, completions, embeddings, models list;
-each also at llama-server's path without ``/v1``."""
+each also at llama-server's path without ``/v1`` but completions, whose ``/completions`` is
+llama-server's native completion (``routes.llama_server``)."""
 
 from __future__ import annotations
 
@@ -77,7 +78,6 @@ async def chat_completions(
 
 
 @router.post("/v1/completions", responses=ERROR_RESPONSES)
-@router.post("/completions", include_in_schema=False)
 async def completions(body: CompletionRequest, request: Request, tenant: Tenant) -> Response:
     """OpenAI text completions (one prompt per request); ``echo`` puts the prompt first,
     with its logprobs when ``logprobs`` is set."""
