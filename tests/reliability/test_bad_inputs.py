@@ -1,7 +1,8 @@
 """The bad-input table (docs/reliability.md): every row is one malformed, hostile or
 impossible request against a running server with API keys and an admin key configured.
 Each gets its documented status and, where the app answers, exactly the OpenAI error
-body; none is a 500; and the server answers ``/health`` 200 after every one."""
+body (llama-server's, ``{"error": {"code", "message", "type"}}``, on its native endpoints);
+none is a 500; and the server answers ``/health`` 200 after every one."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ class Case:
     param: str | None = None
     openai_body: bool = True
     """False where uvicorn answers before the app sees the request (no JSON body)."""
+    llama_type: str | None = None
+    """llama-server's error ``type``, for a row on its native endpoints (``param``: a word
+    the message must hold, since that shape has no ``param``)."""
 
 
 def chat(change: dict[str, Any], headers: dict[str, str] | None = None,
@@ -69,6 +73,12 @@ def post(path: str, json_body: dict[str, Any] | None = None,
         with live.client() as c:
             return c.post(path, json=json_body, headers=headers or {})
     return send
+
+
+def llama(path: str, json_body: dict[str, Any] | None = None,
+          headers: dict[str, str] | None = None) -> Callable[[LiveServer], httpx.Response]:
+    """A llama-server native endpoint, with the tenant's key unless ``headers`` say else."""
+    return post(path, json_body, AUTH if headers is None else headers)
 
 
 def raw(data: bytes) -> Callable[[LiveServer], RawResponse]:
@@ -187,6 +197,42 @@ CASES = [
         "POST", "/v1/chat/completions", b"{}", {"x-padding": "p" * 200_000})), 400,
         openai_body=False),
     Case("not HTTP at all", raw(b"\x16\x03\x01\x02\x00 hello\r\n\r\n"), 400, openai_body=False),
+    # -- llama-server's native endpoints (its error shape) --------------------------------
+    Case("/completion: wrong type (n_predict is a string)",
+         llama("/completion", {"prompt": "hi", "n_predict": "many"}), 400,
+         param="n_predict", llama_type="invalid_request_error"),
+    Case("/completion: negative n_predict", llama("/completion", {"prompt": "hi",
+                                                                 "n_predict": -5}),
+         400, param="n_predict", llama_type="invalid_request_error"),
+    Case("/completion: huge n_probs", llama("/completion", {"prompt": "hi", "n_probs": 10**4}),
+         400, param="n_probs", llama_type="invalid_request_error"),
+    Case("/completion: several prompts in one request",
+         llama("/completion", {"prompt": [[1, 2], [3]]}), 400, param="prompt",
+         llama_type="invalid_request_error"),
+    Case("/completion: a sampler sluice does not run (mirostat)",
+         llama("/completion", {"prompt": "hi", "mirostat": 2}), 400, param="mirostat",
+         llama_type="invalid_request_error"),
+    Case("/completion: prompt past the context", llama("/completion", {"prompt": "w " * 600}),
+         400, param="context", llama_type="exceed_context_size_error"),
+    Case("/completion: missing API key", llama("/completion", {"prompt": "hi"}, {}), 401,
+         llama_type="authentication_error"),
+    Case("/infill: a model without FIM tokens",
+         llama("/infill", {"input_prefix": "a", "input_suffix": "b"}), 501,
+         param="Infill is not supported", llama_type="not_supported_error"),
+    Case("/infill: an input_extra chunk without text",
+         llama("/infill", {"input_prefix": "a", "input_suffix": "b",
+                           "input_extra": [{"filename": "x.py"}]}), 400,
+         param="input_extra", llama_type="invalid_request_error"),
+    Case("/apply-template: no messages", llama("/apply-template", {"messages": []}), 400,
+         param="messages", llama_type="invalid_request_error"),
+    Case("POST /props", llama("/props", {}), 501, llama_type="not_supported_error"),
+    Case("/slots: unknown slot id", llama("/slots/99?action=erase"), 400,
+         param="Invalid slot ID", llama_type="invalid_request_error"),
+    Case("/slots: unknown action", llama("/slots/0?action=nuke"), 400, param="action",
+         llama_type="invalid_request_error"),
+    Case("/slots: save (no slot files)", llama("/slots/0?action=save",
+                                               {"filename": "../../etc/passwd"}),
+         501, llama_type="not_supported_error"),
 ]
 
 
@@ -211,7 +257,15 @@ def test_bad_input_gets_its_status_and_the_server_stays_healthy(
     table_server: LiveServer, case: Case
 ) -> None:
     r = case.send(table_server)
-    if isinstance(r, httpx.Response) and case.openai_body:
+    if case.llama_type is not None:
+        assert isinstance(r, httpx.Response)
+        assert r.status_code == case.status, r.text
+        assert r.headers.get("x-request-id")
+        err = r.json()["error"]
+        assert r.json() == {"error": {"code": case.status, "message": err["message"],
+                                      "type": case.llama_type}}
+        assert isinstance(err["message"], str) and (case.param or "") in err["message"]
+    elif isinstance(r, httpx.Response) and case.openai_body:
         err = assert_error(r, case.status, code=case.code, param=case.param)
     else:
         status = r.status_code if isinstance(r, httpx.Response) else r.status
