@@ -117,6 +117,19 @@ def test_stream_sends_a_chunk_per_token_then_the_result(live: LiveServer) -> Non
     assert [t["tokens"][0] for t in tokens] == whole["tokens"]
 
 
+def test_a_failure_mid_stream_ends_it_with_a_llama_server_error(
+        serve: Callable[..., LiveServer]) -> None:
+    live = serve(config_with(models=[synth_chat("flaky", fail_on_calls=[3])],
+                             workers={"count": 1}))
+    with live.client() as c:
+        chunks = stream_chunks(c, {"prompt": "hello", "n_predict": 8})
+        assert [len(t["tokens"]) for t in chunks[:-1]] == [1, 1]
+        assert chunks[-1] == {"error": {"code": 500, "type": "server_error",
+                                        "message": "The model failed while running this "
+                                                   "request."}}
+        served(c)
+
+
 def test_n_probs_gives_completion_probabilities(live: LiveServer) -> None:
     body = {"prompt": "hello", "n_predict": 3, "n_probs": 4, "temperature": 0}
     with live.client() as c:
