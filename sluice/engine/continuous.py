@@ -304,7 +304,8 @@ class ContinuousEngine:
         elif (late := self._late_start(req, self._line_position(req))) is not None:
             now = self._clock()
             ttft, retry_s = late
-            due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now)
+            due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now,
+                                line_busy=self.has_work)
             left_s = (due or now) - now
             what = ("deadline" if req.ttft_deadline_s is not None
                     and req.ttft_deadline_s == due else "target")
@@ -373,7 +374,8 @@ class ContinuousEngine:
         late even at the widest width the engine would plan: the prediction and a
         Retry-After (when the line ahead will have drained enough); else None."""
         now = self._clock()
-        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now)
+        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now,
+                                line_busy=self.has_work)
         if due is None:
             return None
         ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n), position,

@@ -151,14 +151,18 @@ def engine_width(cost: StepCost, *, tpot_target_s: float | None, margin: float,
 
 
 def arrival_due_s(ttft_target_s: float | None, ttft_deadline_s: float | None,
-                  now: float) -> float | None:
+                  now: float, *, line_busy: bool) -> float | None:
     """The first-token time a request reaching an engine at ``now`` is judged against, for
     the refusal on arrival (the engine's and the simulator's): its first-token deadline,
-    and its first-token target while that is still ahead. A target already passed on
-    arrival (the model was loading, or the request queued before the engine) refuses
-    nothing: the soft target sheds what this engine's line would make late, and that
-    lateness came before the line. None: nothing to judge."""
-    target = ttft_target_s if ttft_target_s is not None and ttft_target_s > now else None
+    and its first-token target while that is still ahead and the engine has other work
+    (``line_busy``: sequences running or waiting). The soft target sheds what this
+    engine's line would make late, so it refuses nothing when the lateness is not the
+    line's: a target already passed on arrival (the model was loading, or the request
+    queued before the engine), or an engine with nothing else to do (a host slower than
+    the target serves a lone request late rather than not at all). None: nothing to
+    judge."""
+    target = (ttft_target_s if line_busy and ttft_target_s is not None
+              and ttft_target_s > now else None)
     due = [t for t in (target, ttft_deadline_s) if t is not None]
     return min(due) if due else None
 

@@ -151,7 +151,8 @@ class SimEngine:
         target at the width the engine would plan; else None."""
         if self.kv.never_fits(req.n_prompt + req.max_tokens):
             return "context_length_exceeded"
-        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now)
+        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now,
+                            line_busy=self.has_work)
         if due is not None:
             running, held, waiting, lefts = self._line(now)
             ttft = predict_engine_ttft(

@@ -178,13 +178,15 @@ def test_requests_arriving_while_the_model_unloads_are_all_served(
             if i % 3 == 0:
                 wait_for(lambda r=req: r.is_terminal)  # let the model go idle now and then
 
-    threads = [threading.Thread(target=client, args=(15,)) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30.0)
-    wait_for(lambda: all(r.is_terminal for r in reqs), timeout_s=20.0)
-    assert len(reqs) == 60
+    for _ in range(2):  # two rounds, the model unloaded in between (so it reloads once)
+        threads = [threading.Thread(target=client, args=(8,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30.0)
+        wait_for(lambda: all(r.is_terminal for r in reqs), timeout_s=20.0)
+        wait_for(lambda: state_of(rt, "chat") is None)
+    assert len(reqs) == 64
     for req in reqs:
         assert len(finals[req.request_id]) == 1, "not exactly one terminal event"
         assert req.status == RequestStatus.COMPLETED, req.final

@@ -355,6 +355,30 @@ def test_a_line_past_its_first_token_target_widens_the_batch_and_refuses_the_res
     assert max(model.batch_sizes) == 5
 
 
+def test_an_idle_engine_serves_a_request_its_target_cannot_be_met_for(
+        tmp_path: Path) -> None:
+    """A host slower than the first-token target (a first token in ~16 ms against a 5 ms
+    target): alone, the request is served late rather than refused (refusing protects no
+    one); the same request behind another is refused, and so is one whose deadline (a
+    client's, not the soft target) cannot be met even alone."""
+    prior = tmp_path / "cost.json"
+    StepCost(0.002, 0.010, 0.0001).save(prior)
+    eng, _, retired = build(spec(tpot_target_s=0.060, step_cost_path=str(prior)))
+    alone = with_target(request(n_prompt=40, max_tokens=4), 0.005)
+    eng.add(alone)
+    assert alone.status != RequestStatus.REJECTED
+    behind = with_target(request(n_prompt=40, max_tokens=4), 0.005)
+    eng.add(behind)
+    assert behind.status == RequestStatus.REJECTED and behind in retired
+    run(eng)
+    assert alone.status == RequestStatus.COMPLETED
+    hard = request(n_prompt=40, max_tokens=4)
+    hard.ttft_deadline_s = eng._clock() + 0.005
+    eng.add(hard)
+    assert hard.status == RequestStatus.REJECTED
+    assert hard.final is not None and "first-token deadline" in (hard.final.error or "")
+
+
 def test_without_first_token_targets_the_budget_alone_decides(tmp_path: Path) -> None:
     prior = tmp_path / "cost.json"
     StepCost(0.002, 0.010, 0.0001).save(prior)

@@ -130,11 +130,19 @@ def test_an_engine_width_holds_only_what_its_kv_pool_holds() -> None:
 
 def test_a_passed_target_refuses_nothing_on_arrival_but_a_deadline_still_does() -> None:
     # target ahead: it is what the arrival is judged against (the earlier of the two)
-    assert arrival_due_s(12.0, 15.0, now=10.0) == 12.0
-    assert arrival_due_s(12.0, None, now=10.0) == 12.0
+    assert arrival_due_s(12.0, 15.0, now=10.0, line_busy=True) == 12.0
+    assert arrival_due_s(12.0, None, now=10.0, line_busy=True) == 12.0
     # target passed before the request reached the engine (its model was loading)
-    assert arrival_due_s(9.0, None, now=10.0) is None
-    assert arrival_due_s(9.0, 15.0, now=10.0) == 15.0
+    assert arrival_due_s(9.0, None, now=10.0, line_busy=True) is None
+    assert arrival_due_s(9.0, 15.0, now=10.0, line_busy=True) == 15.0
     # a passed deadline still counts: the request is refused, as before
-    assert arrival_due_s(None, 9.5, now=10.0) == 9.5
-    assert arrival_due_s(None, None, now=10.0) is None
+    assert arrival_due_s(None, 9.5, now=10.0, line_busy=True) == 9.5
+    assert arrival_due_s(None, None, now=10.0, line_busy=True) is None
+
+
+def test_an_idle_engine_judges_a_request_by_its_deadline_only() -> None:
+    """Nothing running or waiting: refusing by the soft target would protect no one (a host
+    slower than the target, e.g. one loaded by other jobs, would refuse every request)."""
+    assert arrival_due_s(12.0, None, now=10.0, line_busy=False) is None
+    assert arrival_due_s(12.0, 15.0, now=10.0, line_busy=False) == 15.0
+    assert arrival_due_s(12.0, 11.0, now=10.0, line_busy=False) == 11.0
