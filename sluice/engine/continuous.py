@@ -210,14 +210,6 @@ def _waiting_view(req: Request) -> WaitingSeq:
                       prompt_logprobs=p.prompt_logprobs, tenant=req.tenant_id)
 
 
-class _RequestFault(Exception):
-    """A request's own work failed: it alone ends, with this message and code."""
-
-    def __init__(self, message: str, code: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 class ContinuousEngine:
     """Admits, steps and retires the generative requests of one model."""
 

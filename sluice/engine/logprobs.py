@@ -35,11 +35,6 @@ def row_logsumexp(rows: np.ndarray) -> np.ndarray:
     return lse
 
 
-def token_logprob(row: np.ndarray, lse: float, token: int) -> float:
-    """The log-probability of ``token`` under ``row`` (whose log-sum-exp is ``lse``)."""
-    return float(row[token]) - lse
-
-
 def top_logprobs(row: np.ndarray, lse: float, k: int) -> tuple[TokenLogprob, ...]:
     """The ``k`` most likely tokens of ``row``, most likely first (ties: lower id first)."""
     k = min(k, MAX_TOP_LOGPROBS, row.size)

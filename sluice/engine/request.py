@@ -8,7 +8,7 @@ every event exactly once, in order, ending with exactly one ``Final``.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
@@ -310,11 +310,6 @@ class Request:
         for listener in listeners:
             listener(event)
         return True
-
-
-def total_tokens_estimate(prompt_tokens: Sequence[int], params: SamplingParams) -> int:
-    """Tokens a generative request may hold in KV: prompt plus everything it may generate."""
-    return len(prompt_tokens) + params.max_tokens
 
 
 def is_stopped(req: Request, now: float) -> bool:
