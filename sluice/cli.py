@@ -48,6 +48,7 @@ def _load(args: argparse.Namespace) -> Config:
             "log_content": True if getattr(args, "log_content", False) else None,
             "cors_origins": _split(cors) if cors else None,
             "slots_endpoint": False if getattr(args, "no_slots", False) else None,
+            "slot_save_path": getattr(args, "slot_save_path", None),
         },
         "scheduling": {
             "scheduler": args.scheduler,
@@ -195,6 +196,9 @@ def _llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--props", action=_Refused,
                    why="sluice does not change its settings at run time (POST /props "
                        "answers 501): set them in the config file")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="the folder POST /slots/{id}?action=save|restore writes and reads "
+                        "a slot's KV in (server.slot_save_path; unset: 501)")
     p.add_argument("--cors-origins", metavar="ORIGIN[,ORIGIN]",
                    help="origins browsers may call from (server.cors_origins; *: any)")
     p.add_argument("--keep-alive", metavar="DURATION",

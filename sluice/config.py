@@ -563,6 +563,21 @@ class ServerConfig(_Strict):
     """Serve the OpenAPI schema and its pages (``/openapi.json``, ``/docs``, ``/redoc``).
     Off by default: they list every route, admin ones included, to anyone."""
 
+    slot_save_path: str | None = None
+    """The folder ``POST /slots/{id}?action=save|restore`` writes and reads a slot's KV in
+    (llama-server's ``--slot-save-path``); unset: slot actions answer 501. Checked to be a
+    folder when the server starts."""
+
+    def slot_folder(self) -> Path | None:
+        """``slot_save_path`` as a folder (``ValueError`` naming the field when it is not
+        one)."""
+        if self.slot_save_path is None:
+            return None
+        folder = Path(self.slot_save_path).expanduser()
+        if not folder.is_dir():
+            raise ValueError(f"server.slot_save_path: {self.slot_save_path} is not a folder")
+        return folder
+
     @field_validator("host")
     @classmethod
     def _host_list(cls, value: str) -> str:

@@ -30,13 +30,13 @@ def sluice(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.llm
-def test_llama_server_flags_map_to_the_config() -> None:
+def test_llama_server_flags_map_to_the_config(tmp_path: Path) -> None:
     path = _gguf()
     config = serve_config([
         str(path), "--alias", "tiny,tiny-b", "-c", "2048", "-np", "2", "-t", "1",
         "--temp", "0", "--seed", "42", "-n", "64", "--embedding", "--pooling", "last",
         "--host", "127.0.0.1,::1", "--port", "0", "--api-key", "k1,k2", "--api-key", "k3",
-        "--cors-origins", "http://a.test,http://b.test",
+        "--cors-origins", "http://a.test,http://b.test", "--slot-save-path", str(tmp_path),
         "--no-repack", "--kv-unified", "--jinja", "--no-context-shift", "--cont-batching",
         "--metrics", "--slots"])
     [model] = config.models
@@ -52,6 +52,7 @@ def test_llama_server_flags_map_to_the_config() -> None:
     assert [s.model_id for s in model.specs()] == ["tiny", "tiny:embedding"]
     assert config.server.hosts == ["127.0.0.1", "::1"]
     assert config.server.cors_origins == ["http://a.test", "http://b.test"]
+    assert config.server.slot_save_path == str(tmp_path)
     [tenant] = config.tenants
     assert tenant.api_keys == ["k1", "k2", "k3"]
     # -c is a config file unless it is a number; --seed -1 is each request's own seed

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -269,6 +270,17 @@ class GenerativeModel(Tokenizer, Protocol):
 
     def trim_sequence(self, seq_slot: int, n_tokens: int) -> None:
         """Keep the first ``n_tokens`` positions of a slot's KV and forget the rest."""
+        ...
+
+    def save_sequence(self, seq_slot: int, path: Path, tokens: Sequence[int]) -> int:
+        """Write the slot's KV and ``tokens`` (exactly the tokens it holds) to ``path``;
+        returns the bytes written. ``BackendError`` if it cannot."""
+        ...
+
+    def load_sequence(self, seq_slot: int, path: Path) -> tuple[list[int], int]:
+        """Replace the slot's KV with a file ``save_sequence`` wrote (of this model, fitting
+        a slot): ``(the tokens it now holds, bytes read)``. ``BackendError`` (the slot left
+        empty) for any other file."""
         ...
 
     def close(self) -> None:

@@ -20,9 +20,11 @@ their position would.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -316,8 +318,41 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
         self.slot_len[seq_slot] = n_tokens
         del self.history.get(seq_slot, [])[n_tokens:]
 
+    def save_sequence(self, seq_slot: int, path: Path, tokens: Sequence[int]) -> int:
+        if list(tokens) != self.history.get(seq_slot, [])[: len(tokens)] or len(
+                tokens) != self.slot_len.get(seq_slot, 0):
+            raise BackendError(f"slot {seq_slot} does not hold these {len(tokens)} tokens")
+        data = json.dumps({"format": SEQUENCE_FILE, "model": self.spec.model_id,
+                           "tokens": list(tokens)}).encode()
+        try:
+            path.write_bytes(data)
+        except OSError as exc:
+            raise BackendError(f"could not write {path.name}: {exc.strerror}") from None
+        return len(data)
+
+    def load_sequence(self, seq_slot: int, path: Path) -> tuple[list[int], int]:
+        self.release_sequence(seq_slot)
+        try:
+            data = path.read_bytes()
+            saved = json.loads(data)
+            tokens = [int(t) for t in saved["tokens"]]
+            ok = saved["format"] == SEQUENCE_FILE and saved["model"] == self.spec.model_id
+        except (OSError, ValueError, KeyError, TypeError):
+            ok = False
+        if not ok or len(tokens) > self.n_ctx_per_seq:
+            raise BackendError(f"{path.name} is not a saved sequence of this model that fits "
+                               f"a slot of {self.n_ctx_per_seq} tokens")
+        self.slot_len[seq_slot] = len(tokens)
+        self.history[seq_slot] = list(tokens)
+        self._prompt_end[seq_slot] = len(tokens)
+        return tokens, len(data)
+
     def close(self) -> None:
         self.closed = True
+
+
+SEQUENCE_FILE = "sluice-synthetic-sequence-1"
+"""The format tag of a synthetic model's saved sequence (JSON: its tokens)."""
 
 
 class SyntheticBackend:

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -109,7 +109,7 @@ DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
 sequences is estimated for a TTFT prediction that names no budget."""
 
-__all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig", "SlotState"]
+__all__ = ["BatchingMode", "ContinuousEngine", "EngineConfig", "SlotHolding", "SlotState"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +183,17 @@ class _Sequence:
             self.tokens, prompt_logprobs=self.group.prompt_logprobs is not None,
             tenant=self.req.tenant_id, draft=draft, acceptance=acceptance,
         )
+
+
+@dataclass(frozen=True)
+class SlotHolding:
+    """What one slot holds: ``running`` (a sequence; ``tokens`` are those its KV holds),
+    ``held`` (kept for a request's later choice), ``retained`` (an ended sequence's prefix)
+    or ``free``; ``tenant``: whose prompt the tokens came from."""
+
+    state: Literal["running", "held", "retained", "free"]
+    tokens: tuple[int, ...]
+    tenant: str
 
 
 @dataclass
@@ -427,6 +438,31 @@ class ContinuousEngine:
         self._retained_tenant.pop(slot, None)
         self._free_slot(slot)
         return len(tokens)
+
+    def slot_holding(self, slot: int) -> SlotHolding:
+        """What ``slot`` holds now: a running sequence (its fed tokens), a fork slot held
+        for a started request, a retained prefix, or nothing."""
+        if not 0 <= slot < self.model.n_seq_max:
+            raise ValueError(f"slot {slot} is outside 0..{self.model.n_seq_max - 1}")
+        seq = self.running.get(slot)
+        if seq is not None:
+            return SlotHolding("running", tuple(seq.tokens[: seq.n_fed]), seq.req.tenant_id)
+        if any(slot in g.fork_slots for g in self._groups.values()):
+            return SlotHolding("held", (), "")
+        if slot in self._retained:
+            return SlotHolding("retained", tuple(self._retained[slot]),
+                               self._retained_tenant.get(slot, ""))
+        return SlotHolding("free", (), "")
+
+    def adopt_slot(self, slot: int, tokens: list[int], tenant: str) -> None:
+        """The model's KV in the free ``slot`` now holds ``tokens`` (a restored sequence):
+        keep it as the most recently used retained prefix of ``tenant``."""
+        if slot not in self._free_slots:
+            raise ValueError(f"slot {slot} is not free")
+        self._free_slots.remove(slot)
+        self._retained_tenant[slot] = tenant
+        for oldest in retain_prefix(self.config, self._retained, slot, tokens):
+            self._free_slot(oldest)
 
     # -- the step loop -------------------------------------------------------------------
 

@@ -26,12 +26,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.backends.base import Backend, ModelSpec, Tokenizer
 from sluice.backends.faults import FaultInjector, FaultPlan
 from sluice.engine.bridge import AsyncHandle
+from sluice.engine.continuous import ContinuousEngine
 from sluice.engine.observer import Observer
 from sluice.engine.request import (
     Event,
@@ -471,6 +473,14 @@ class Runtime:
         erase = functools.partial(worker.erase_slot_now, model_id, slot)
         result: int | None = worker.call(erase).result(timeout=60)
         return result
+
+    def on_engine(self, model_id: str, worker_id: int,
+                  fn: Callable[[ContinuousEngine], Any]) -> Future[Any]:
+        """Run ``fn`` on ``model_id``'s engine on worker ``worker_id``, on that worker's
+        thread between two steps (``Worker.on_engine``); the Future fails with
+        ``ValueError`` if the model is not resident there then."""
+        worker = self.workers[worker_id]
+        return worker.call(functools.partial(worker.on_engine, model_id, fn))
 
     # -- async conveniences (the Python API) ---------------------------------------------
 

@@ -615,6 +615,17 @@ class Worker:
             raise RuntimeError(self._failed.get(model_id, "load failed"))
         return readiness == "ready"
 
+    def on_engine(self, model_id: str, fn: Callable[[ContinuousEngine], Any]) -> Any:
+        """Run ``fn`` on the model's engine (worker thread; via ``call``), between steps.
+        ``ValueError`` if the model is not resident here."""
+        engine = self._engines.get(model_id)
+        if engine is None:
+            raise ValueError(f"model {model_id} is not resident on worker "
+                             f"{self.config.worker_id}")
+        result = fn(engine)
+        self._publish()
+        return result
+
     def unload_now(self, model_id: str) -> bool:
         """Admin: unload ``model_id`` if resident and idle (worker thread; via ``call``)."""
         if not self._residency.is_resident(model_id):

@@ -42,7 +42,9 @@ log = logging.getLogger("sluice.server")
 
 
 def create_app(config: Config, backends: Mapping[str, Backend] | None = None) -> FastAPI:
-    """Build the app and its runtime; the runtime starts and stops with the app."""
+    """Build the app and its runtime; the runtime starts and stops with the app.
+    ``ValueError`` names a setting that cannot be served (a key file, the slot folder)."""
+    config.server.slot_folder()
     registry = CollectorRegistry()
     prometheus = PrometheusObserver(registry, tenant_labels(t.id for t in config.tenants),
                                     generative=[m.id for m in config.models

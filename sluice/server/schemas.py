@@ -435,6 +435,16 @@ class DetokenizeRequest(_Body):
     tokens: list[int] = Field(max_length=1_000_000)
 
 
+class SlotActionRequest(_Body):
+    """llama-server's ``POST /slots/{id}?action=...`` body."""
+
+    filename: str | None = Field(default=None, max_length=255)
+    """The file in ``server.slot_save_path`` (save, restore): a plain name, no folders
+    (checked by ``sluice.server.slot_files``, after whether slot files are on at all)."""
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    """The generative model whose slot it is (default: the default model)."""
+
+
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,

@@ -75,6 +75,10 @@ def post(path: str, json_body: dict[str, Any] | None = None,
     return send
 
 
+JUNK_SLOT = "junk.bin"
+"""A file in the table server's slot folder that no slot save wrote."""
+
+
 def llama(path: str, json_body: dict[str, Any] | None = None,
           headers: dict[str, str] | None = None) -> Callable[[LiveServer], httpx.Response]:
     """A llama-server native endpoint, with the tenant's key unless ``headers`` say else."""
@@ -230,21 +234,31 @@ CASES = [
          param="Invalid slot ID", llama_type="invalid_request_error"),
     Case("/slots: unknown action", llama("/slots/0?action=nuke"), 400, param="action",
          llama_type="invalid_request_error"),
-    Case("/slots: save (no slot files)", llama("/slots/0?action=save",
-                                               {"filename": "../../etc/passwd"}),
-         501, llama_type="not_supported_error"),
+    Case("/slots: save to a path out of the slot folder",
+         llama("/slots/0?action=save", {"filename": "../../etc/passwd"}), 400,
+         param="Invalid filename", llama_type="invalid_request_error"),
+    Case("/slots: restore from a file not in the slot folder",
+         llama("/slots/0?action=restore", {"filename": "never-saved.bin"}), 404,
+         param="never-saved.bin", llama_type="not_found_error"),
+    Case("/slots: restore from a file that is no saved slot",
+         llama("/slots/0?action=restore", {"filename": JUNK_SLOT}), 400,
+         param="not a saved sequence", llama_type="invalid_request_error"),
 ]
 
 
 @pytest.fixture(scope="module")
-def table_server(serve_module: Callable[..., LiveServer]) -> LiveServer:
+def table_server(serve_module: Callable[..., LiveServer],
+                 tmp_path_factory: pytest.TempPathFactory) -> LiveServer:
+    slots = tmp_path_factory.mktemp("slots")
+    (slots / JUNK_SLOT).write_bytes(b"not a saved slot")
     return serve_module(config_with(
         models=[synth_chat(), synth_embed()],
         workers={"count": 1},
         tenants=[{"id": "acme", "api_keys": [KEY]}, {"id": "other", "api_keys": ["sk-other"]},
                  {"id": "limited", "api_keys": ["sk-table-limited"],
                   "limits": {"requests_per_s": 0.001, "burst": 1}}],
-        server={"admin_key": ADMIN, "default_model": CHAT, "open_metrics": True},
+        server={"admin_key": ADMIN, "default_model": CHAT, "open_metrics": True,
+                "slot_save_path": str(slots)},
     ))
 
 

@@ -16,8 +16,10 @@ promise bit-identical logits for the same sequence in a different batch.
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -258,3 +260,33 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
             self._release(dst_slot)
             raise BackendError(f"could not trim slot {dst_slot} to {n_tokens} tokens")
         self.slot_len[dst_slot] = n_tokens
+
+    def save_sequence(self, seq_slot: int, path: Path, tokens: Sequence[int]) -> int:
+        self._check_open()
+        self._check_slot(seq_slot)
+        if len(tokens) != self.slot_len[seq_slot]:
+            raise BackendError(f"slot {seq_slot} holds {self.slot_len[seq_slot]} tokens, "
+                               f"not {len(tokens)}")
+        ids = (ctypes.c_int32 * len(tokens))(*tokens)
+        written = self._lib.llama_state_seq_save_file(self._ctx, str(path).encode(), seq_slot,
+                                                      ids, len(tokens))
+        if not written:
+            raise BackendError(f"could not write slot {seq_slot} to {path.name}")
+        return int(written)
+
+    def load_sequence(self, seq_slot: int, path: Path) -> tuple[list[int], int]:
+        self._check_open()
+        self._check_slot(seq_slot)
+        self._release(seq_slot)
+        capacity = self.n_ctx_per_seq
+        ids = (ctypes.c_int32 * capacity)()
+        count = ctypes.c_size_t(0)
+        read = self._lib.llama_state_seq_load_file(self._ctx, str(path).encode(), seq_slot,
+                                                   ids, capacity, ctypes.byref(count))
+        tokens = list(ids[: count.value])
+        if not read or (tokens and not 0 <= min(tokens) <= max(tokens) < self.vocab_size):
+            self._release(seq_slot)
+            raise BackendError(f"{path.name} is not a saved sequence of this model that fits "
+                               f"a slot of {capacity} tokens")
+        self.slot_len[seq_slot] = len(tokens)
+        return tokens, int(read)

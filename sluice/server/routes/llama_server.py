@@ -1,13 +1,15 @@
 """llama-server's native endpoints on the serving core: ``/completion`` (also at
 ``/completions``, as llama-server routes it: the OpenAI shape is ``/v1/completions``),
-``/infill``, ``/apply-template``, ``/props`` and ``/slots``; every error in llama-server's
-shape (``sluice.server.errors.llama_server_error``). Request fields and their meaning in
+``/infill``, ``/apply-template``, ``/props`` and ``/slots`` (slot files:
+``sluice.server.slot_files``); every error in llama-server's shape
+(``sluice.server.errors.llama_server_error``). Request fields and their meaning in
 sluice: ``sluice.server.llama_wire``; response bodies: ``sluice.server.llama_shapes``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,10 @@ from sluice.server.routes.common import (
     ctx_of,
     run_generative,
 )
+from sluice.server.schemas import SlotActionRequest
+from sluice.server.slot_files import slot_file, slot_file_action
 
+log = logging.getLogger("sluice.server")
 router = APIRouter(tags=["llama-server"])
 
 
@@ -216,25 +221,37 @@ async def get_slots(request: Request, tenant: Tenant, model: str | None = None,
 
 
 @router.post("/slots/{id_slot}", responses={**ERROR_RESPONSES,
-                                           501: {"description": "save, restore; turned off"}})
+                                           501: {"description": "turned off; save and restore "
+                                                                "without a slot folder"}})
 async def slot_action(id_slot: int, request: Request, tenant: Tenant, action: str = "",
-                      model: str | None = None) -> JSONResponse:
+                      model: str | None = None,
+                      body: SlotActionRequest | None = None) -> JSONResponse:
     """``?action=erase``: forget the prompt KV an idle slot retained (503 while a request
-    uses it). ``save`` and ``restore`` answer 501."""
+    uses it). ``save`` and ``restore`` (with ``server.slot_save_path``, else 501): the slot's
+    KV to or from ``filename`` in that folder (``sluice.server.slot_files``); they load the
+    model first, as a request would."""
     ctx = ctx_of(request)
     _slots_enabled(ctx)
-    if action in ("save", "restore"):
-        raise APIError(501, f"Slot {action} is not supported: sluice keeps no slot files "
-                            f"(llama-server's --slot-save-path)", code="not_supported")
-    if action != "erase":
-        raise bad_param("action", "Invalid action: give action=erase (or save, restore)")
-    name = model_name(ctx, model)
+    if action not in ("erase", "save", "restore"):
+        raise bad_param("action", "Invalid action: give action=erase, save or restore")
+    body = body or SlotActionRequest()
+    headers = body_headers(request, body)
+    path = None if action == "erase" else slot_file(ctx, action, body.filename)
+    name = model_name(ctx, body.model or model)
     spec_of_kind(ctx, name, "generative")
     rows = _slot_rows(ctx, name)
+    if not rows and path is not None:
+        await _load(ctx, name)
+        rows = _slot_rows(ctx, name)
     if not 0 <= id_slot < len(rows):
         raise bad_param("id_slot", f"Invalid slot ID {id_slot}: the model has {len(rows)} "
                                    f"slots loaded (GET /slots lists them)")
     worker_id, state = rows[id_slot]
+    if path is not None:
+        await ctx.quota.charge_call(tenant.id, f"slots-{action}")
+        out = await slot_file_action(ctx, action, name, worker_id, state.slot, path,
+                                     tenant.id, id_slot)
+        return JSONResponse(out, headers=headers)
     try:
         erased = await asyncio.to_thread(ctx.runtime.erase_slot, name, worker_id, state.slot)
     except (ValueError, RuntimeError):  # unloaded, or its worker replaced, since the look
@@ -243,4 +260,14 @@ async def slot_action(id_slot: int, request: Request, tenant: Tenant, action: st
     if erased is None:
         raise APIError(503, f"Slot {id_slot} is processing a request: erase it once it is "
                             f"idle", code="slot_busy", retry_after_s=1.0)
-    return JSONResponse({"id_slot": id_slot, "n_erased": erased})
+    return JSONResponse({"id_slot": id_slot, "n_erased": erased}, headers=headers)
+
+
+async def _load(ctx: AppContext, model: str) -> None:
+    """Make ``model`` resident (a save or restore of a model not loaded yet)."""
+    try:
+        await asyncio.to_thread(ctx.runtime.call_on_workers, model, "load")
+    except Exception as exc:
+        log.error("model %s: load for a slot action failed: %s", model, exc)
+        raise APIError(503, "The model could not be loaded.", type="server_error",
+                       code="model_load_failed", retry_after_s=1.0) from None
