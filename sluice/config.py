@@ -151,7 +151,10 @@ class ModelConfig(_Strict):
     backend: Literal["synthetic", "llamacpp", "onnx"]
     memory_bytes: int = Field(gt=0)
     load_cost_s: float = Field(default=1.0, ge=0)
-    task: Literal["embedding", "classification", "generation"] = "embedding"
+    task: Literal["embedding", "classification", "rerank", "generation"] = "embedding"
+    """One-shot: ``embedding``, ``classification`` or ``rerank`` (``/v1/rerank``: an onnx
+    encoder scoring each document by its cosine similarity to the query, or the synthetic
+    backend's word overlap); generative: ``generation``."""
     options: dict[str, Any] = Field(default_factory=dict)
     faults: FaultsConfig | None = None
     """Fault injection (tests and the chaos bench only)."""
@@ -233,6 +236,10 @@ class ModelConfig(_Strict):
                 LlamaCppOptions.from_spec(self.spec())
             except ModelLoadError as exc:
                 raise ValueError(f"options: {exc}") from None
+        if self.task == "rerank" and (self.kind != "oneshot"
+                                      or self.backend not in ("onnx", "synthetic")):
+            raise ValueError(f"task: rerank is served by a one-shot onnx (or synthetic) model, "
+                             f"not a {self.kind} {self.backend} one")
         if self.embeddings is not None and (self.backend != "llamacpp"
                                             or self.kind != "generative"):
             raise ValueError(f"embeddings: only a generative llamacpp model embeds this way "
@@ -546,6 +553,9 @@ class ServerConfig(_Strict):
     """Origins a browser may call from (CORS, llama-server's ``--cors-origins``; ``*``: any).
     Empty (the default): no CORS headers, so browsers refuse cross-origin calls."""
     default_max_tokens: int = Field(default=256, ge=1)
+    rerank_max_documents: int = Field(default=1000, ge=1, le=100_000)
+    """The most documents one rerank request may hold (400 past it); each is a request of
+    its own to the reranker, batched with the others."""
     slots_endpoint: bool = True
     """Serve llama-server's ``GET /slots`` and ``POST /slots/{id}`` (off: 501, as
     llama-server's ``--no-slots``)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -36,7 +36,8 @@ class ModelSpec:
     load_cost_s: float = 1.0
     """Estimated time to load, for cost-aware eviction."""
     task: str = "embedding"
-    """For one-shot models: ``embedding`` or ``classification``."""
+    """For one-shot models: ``embedding``, ``classification`` or ``rerank`` (each input a
+    ``RerankPair``, each output a ``RerankScore``)."""
     options: Mapping[str, Any] = field(default_factory=dict)
     """Backend-specific settings (paths, thread counts, cost model, ...)."""
     tpot_target_s: float | None = None
@@ -111,6 +112,31 @@ class NoChatTemplateError(ValueError):
 
 class BackendError(RuntimeError):
     """A model failed while running a batch or a decode step."""
+
+
+class RerankPair(NamedTuple):
+    """The input of a ``rerank`` model: one document to score against a query."""
+
+    query: str
+    document: str
+
+
+def rerank_pairs(inputs: Sequence[Any]) -> list[RerankPair]:
+    """A rerank model's batch as pairs; ``BackendError`` for anything else (the routes
+    send a ``rerank`` model nothing but pairs)."""
+    if not all(isinstance(x, tuple) and len(x) == 2 and all(isinstance(t, str) for t in x)
+               for x in inputs):
+        raise BackendError("a rerank model takes (query, document) pairs")
+    return [RerankPair(*x) for x in inputs]
+
+
+class RerankScore(NamedTuple):
+    """The output of a ``rerank`` model for one ``RerankPair``: higher is more relevant
+    (the scale is the model's), and the tokens its query and its document ran as."""
+
+    score: float
+    query_tokens: int
+    document_tokens: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,28 +1,50 @@
-"""ONNX Runtime backend: sentence encoders (embeddings) and a linear head on top of them
-(classification), one warm ``InferenceSession`` per loaded variant.
+"""ONNX Runtime backend: sentence encoders (embeddings), a linear head on top of them
+(classification) and a bi-encoder reranker, one warm ``InferenceSession`` per loaded
+variant.
 
 A batch is tokenized with the ``tokenizers`` library (the model family's
 ``tokenizer.json``; its shipped fixed padding and truncation to 128 are turned off),
 padded to the longest member of *this* batch, run, mean-pooled over the attention mask
 and L2-normalised. Classification applies ``softmax(embedding @ W + b)`` from the head
-file ``prepare`` trained.
+file ``prepare`` trained. Rerank (``RerankPair`` inputs) embeds each distinct text of the
+batch once, queries and documents in the same session call, and scores a pair by the
+cosine similarity of its query's and its document's embeddings, in [-1, 1]: a bi-encoder's
+relevance, not a cross-encoder's (which reads query and document together).
 
-Spec options: ``path`` (the .onnx file), ``tokenizer`` (tokenizer.json), ``threads``
-(intra-op threads, default 1), ``max_tokens`` (truncation, default 256), ``pad_id``
-(default 0; mpnet uses 1), ``output`` (the last-hidden-state output; by default the first
-rank-3 output), ``head`` (an .npz with ``W``, ``b`` and ``labels``; classification only).
+Spec options: ``path`` (the .onnx file, or ``packaged:<id>`` for a packaged encoder,
+``sluice.backends.packaged.PACKAGED_ENCODERS``), ``tokenizer`` (tokenizer.json; a
+packaged encoder's own by default), ``threads`` (intra-op threads, default 1),
+``max_tokens`` (truncation, default 256), ``pad_id`` (default 0; mpnet uses 1), ``output``
+(the last-hidden-state output; by default the first rank-3 output), ``head`` (an .npz with
+``W``, ``b`` and ``labels``; classification only).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from sluice.backends.base import BackendError, ModelLoadError, ModelSpec, OneShotModel, Tokenizer
+from sluice.backends.base import (
+    BackendError,
+    ModelLoadError,
+    ModelSpec,
+    OneShotModel,
+    RerankPair,
+    RerankScore,
+    Tokenizer,
+    rerank_pairs,
+)
+from sluice.backends.packaged import PACKAGED_ENCODERS, PACKAGED_PREFIX, packaged_encoder_files
+
+TASKS = ("embedding", "classification", "rerank")
+"""The one-shot tasks this backend serves."""
+EmbedCounted = Callable[[Sequence[str]], tuple[np.ndarray, list[int]]]
+"""Texts → their unit embeddings (one row each) and the tokens each ran as."""
+_T = TypeVar("_T")
 
 
 def load_text_tokenizer(path: str | Path, max_tokens: int) -> Any:
@@ -91,12 +113,17 @@ class Encoder:
         self.output = output
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit embeddings of ``texts``, shape ``(len(texts), dim)``."""
+        return self.embed_counted(texts)[0]
+
+    def embed_counted(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
+        """Unit embeddings of ``texts`` and the tokens each ran as (after truncation)."""
         ids, mask = encode_padded(self.tokenizer, texts, self.pad_id)
         feeds = {"input_ids": ids, "attention_mask": mask}
         if "token_type_ids" in self.input_names:
             feeds["token_type_ids"] = np.zeros_like(ids)
         (hidden,) = self.session.run([self.output], feeds)
-        return mean_pool_normalize(hidden, mask)
+        return mean_pool_normalize(hidden, mask), [int(n) for n in mask.sum(axis=1)]
 
 
 class Head:
@@ -115,21 +142,55 @@ class Head:
         return softmax(embeddings @ self.weight + self.bias)
 
 
+def model_files(spec: ModelSpec) -> tuple[Path, Path]:
+    """The .onnx file and tokenizer.json a spec names: ``options.path`` (a file, or
+    ``packaged:<id>``) and ``options.tokenizer`` (a packaged encoder's own when left out).
+    ``ModelLoadError`` naming the option when one is not a file."""
+    opts = spec.options
+    raw = str(opts.get("path") or "")
+    tokenizer = opts.get("tokenizer")
+    if raw.startswith(PACKAGED_PREFIX):
+        name = raw.removeprefix(PACKAGED_PREFIX)
+        if name not in PACKAGED_ENCODERS:
+            raise ModelLoadError(f"model {spec.model_id}: options.path {raw!r}: no packaged "
+                                 f"encoder {name!r} (there are {sorted(PACKAGED_ENCODERS)})")
+        try:
+            model, packaged_tokenizer = packaged_encoder_files(name)
+        except FileNotFoundError as exc:
+            raise ModelLoadError(f"model {spec.model_id}: {exc}") from None
+        return model, Path(str(tokenizer)) if tokenizer else packaged_tokenizer
+    for key, value in (("path", raw), ("tokenizer", tokenizer)):
+        if not value or not Path(str(value)).is_file():
+            raise ModelLoadError(
+                f"model {spec.model_id}: options.{key} {value or None!r} is not a file "
+                "(run `sluice prepare`, or name a packaged encoder: packaged:<id>)"
+            )
+    return Path(raw), Path(str(tokenizer))
+
+
+def cosine_scores(pairs: Sequence[RerankPair], embed: EmbedCounted) -> list[RerankScore]:
+    """Each pair's cosine similarity, from one ``embed`` call on the distinct texts of
+    ``pairs`` (a query shared by a request's documents is embedded once)."""
+    texts = list(dict.fromkeys(t for p in pairs for t in (p.query, p.document)))
+    row = {t: i for i, t in enumerate(texts)}
+    vectors, tokens = embed(texts)
+    return [RerankScore(float(vectors[row[p.query]] @ vectors[row[p.document]]),
+                        tokens[row[p.query]], tokens[row[p.document]]) for p in pairs]
+
+
 class OnnxOneShot(OneShotModel):
-    """A loaded variant: embeddings or label probabilities for a batch of texts."""
+    """A loaded variant: embeddings, label probabilities or rerank scores for a batch."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         opts = spec.options
-        for key in ("path", "tokenizer"):
-            if not opts.get(key) or not Path(str(opts[key])).is_file():
-                raise ModelLoadError(
-                    f"model {spec.model_id}: options.{key} {opts.get(key)!r} is not a file "
-                    "(run `sluice prepare`)"
-                )
+        if spec.task not in TASKS:
+            raise ModelLoadError(f"model {spec.model_id}: the onnx backend serves "
+                                 f"{', '.join(TASKS)}, not {spec.task}")
+        path, tokenizer = model_files(spec)
         try:
             self.encoder = Encoder(
-                opts["path"], opts["tokenizer"], threads=int(opts.get("threads", 1)),
+                path, tokenizer, threads=int(opts.get("threads", 1)),
                 max_tokens=int(opts.get("max_tokens", 256)), pad_id=int(opts.get("pad_id", 0)),
                 output=opts.get("output"),
             )
@@ -146,17 +207,23 @@ class OnnxOneShot(OneShotModel):
         self.closed = False
 
     def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        if self.spec.task == "rerank":
+            pairs = rerank_pairs(inputs)
+            return self._run(lambda: cosine_scores(pairs, self.encoder.embed_counted))
         texts = [x if isinstance(x, str) else str(x) for x in inputs]
-        try:
-            with self._lock:  # one session call at a time per loaded model
-                emb = self.encoder.embed(texts)
-        except Exception as exc:
-            raise BackendError(f"onnx run failed: {exc}") from exc
+        emb = self._run(lambda: self.encoder.embed(texts))
         if self.head is None:
             return [row.tolist() for row in emb]
         probs = self.head.probabilities(emb)
         labels = self.head.labels
         return [{lab: float(p) for lab, p in zip(labels, row, strict=True)} for row in probs]
+
+    def _run(self, call: Callable[[], _T]) -> _T:
+        try:
+            with self._lock:  # one session call at a time per loaded model
+                return call()
+        except Exception as exc:
+            raise BackendError(f"onnx run failed: {exc}") from exc
 
     def close(self) -> None:
         self.closed = True
@@ -176,5 +243,5 @@ class OnnxBackend:
         raise ModelLoadError(f"model {spec.model_id}: onnx models are not generative")
 
 
-__all__ = ["Encoder", "Head", "OnnxBackend", "OnnxOneShot", "encode_padded",
-           "mean_pool_normalize"]
+__all__ = ["TASKS", "Encoder", "Head", "OnnxBackend", "OnnxOneShot", "cosine_scores",
+           "encode_padded", "mean_pool_normalize", "model_files"]

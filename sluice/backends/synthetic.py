@@ -1,18 +1,18 @@
 """A deterministic backend with a cost model: no model file, same protocol as the real ones.
 
-Service times come from the spec's ``options`` (all seconds, multiplied by
-``speed_scale``): ``load_s``; one-shot ``batch_fixed_s`` + ``per_item_s`` × items;
-generative ``step_fixed_s`` + ``decode_per_seq_s`` × decoding sequences +
-``prefill_per_token_s`` × prompt tokens in the pass. Outputs are pure functions of the
-inputs. Faults: ``fail_load`` (every load raises), ``fail_on_calls`` (the listed
+Service times come from the spec's ``options`` (all seconds, multiplied by ``speed_scale``):
+``load_s``; one-shot ``batch_fixed_s`` + ``per_item_s`` × items; generative ``step_fixed_s``
++ ``decode_per_seq_s`` × decoding sequences + ``prefill_per_token_s`` × prompt tokens in the
+pass. Outputs are pure functions of the inputs (a ``rerank`` model's score is
+``word_overlap``). Faults: ``fail_load`` (every load raises), ``fail_on_calls`` (the listed
 1-based ``run_batch``/``forward`` calls raise) and ``nan_logits_after_token`` (the logits
 row after that token id is all NaN: one sequence's distribution breaks, not the pass), for
-tests. ``byte_tokens`` makes ids 3..258 the 256 single bytes, so grammars over text
-(JSON) can be decoded; ``all_logits`` chunks get a row per position. With ``byte_tokens``,
+tests. ``byte_tokens`` makes ids 3..258 the 256 single bytes, so grammars over text (JSON)
+can be decoded; ``all_logits`` chunks get a row per position. With ``byte_tokens``,
 ``reply`` is a text the model writes byte by byte after any prompt, then EOS (a scripted
 answer: a model that thinks in tags, for instance). ``markov_order`` (an integer k) makes
-the next token a hash of the last k tokens alone (no position): text that repeats itself,
-so n-gram drafts are accepted often but not always (speculation tests). Drafted tokens
+the next token a hash of the last k tokens alone (no position): text that repeats itself, so
+n-gram drafts are accepted often but not always (speculation tests). Drafted tokens
 (``ForwardChunk.draft_tokens``) cost and count as decodes, and get the rows any token at
 their position would.
 """
@@ -38,7 +38,10 @@ from sluice.backends.base import (
     ModelSpec,
     NoChatTemplateError,
     OneShotModel,
+    RerankPair,
+    RerankScore,
     TokenTable,
+    rerank_pairs,
 )
 from sluice.backends.chat import Capabilities, ChatPrompt, ChatTemplate
 
@@ -78,8 +81,18 @@ def _sleep(seconds: float) -> None:
         time.sleep(seconds)
 
 
+def word_overlap(pair: RerankPair) -> RerankScore:
+    """The synthetic rerank score: the share of the query's distinct lowercase words that
+    the document holds, in [0, 1] (tokens: whitespace-separated words)."""
+    query, document = pair.query.lower().split(), pair.document.lower().split()
+    wanted = set(query)
+    score = len(wanted & set(document)) / len(wanted) if wanted else 0.0
+    return RerankScore(score, len(query), len(document))
+
+
 class SyntheticOneShot(OneShotModel):
-    """Embeddings (unit vectors of ``dim``) or classification scores, from a hash."""
+    """Embeddings (unit vectors of ``dim``) or classification scores, from a hash; rerank
+    scores by ``word_overlap``."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -96,6 +109,8 @@ class SyntheticOneShot(OneShotModel):
         fixed = self._cost.option_s(self.spec, "batch_fixed_s", 0.002)
         per_item = self._cost.option_s(self.spec, "per_item_s", 0.001)
         _sleep(fixed + per_item * len(inputs))
+        if self.spec.task == "rerank":
+            return [word_overlap(p) for p in rerank_pairs(inputs)]
         return [self._one(x) for x in inputs]
 
     def _one(self, text: Any) -> Any:

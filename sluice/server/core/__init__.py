@@ -14,12 +14,14 @@ Invariants every adapter relies on:
 """
 
 from sluice.server.core.controls import (
+    check_text_input,
     controls,
     decision_headers,
     embedding_spec,
     model_list,
     model_name,
     plan_headers,
+    rerank_model,
     spec_of_kind,
     tokenizer_of,
     ttft_deadline,
@@ -61,6 +63,7 @@ __all__ = [
     "admit",
     "chat_bounds",
     "check_prompt_length",
+    "check_text_input",
     "controls",
     "decision_headers",
     "embedding_spec",
@@ -73,6 +76,7 @@ __all__ = [
     "plan_headers",
     "prompt_bounds",
     "rendered_chat",
+    "rerank_model",
     "spec_of_kind",
     "text_bounds",
     "token_limit",

@@ -68,6 +68,43 @@ def embedding_spec(ctx: AppContext, model: str) -> ModelSpec:
     return spec
 
 
+RERANK_HOWTO = ('configure a one-shot model with task = "rerank" (docs/api.md, "Rerank"), '
+                'such as the packaged encoder: backend = "onnx", options.path = '
+                '"packaged:all-minilm-l6-v2"')
+
+
+def rerank_model(ctx: AppContext, asked: str | None) -> str:
+    """The model a rerank request is served by: the one it names (``model_name``: 404
+    unknown; 400 ``model_kind_mismatch`` when it does not rerank); naming none, the default
+    model if it reranks, else the first configured reranker, else 501
+    ``rerank_not_supported`` (llama-server without ``--reranking``)."""
+    if asked:
+        model = model_name(ctx, asked)
+        spec = ctx.runtime.spec_for(model)
+        if spec is None:
+            raise unknown_model(model)
+        if spec.task != "rerank":
+            raise bad_param("model", f"The model '{model}' does not rerank: {RERANK_HOWTO}",
+                            code="model_kind_mismatch")
+        return model
+    names = [ctx.config.default_model, *ctx.runtime.specs, *ctx.runtime.variants.groups]
+    for name in names:
+        spec = ctx.runtime.spec_for(name)
+        if spec is not None and spec.task == "rerank":
+            return name
+    raise APIError(501, f"This server does not serve reranking: {RERANK_HOWTO}",
+                   type="not_supported_error", code="rerank_not_supported")
+
+
+def check_text_input(spec: ModelSpec, model: str) -> None:
+    """400 ``model_kind_mismatch`` for a reranker asked for one text's output (``/v1/infer``,
+    gRPC ``Infer``): it scores a query's documents, through ``/v1/rerank``."""
+    if spec.task == "rerank":
+        raise bad_param("model", f"The model '{model}' is a reranker: it scores documents "
+                                 f"against a query (POST /v1/rerank), not one input",
+                        code="model_kind_mismatch")
+
+
 def tokenizer_of(ctx: AppContext, model: str) -> Tokenizer:
     """The model's tokenizer; a model file that cannot even be read (missing, corrupt,
     truncated) is the model failing to load: 503 ``model_load_failed``."""

@@ -35,6 +35,7 @@ from sluice.server.core import (
     ServeRequest,
     TextPrompt,
     admit,
+    check_text_input,
     embedding_spec,
     final_api_error,
     model_list,
@@ -238,7 +239,7 @@ class InferenceService(pb_grpc.InferenceServicer):
         async with _Call(self.ctx, context, "Infer") as call:
             tenant = self._tenant(call.headers)  # the key before the model: no enumeration
             body = validated(InferRequest, {"model": request.model, "input": request.input})
-            spec_of_kind(self.ctx, body.model, "oneshot")
+            check_text_input(spec_of_kind(self.ctx, body.model, "oneshot"), body.model)
             [final], [req] = await self._one_shot(call, tenant, body.model, [body.input])
             out = pb.InferResponse(model=body.model, decision=decision(req))
             if isinstance(final.result, dict):

@@ -12,12 +12,13 @@ from sluice.server.routes import (
     ollama,
     openai,
     operations,
+    rerank,
     responses,
     tokens,
 )
 
 ROUTERS: tuple[APIRouter, ...] = (openai.router, responses.router, anthropic.router,
-                                  native.router, tokens.router, ollama.router,
+                                  native.router, tokens.router, rerank.router, ollama.router,
                                   llama_server.router, admin.router, operations.router)
 """Every router, in the order the app includes them."""
 

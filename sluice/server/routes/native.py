@@ -9,6 +9,7 @@ from sluice.server.core import (
     ChatPrompt,
     ServeRequest,
     TextPrompt,
+    check_text_input,
     decision_headers,
     open_generation,
 )
@@ -42,6 +43,7 @@ async def infer(body: InferRequest, request: Request, tenant: Tenant) -> Respons
     if spec is None:
         raise unknown_model(body.model)
     if spec.kind == "oneshot":
+        check_text_input(spec, body.model)
         if not isinstance(body.input, str):
             raise bad_param("input", "one-shot models take a text input")
         finals, reqs = await one_shot(request, body.model, tenant, [body.input], body.priority,
