@@ -87,8 +87,8 @@ from bench.lib.loadgen import Sample, closed_loop, stream_completion
 from bench.lib.model_tables import llm_toml, synthetic_toml
 from bench.lib.prompts import LLM_PROMPTS, SYNTH_PROMPTS
 from bench.lib.servers import free_port, running, sluice_cmd
+from sluice.cli.costs import live_costs, model_tallies, read_status
 from sluice.config import Config
-from sluice.costs_cli import live_costs, model_tallies, read_status
 from sluice.engine.step_times import StepBucket, from_json, minus, recent, to_json
 from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
 from sluice.sim import Arrival, SimConfig, generate, parse_spec, simulate

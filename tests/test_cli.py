@@ -242,8 +242,8 @@ def test_a_folder_serves_every_gguf_in_it_each_with_a_keep_alive(tmp_path: Path)
     """``sluice serve DIR``: every model file in the folder (name order; projectors and later
     split parts skipped), Ollama's 5-minute keep-alive unless ``--keep-alive`` says; ``--pin``
     pins one; a folder without GGUFs is refused by name."""
+    from sluice.cli.serve_gguf import LlamaFlags, apply_llama_flags
     from sluice.config import default_config
-    from sluice.serve_gguf import LlamaFlags, apply_llama_flags
 
     path = _gguf()
     for name in ("b-model.gguf", "a-model.gguf", "mmproj-a.gguf",

@@ -165,10 +165,12 @@ def test_an_unreadable_or_empty_admin_key_file_names_the_field(tmp_path: Path) -
 def test_the_cli_takes_the_admin_key_from_env_or_a_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sluice.cli import _load, main
+    from sluice.cli import main
+    from sluice.cli.common import config_from_args
 
     seen: list[Any] = []
-    monkeypatch.setattr("sluice.cli.cmd_models", lambda args: seen.append(_load(args)) or 0)
+    monkeypatch.setattr("sluice.cli.models.cmd_models",
+                        lambda args: seen.append(config_from_args(args)) or 0)
     for name in ("SLUICE_ADMIN_KEY", "SLUICE_ADMIN_KEY_FILE", "SLUICE_CONFIG"):
         monkeypatch.delenv(name, raising=False)
     key_file = tmp_path / "k"

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 import pytest
 
-from sluice import costs_cli
+from sluice.cli import costs as costs_cli
 from sluice.cli import main
-from sluice.costs_cli import live_costs
+from sluice.cli.costs import live_costs
 from sluice.sim.costs import read_costs, step_tables
 from tests.server.live import SYNTHETIC_TOML, start_server, wait_for
 

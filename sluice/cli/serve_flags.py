@@ -1,0 +1,160 @@
+"""llama-server's (and vLLM's) flag names on ``sluice serve`` and ``sluice models``: the
+argparse side of ``sluice.cli.serve_gguf``. A flag whose meaning sluice does not have is
+refused by name, never ignored."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sluice.cli.serve_gguf import LlamaFlags, apply_llama_flags
+from sluice.config import Config
+
+
+def split_values(values: str | list[str]) -> list[str]:
+    """Comma-separated values (llama-server's lists), from one flag or several."""
+    items = [values] if isinstance(values, str) else values
+    return [part.strip() for item in items for part in item.split(",") if part.strip()]
+
+
+REFUSED_POOLING = {
+    "none": "per-token embeddings are not served (OpenAI's and Ollama's embeddings are one "
+            "vector per input); use mean, cls or last",
+    "rank": "reranking is not served from llama-server's flags; use mean, cls or last",
+}
+
+
+def llama_flags_config(args: argparse.Namespace, config: Config) -> Config:
+    """``config`` with the model files and llama-server flags of ``args`` applied
+    (``apply_llama_flags``); ``ValueError`` names a flag whose value is refused."""
+    template = args.chat_template
+    if args.chat_template_file:
+        template = Path(args.chat_template_file).read_text(encoding="utf-8")
+    keys = split_values(args.api_key or [])
+    if os.environ.get("SLUICE_API_KEY"):
+        keys.append(os.environ["SLUICE_API_KEY"])
+    if args.pooling in REFUSED_POOLING:
+        raise ValueError(f"--pooling {args.pooling}: {REFUSED_POOLING[args.pooling]}")
+    flags = LlamaFlags(
+        ctx_size=args.ctx_size, parallel=args.parallel, threads=args.threads,
+        batch_size=args.batch_size, n_gpu_layers=args.n_gpu_layers, chat_template=template,
+        no_repack=args.no_repack, kv_unified=args.kv_unified, temperature=args.temp,
+        seed=None if args.seed is None or args.seed < 0 else args.seed,
+        n_predict=args.n_predict, embedding=args.embedding, pooling=args.pooling,
+        api_keys=tuple(keys), aliases=tuple(args.alias or ()),
+        keep_alive=args.keep_alive or os.environ.get("SLUICE_KEEP_ALIVE"),
+        pins=tuple(args.pin or ()),
+    )
+    files = [Path(f) for f in [*args.model_files, *(args.model or [])]]
+    return apply_llama_flags(config, files, flags)
+
+
+class _Refused(argparse.Action):
+    """A llama-server flag whose meaning sluice does not have: naming it is an error that
+    says why (never ignored)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, why: str = "",
+                 **kwargs: Any) -> None:
+        self.why = why
+        super().__init__(option_strings, dest, nargs=0, help=f"refused: {why}",
+                         default=argparse.SUPPRESS)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: {self.why}")
+
+
+class ConfigOrCtx(argparse.Action):
+    """``-c``: a number is llama-server's ``--ctx-size``, anything else sluice's
+    ``--config``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if str(values).isdigit():
+            namespace.ctx_size = int(values)
+        else:
+            namespace.config = values
+
+
+def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
+    """llama-server's (and vLLM's) flag names where they mean the same thing; the ones whose
+    meaning sluice has not are refused by name."""
+    p.add_argument("model_files", nargs="*", metavar="PATH.gguf",
+                   help="serve these GGUF files, or every GGUF in a folder (instead of the "
+                        "config's models)")
+    p.add_argument("-m", "--model", action="append", metavar="PATH.gguf",
+                   help="a GGUF file to serve (llama-server's -m; repeatable)")
+    p.add_argument("--alias", "--served-model-name", action="append", metavar="NAME[,NAME]",
+                   help="the model id clients use, one per file in order (default: the "
+                        "file's name); more names after commas are aliases of it")
+    p.add_argument("--ctx-size", type=int, metavar="N",
+                   help="KV cells per model, split over --parallel sequences (0 = the "
+                        "model's trained context; default 8192); also -c N")
+    p.add_argument("-np", "--parallel", type=int, metavar="N",
+                   help="sequences decoded at once per model (default 8)")
+    p.add_argument("-t", "--threads", type=int, metavar="N", help="CPU threads per decode")
+    p.add_argument("-b", "--batch-size", type=int, metavar="N",
+                   help="the most tokens in one llama_decode (default 512)")
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int, metavar="N",
+                   help="layers offloaded to a GPU (for a GPU build of llama.cpp)")
+    p.add_argument("--no-repack", action="store_true",
+                   help="keep the weights as the file lays them out (llama.cpp's extra "
+                        "buffer types off: the extra_bufts option)")
+    p.add_argument("--kv-unified", action="store_true",
+                   help="one KV pool that every sequence fills (the kv_unified option)")
+    p.add_argument("--chat-template", metavar="NAME|TEMPLATE",
+                   help="a llama.cpp template name (chatml, llama3, ...), or the template's "
+                        "text, rendered as Jinja")
+    p.add_argument("--chat-template-file", metavar="PATH", help="a Jinja chat template file")
+    p.add_argument("--jinja", action="store_true",
+                   help="accepted: chat templates are always rendered as Jinja")
+    p.add_argument("--temp", type=float, metavar="T",
+                   help="the temperature of requests that send none ([models.sampling], over "
+                        "the model file's own, as in llama-server)")
+    p.add_argument("--seed", type=int, metavar="N",
+                   help="the seed of requests that send none (-1: each request its own)")
+    p.add_argument("-n", "--n-predict", type=int, metavar="N",
+                   help="the token limit of requests that name none (default_max_tokens; "
+                        "-1: until the context is full)")
+    p.add_argument("--embedding", "--embeddings", action="store_true",
+                   help="every model also embeds, as MODEL:embedding, on /v1/embeddings and "
+                        "Ollama's embed routes (generation stays on)")
+    p.add_argument("--pooling", choices=["mean", "cls", "last", "none", "rank"],
+                   help="how --embedding pools an input's tokens (default: the file's own, "
+                        "else mean; none and rank are refused)")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="accepted: sluice never shifts a context (a request that does not "
+                        "fit is refused)")
+    p.add_argument("--context-shift", action=_Refused,
+                   why="sluice does not shift a full context (it would drop the start of "
+                       "the conversation); a request whose prompt and max_tokens exceed the "
+                       "context is refused with context_length_exceeded")
+    p.add_argument("--cont-batching", action="store_true",
+                   help="accepted: generative models batch continuously (see --mode)")
+    p.add_argument("--metrics", action="store_true",
+                   help="accepted: /metrics is always served (see server.metrics_key)")
+    p.add_argument("--slots", action="store_true",
+                   help="accepted: GET /slots is served unless --no-slots")
+    p.add_argument("--no-slots", action="store_true",
+                   help="GET /slots and POST /slots/{id} answer 501 "
+                        "(server.slots_endpoint = false)")
+    p.add_argument("--props", action=_Refused,
+                   why="sluice does not change its settings at run time (POST /props "
+                       "answers 501): set them in the config file")
+    p.add_argument("--slot-save-path", metavar="DIR",
+                   help="the folder POST /slots/{id}?action=save|restore writes and reads "
+                        "a slot's KV in (server.slot_save_path; unset: 501)")
+    p.add_argument("--cors-origins", metavar="ORIGIN[,ORIGIN]",
+                   help="origins browsers may call from (server.cors_origins; *: any)")
+    p.add_argument("--keep-alive", metavar="DURATION",
+                   help="unload a model idle this long (Ollama's forms: 300, 5m, 1h; 0: after "
+                        "each request; -1: never; default: never for files, 5m for a folder; "
+                        "or $SLUICE_KEEP_ALIVE); a request's keep_alive overrides it")
+    p.add_argument("--pin", action="append", metavar="NAME",
+                   help="keep this model loaded: never unloaded nor evicted (repeatable)")
+    p.add_argument("--api-key", action="append", metavar="KEY[,KEY]",
+                   help="require this API key (repeatable or comma-separated; or "
+                        "$SLUICE_API_KEY)")
