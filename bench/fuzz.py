@@ -89,26 +89,28 @@ def fuzz(base_url: str, *, max_examples: int, max_time_s: int, seed: int = 1,
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=max_time_s + 300,
                           cwd=report_dir)
     seconds = time.monotonic() - t0
-    operations, failures = _junit_counts(junit)
+    names, failures = _junit_cases(junit)
     return {
         "command": " ".join(cmd[1:]).replace(str(report_dir), "<report_dir>"),
         "exit_code": proc.returncode,
         "seconds": round(seconds, 1),
-        "operations": operations,
+        "operations": len(names),
+        "operation_names": names,
         "failed_operations": failures,
         "summary": _summary(proc.stdout),
         "output_tail": (proc.stdout + proc.stderr)[-6000:],
     }
 
 
-def _junit_counts(path: Path) -> tuple[int, list[str]]:
+def _junit_cases(path: Path) -> tuple[list[str], list[str]]:
+    """The operations tested (``POST /v1/messages``, ...) and those that failed."""
     if not path.exists():
-        return 0, []
+        return [], []
     root = ET.parse(path).getroot()
     cases = root.findall(".//testcase")
     failed = [c.get("name", "?") for c in cases
               if c.find("failure") is not None or c.find("error") is not None]
-    return len(cases), failed
+    return [c.get("name", "?") for c in cases], failed
 
 
 def _summary(stdout: str) -> list[str]:

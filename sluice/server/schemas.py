@@ -45,6 +45,32 @@ def check_stop(v: str | list[str] | None) -> str | list[str] | None:
     return v
 
 
+MAX_SCHEMA_CHARS = 100_000
+"""The longest tool schema (its JSON text)."""
+
+
+def check_json_schema(schema: dict[str, Any], what: str) -> dict[str, Any]:
+    """A tool's schema, on every surface that takes tools: at most ``MAX_SCHEMA_CHARS`` of
+    JSON, and valid against JSON Schema draft 2020-12's metaschema, as OpenAI and Anthropic
+    check it whether or not the tool is called (a schema that only fails once a call is
+    forced would answer some requests and not others); ``ValueError`` naming ``what`` and
+    the first fault."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
+    if len(json.dumps(schema)) > MAX_SCHEMA_CHARS:
+        raise ValueError(f"{what} is too large (over {MAX_SCHEMA_CHARS} characters of JSON)")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the root"
+        raise ValueError(f"{what} is not a valid JSON schema (draft 2020-12) at {where}: "
+                         f"{exc.message[:200]}") from None
+    except RecursionError:
+        raise ValueError(f"{what} is nested too deep") from None
+    return schema
+
+
 def check_unique_names(names: list[str], what: str) -> None:
     """Tool names, on every surface that takes tools: no name twice (``what`` names them
     in the error)."""
@@ -157,8 +183,13 @@ class FunctionDef(_Body):
     name: FunctionName
     description: str | None = Field(default=None, max_length=100_000)
     parameters: dict[str, Any] | None = None
-    """A JSON schema of the arguments object."""
+    """A JSON schema of the arguments object (``check_json_schema``)."""
     strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if v is None else check_json_schema(v, "parameters")
 
 
 class ToolDef(_Body):
@@ -293,10 +324,17 @@ class ChatCompletionRequest(_Sampling):
     """For a model that thinks in tags: ``none`` turns thinking off; the others set its
     budget of thinking tokens (``core.reasoning.EFFORT_BUDGET_TOKENS``)."""
     chat_template_kwargs: dict[str, Any] | None = None
-    """vLLM's and llama-server's template options: ``enable_thinking`` turns thinking on or
-    off (other keys are ignored)."""
+    """vLLM's and llama-server's template options: ``enable_thinking`` (true or false)
+    turns thinking on or off (other keys are ignored)."""
     thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
     """sluice: thinking tokens before the end tag is written for the model."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _thinking_switch(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and not isinstance(v.get("enable_thinking", False), bool):
+            raise ValueError("enable_thinking must be true or false")
+        return v
 
     def enable_thinking(self) -> bool | None:
         value = (self.chat_template_kwargs or {}).get("enable_thinking")

@@ -1,8 +1,10 @@
 """The bad-input table (docs/reliability.md): every row is one malformed, hostile or
 impossible request against a running server with API keys and an admin key configured.
-Each gets its documented status and, where the app answers, exactly the OpenAI error
-body (llama-server's, ``{"error": {"code", "message", "type"}}``, on its native endpoints);
-none is a 500; and the server answers ``/health`` 200 after every one."""
+Each gets its documented status and, where the app answers, exactly the error body of the
+API it came through: OpenAI's, Anthropic's (``{"type": "error", "error": {"type",
+"message"}}``) on ``/v1/messages``, llama-server's (``{"error": {"code", "message",
+"type"}}``) on its native endpoints; none is a 500; and the server answers ``/health`` 200
+after every one, and real requests on every API after the whole table."""
 
 from __future__ import annotations
 
@@ -48,6 +50,9 @@ class Case:
     llama_type: str | None = None
     """llama-server's error ``type``, for a row on its native endpoints (``param``: a word
     the message must hold, since that shape has no ``param``)."""
+    anthropic: bool = False
+    """Anthropic's error body, ``{"type": "error", "error": {"type", "message"}}``; ``code``
+    is then the error's ``type``."""
 
 
 def chat(change: dict[str, Any], headers: dict[str, str] | None = None,
@@ -85,6 +90,36 @@ def llama(path: str, json_body: dict[str, Any] | None = None,
     return post(path, json_body, AUTH if headers is None else headers)
 
 
+MSG_BODY: dict[str, Any] = {"model": CHAT, "messages": MSG, "max_tokens": 2}
+RESP_BODY: dict[str, Any] = {"model": CHAT, "input": "hello", "max_output_tokens": 2}
+TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {
+    "city": {"type": "string"}}}}
+FUNCTION = {"type": "function", "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+BAD_SCHEMA = {"type": "object", "properties": {"city": {"type": "text"}}}
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": "iVBORw0KGgo="}}
+
+
+def messages(change: dict[str, Any], headers: dict[str, str] | None = None,
+             path: str = "/v1/messages", drop: tuple[str, ...] = ()
+             ) -> Callable[[LiveServer], httpx.Response]:
+    """A Messages (or ``count_tokens``) body with ``change``, without ``drop``."""
+    base = dict(MSG_BODY) if path == "/v1/messages" else {"model": CHAT, "messages": MSG}
+    sent = {k: v for k, v in {**base, **change}.items() if k not in drop}
+    return post(path, sent, AUTH if headers is None else headers)
+
+
+def responses(change: dict[str, Any], drop: tuple[str, ...] = ()
+              ) -> Callable[[LiveServer], httpx.Response]:
+    sent = {k: v for k, v in {**RESP_BODY, **change}.items() if k not in drop}
+    return post("/v1/responses", sent, AUTH)
+
+
+def _user(*blocks: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": list(blocks)}]
+
+
 def raw(data: bytes) -> Callable[[LiveServer], RawResponse]:
     def send(live: LiveServer) -> RawResponse:
         return raw_request(live.url, data)
@@ -95,12 +130,155 @@ def admin_raw(target: str) -> Callable[[LiveServer], RawResponse]:
     return raw(http_bytes("POST", target, headers={"x-admin-key": ADMIN}))
 
 
-def _twice(live: LiveServer, headers: dict[str, str]) -> httpx.Response:
+def _twice(live: LiveServer, headers: dict[str, str], path: str = "/v1/chat/completions",
+           sent: dict[str, Any] = CHAT_BODY) -> httpx.Response:
     """The first request uses the tenant's only token; the second is over quota."""
     with live.client() as c:
-        first = c.post("/v1/chat/completions", json=CHAT_BODY, headers=headers)
+        first = c.post(path, json=sent, headers=headers)
         assert first.status_code == 200, first.text
-        return c.post("/v1/chat/completions", json=CHAT_BODY, headers=headers)
+        return c.post(path, json=sent, headers=headers)
+
+
+def A(name: str, send: Callable[[LiveServer], httpx.Response], status: int,
+      error_type: str) -> Case:
+    """A row answered in Anthropic's shape."""
+    return Case(name, send, status, error_type, anthropic=True)
+
+
+ANTHROPIC_CASES = [
+    A("messages: malformed JSON", body(b'{"model": "synth-chat", "max_tokens": ',
+                                       "/v1/messages"), 400, "invalid_request_error"),
+    A("messages: missing max_tokens", messages({}, drop=("max_tokens",)), 400,
+      "invalid_request_error"),
+    A("messages: missing messages", messages({}, drop=("messages",)), 400,
+      "invalid_request_error"),
+    A("messages: messages of the wrong type (a string)", messages({"messages": "hello"}), 400,
+      "invalid_request_error"),
+    A("messages: max_tokens 0", messages({"max_tokens": 0}), 400, "invalid_request_error"),
+    A("messages: negative max_tokens", messages({"max_tokens": -3}), 400,
+      "invalid_request_error"),
+    A("messages: huge max_tokens (10^9)", messages({"max_tokens": 10**9}), 400,
+      "invalid_request_error"),
+    A("messages: max_tokens past the context", messages({"max_tokens": 100_000}), 400,
+      "invalid_request_error"),
+    A("messages: unknown content block type", messages({"messages": _user({"type": "video"})}),
+      400, "invalid_request_error"),
+    A("messages: an image block", messages({"messages": _user(IMAGE)}), 400,
+      "invalid_request_error"),
+    A("messages: a document block", messages({"messages": _user(
+        {"type": "document", "source": {"type": "text", "data": "x"}})}), 400,
+      "invalid_request_error"),
+    A("messages: tool_choice naming a missing tool", messages(
+        {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_time"}}), 400,
+      "invalid_request_error"),
+    A("messages: input_schema not an object", messages(
+        {"tools": [{"name": "f", "input_schema": {"type": "string"}}]}), 400,
+      "invalid_request_error"),
+    A("messages: malformed input_schema (tool_choice auto)", messages(
+        {"tools": [{"name": "f", "input_schema": BAD_SCHEMA}]}), 400, "invalid_request_error"),
+    A("messages: five stop_sequences", messages({"stop_sequences": list("abcde")}), 400,
+      "invalid_request_error"),
+    A("messages: a 300-character stop sequence", messages({"stop_sequences": ["s" * 300]}),
+      400, "invalid_request_error"),
+    A("messages: thinking.budget_tokens >= max_tokens", messages(
+        {"thinking": {"type": "enabled", "budget_tokens": 2}}), 400, "invalid_request_error"),
+    A("messages: thinking enabled without budget_tokens", messages(
+        {"thinking": {"type": "enabled"}}), 400, "invalid_request_error"),
+    A("messages: unknown output_config.effort", messages(
+        {"output_config": {"effort": "extreme"}}), 400, "invalid_request_error"),
+    A("messages: prompt longer than the context", messages(
+        {"messages": [{"role": "user", "content": "w " * 600}]}), 400,
+      "invalid_request_error"),
+    A("messages: unknown model", messages({"model": "claude-9"}), 404, "not_found_error"),
+    A("messages: body over max_body_bytes", body(json.dumps(
+        {**MSG_BODY, "system": "w " * 600_000}).encode(), "/v1/messages"), 413,
+      "request_too_large"),
+    A("messages: wrong x-api-key", messages({}, {"x-api-key": "sk-guess"}), 401,
+      "authentication_error"),
+    A("messages: tenant quota exceeded", lambda live: _twice(
+        live, {"x-api-key": "sk-table-limited-msg"}, "/v1/messages", MSG_BODY), 429,
+      "rate_limit_error"),
+    A("messages: impossible deadline (1 µs)", messages({"deadline_ms": 0.001}), 529,
+      "overloaded_error"),
+    A("count_tokens: missing model", messages({}, path="/v1/messages/count_tokens",
+                                              drop=("model",)), 400, "invalid_request_error"),
+    A("count_tokens: an image block", messages({"messages": _user(IMAGE)},
+                                               path="/v1/messages/count_tokens"), 400,
+      "invalid_request_error"),
+    A("count_tokens: tool_choice naming a missing tool", messages(
+        {"tools": [TOOL], "tool_choice": {"type": "tool", "name": "get_time"}},
+        path="/v1/messages/count_tokens"), 400, "invalid_request_error"),
+    A("count_tokens: unknown model", messages({"model": "claude-9"},
+                                              path="/v1/messages/count_tokens"), 404,
+      "not_found_error"),
+    A("count_tokens: missing key", messages({}, {}, path="/v1/messages/count_tokens"), 401,
+      "authentication_error"),
+]
+
+OPENAI_CASES = [
+    Case("responses: missing input", responses({}, drop=("input",)), 400, "invalid_value",
+         "input"),
+    Case("responses: input of the wrong type (a number)", responses({"input": 5}), 400,
+         "invalid_value", "input"),
+    Case("responses: empty input list", responses({"input": []}), 400, "invalid_value",
+         "input"),
+    Case("responses: unknown input item type", responses({"input": [{"type": "audio"}]}), 400,
+         "invalid_value", "input.0"),
+    Case("responses: unknown content part type", responses({"input": [
+        {"role": "user", "content": [{"type": "input_audio"}]}]}), 400, "invalid_value",
+         "input.0.message.content.0.type"),
+    Case("responses: an input_image part", responses({"input": [
+        {"role": "user", "content": [{"type": "input_image", "image_url": "http://x/y.png"}]}]}),
+         400, "unsupported_content", "input.0.content.0"),
+    Case("responses: max_output_tokens 0", responses({"max_output_tokens": 0}), 400,
+         "invalid_value", "max_output_tokens"),
+    Case("responses: negative max_output_tokens", responses({"max_output_tokens": -3}), 400,
+         "invalid_value", "max_output_tokens"),
+    Case("responses: huge max_output_tokens (10^9)", responses({"max_output_tokens": 10**9}),
+         400, "invalid_value", "max_output_tokens"),
+    Case("responses: max_output_tokens past the context",
+         responses({"max_output_tokens": 100_000}), 400, "context_length_exceeded",
+         "max_output_tokens"),
+    Case("responses: previous_response_id", responses({"previous_response_id": "resp_1"}),
+         400, "unsupported_parameter", "previous_response_id"),
+    Case("responses: background", responses({"background": True}), 400,
+         "unsupported_parameter", "background"),
+    Case("responses: conversation", responses({"conversation": "conv_1"}), 400,
+         "unsupported_parameter", "conversation"),
+    Case("responses: tool_choice naming a missing function", responses(
+        {"tools": [FUNCTION], "tool_choice": {"type": "function", "name": "get_time"}}), 400,
+         "invalid_value", "tool_choice"),
+    Case("responses: malformed function parameters (tool_choice auto)", responses(
+        {"tools": [{**FUNCTION, "parameters": BAD_SCHEMA}]}), 400, "invalid_value",
+         "tools.0.parameters"),
+    Case("responses: text.format json_schema without a schema", responses(
+        {"text": {"format": {"type": "json_schema", "name": "x"}}}), 400, "invalid_value",
+         "text.format"),
+    Case("responses: text.format schema the engine cannot compile", responses(
+        {"text": {"format": {"type": "json_schema", "name": "x",
+                             "schema": {"type": "object", "minProperties": "two"}}}}), 400,
+         "invalid_value", "text.format"),
+    Case("responses: unknown reasoning.effort", responses({"reasoning": {"effort": "extreme"}}),
+         400, "invalid_value", "reasoning.effort"),
+    Case("responses: negative thinking_budget_tokens",
+         responses({"thinking_budget_tokens": -1}), 400, "invalid_value",
+         "thinking_budget_tokens"),
+    Case("responses: only a system message", responses(
+        {"input": [{"role": "system", "content": "be brief"}]}), 400, "invalid_value", "input"),
+    Case("responses: unknown model", responses({"model": "gpt-7"}), 404, "model_not_found",
+         "model"),
+    Case("responses: tenant quota exceeded", lambda live: _twice(
+        live, {"authorization": "Bearer sk-table-limited-resp"}, "/v1/responses", RESP_BODY),
+         429, "quota"),
+    Case("chat: malformed function parameters (tool_choice auto)", chat({"tools": [
+        {"type": "function", "function": {"name": "f", "parameters": BAD_SCHEMA}}]}), 400,
+         "invalid_value", "tools.0.function.parameters"),
+    Case("chat: unknown reasoning_effort", chat({"reasoning_effort": "extreme"}), 400,
+         "invalid_value", "reasoning_effort"),
+    Case("chat: chat_template_kwargs.enable_thinking not a boolean", chat(
+        {"chat_template_kwargs": {"enable_thinking": "maybe"}}), 400, "invalid_value",
+         "chat_template_kwargs"),
+]
 
 
 CASES = [
@@ -243,6 +421,8 @@ CASES = [
     Case("/slots: restore from a file that is no saved slot",
          llama("/slots/0?action=restore", {"filename": JUNK_SLOT}), 400,
          param="not a saved sequence", llama_type="invalid_request_error"),
+    *ANTHROPIC_CASES,
+    *OPENAI_CASES,
 ]
 
 
@@ -255,8 +435,9 @@ def table_server(serve_module: Callable[..., LiveServer],
         models=[synth_chat(), synth_embed()],
         workers={"count": 1},
         tenants=[{"id": "acme", "api_keys": [KEY]}, {"id": "other", "api_keys": ["sk-other"]},
-                 {"id": "limited", "api_keys": ["sk-table-limited"],
-                  "limits": {"requests_per_s": 0.001, "burst": 1}}],
+                 *({"id": f"limited{suffix}", "api_keys": [f"sk-table-limited{suffix}"],
+                    "limits": {"requests_per_s": 0.001, "burst": 1}}
+                   for suffix in ("", "-msg", "-resp"))],
         server={"admin_key": ADMIN, "default_model": CHAT, "open_metrics": True,
                 "slot_save_path": str(slots)},
     ))
@@ -264,6 +445,19 @@ def table_server(serve_module: Callable[..., LiveServer],
 
 def test_the_table_has_at_least_25_distinct_cases() -> None:
     assert len({c.name for c in CASES}) == len(CASES) >= 25
+
+
+def assert_anthropic_error(r: httpx.Response, status: int, error_type: str | None
+                           ) -> dict[str, Any]:
+    """Exactly Anthropic's error body with ``status`` and ``error_type``; the error."""
+    assert r.status_code == status, r.text
+    assert r.headers.get("x-request-id")
+    payload = r.json()
+    assert set(payload) == {"type", "error"} and payload["type"] == "error", payload
+    err: dict[str, Any] = payload["error"]
+    assert set(err) == {"type", "message"} and err["type"] == error_type, err
+    assert isinstance(err["message"], str) and err["message"]
+    return err
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -279,6 +473,8 @@ def test_bad_input_gets_its_status_and_the_server_stays_healthy(
         assert r.json() == {"error": {"code": case.status, "message": err["message"],
                                       "type": case.llama_type}}
         assert isinstance(err["message"], str) and (case.param or "") in err["message"]
+    elif isinstance(r, httpx.Response) and case.anthropic:
+        err = assert_anthropic_error(r, case.status, case.code)
     elif isinstance(r, httpx.Response) and case.openai_body:
         err = assert_error(r, case.status, code=case.code, param=case.param)
     else:
@@ -298,7 +494,7 @@ def test_bad_input_gets_its_status_and_the_server_stays_healthy(
     if err is not None:
         assert KEY not in err["message"] and ADMIN not in err["message"]
     assert case.status != 500  # never a 500
-    if case.status in (429, 503):
+    if case.status in (429, 503, 529):
         assert int(r.headers["retry-after"]) >= 1
     with table_server.client() as c:
         assert c.get("/health").json() == {"status": "ok"}
@@ -310,6 +506,15 @@ def test_a_good_request_is_served_after_the_whole_table(table_server: LiveServer
         r = c.post("/v1/chat/completions", json=CHAT_BODY, headers=AUTH)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 2
+        r = c.post("/v1/messages", json=MSG_BODY, headers={"x-api-key": KEY})
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["output_tokens"] == 2
+        r = c.post("/v1/messages/count_tokens", json={"model": CHAT, "messages": MSG},
+                   headers=AUTH)
+        assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
+        r = c.post("/v1/responses", json=RESP_BODY, headers=AUTH)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["output_tokens"] == 2
         state = table_server.runtime.workers[0].call(
             table_server.runtime.workers[0].integrity).result(timeout=10)
         assert all(free == total for free, total in state.values())

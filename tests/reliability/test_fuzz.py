@@ -1,6 +1,8 @@
 """A short schemathesis run against the server's own OpenAPI schema on 127.0.0.1 (the
-long one is ``bench/fuzz.py``): no 5xx (the deadline refusals aside, see there), and every
-response conforms to the declared status codes, content types and schemas."""
+long one is ``bench/fuzz.py``), every operation in it (Anthropic Messages, count_tokens and
+Responses included): no 5xx (the deadline refusals aside, see there), no hang (a 30 s
+request timeout), and every response conforms to the declared status codes, content types
+and schemas."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(
                   report_dir=tmp_path)
     assert result["exit_code"] == 0, result["output_tail"]
     assert result["operations"] >= 8, result["output_tail"]
+    # every API's generative routes are among them, Anthropic's and Responses' included
+    assert {"POST /v1/chat/completions", "POST /v1/messages", "POST /v1/messages/count_tokens",
+            "POST /v1/responses", "POST /api/chat"} <= set(result["operation_names"])
     assert result["failed_operations"] == []
     with live.client() as c:
         assert c.get("/health").status_code == 200

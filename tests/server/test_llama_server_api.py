@@ -58,6 +58,21 @@ def test_an_alias_names_its_model_and_an_unknown_name_is_refused(live: LiveServe
                      404, code="model_not_found")
 
 
+def test_an_alias_names_its_model_on_messages_and_responses(live: LiveServer) -> None:
+    """Aliases are the server's, not one API's: Anthropic Messages, its count_tokens and
+    OpenAI Responses resolve them as chat does (they answered 404 to an alias)."""
+    with live.client() as c:
+        r = c.post("/v1/messages", json={"model": "gpt-4o", "messages": MSG, "max_tokens": 1})
+        assert r.status_code == 200 and r.json()["model"] == CHAT, r.text
+        r = c.post("/v1/messages/count_tokens", json={"model": "gpt-4o", "messages": MSG})
+        assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
+        r = c.post("/v1/responses", json={"model": "gpt-4o", "input": "hello",
+                                          "max_output_tokens": 1})
+        assert r.status_code == 200 and r.json()["model"] == CHAT, r.text
+        r = c.post("/v1/messages", json={"model": "nope", "messages": MSG, "max_tokens": 1})
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
 def test_one_model_server_can_serve_any_name(serve: Callable[..., LiveServer]) -> None:
     live = serve(config_with(models=[synth_chat(CHAT)], workers={"count": 1},
                              server={"unknown_model": "default"}))

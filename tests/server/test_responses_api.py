@@ -123,3 +123,15 @@ def test_stateless_refusals_and_errors(client: openai.OpenAI, live: LiveServer) 
                      code="context_length_exceeded", param="max_output_tokens")
     r = client.responses.create(model=MODEL, input="still serving", max_output_tokens=3)
     assert r.usage is not None and r.usage.output_tokens == 3
+
+
+def test_a_long_text_input_is_served(client: openai.OpenAI) -> None:
+    """A string ``input`` is bounded by its characters, not by the 1,024 items a list may
+    hold (a 1,500-character prompt was refused as "at most 1024 items")."""
+    words = "word " * 300
+    r = client.responses.create(model=MODEL, input=words, max_output_tokens=2)
+    assert r.usage is not None and r.usage.input_tokens > 300
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=MODEL, input=[{"role": "user", "content": "x"}] * 1025,
+                                max_output_tokens=2)
+    assert "at most 1024 items" in str(info.value)

@@ -4,7 +4,6 @@ fields are ignored and named in ``x-sluice-ignored-fields``."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -15,6 +14,7 @@ from sluice.server.schemas import (
     FunctionName,
     Priority,
     _Body,
+    check_json_schema,
     check_stop,
     check_unique_names,
 )
@@ -97,9 +97,7 @@ class Tool(_Body):
     def _object_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
         if v.get("type") != "object":
             raise ValueError("input_schema must be a JSON schema with type 'object'")
-        if len(json.dumps(v)) > 100_000:
-            raise ValueError("input_schema is too large")
-        return v
+        return check_json_schema(v, "input_schema")
 
 
 class ToolChoice(_Body):

@@ -104,14 +104,25 @@ def tool_plan(body: CountTokensRequest) -> ToolPlan:
 
 def thinking_ask(body: MessagesRequest) -> ThinkingAsk:
     """``thinking`` (``enabled`` with ``budget_tokens``, ``disabled``, ``adaptive``) and
-    ``output_config.effort``, for a model that thinks in tags."""
+    ``output_config.effort``, for a model that thinks in tags. As Anthropic has it,
+    ``enabled`` needs a ``budget_tokens`` below ``max_tokens`` (400 otherwise); unlike
+    Anthropic, a budget under 1,024 is taken (small local models think briefly)."""
     effort = body.output_config.effort if body.output_config else None
     thinking = body.thinking
     if thinking is None:
         return ThinkingAsk.of(effort=effort)
     if thinking.type == "disabled":
         return ThinkingAsk(enabled=False)
-    return ThinkingAsk.of(effort=effort, enabled=True, budget_tokens=thinking.budget_tokens)
+    budget = thinking.budget_tokens
+    if thinking.type == "enabled":
+        if budget is None:
+            raise bad_param("thinking.budget_tokens", "thinking.budget_tokens is required "
+                                                      "when thinking is enabled")
+        if budget >= body.max_tokens:
+            raise bad_param("thinking.budget_tokens",
+                            f"max_tokens ({body.max_tokens}) must be greater than "
+                            f"thinking.budget_tokens ({budget})")
+    return ThinkingAsk.of(effort=effort, enabled=True, budget_tokens=budget)
 
 
 def tool_use_id(call_id: str) -> str:

@@ -5,7 +5,6 @@ sluice does not keep: they are refused with a 400 naming the field."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -24,10 +23,12 @@ from sluice.server.schemas import (
     JsonSchemaFormat,
     Priority,
     _Body,
+    check_json_schema,
     check_unique_names,
 )
 
 MAX_TEXT_CHARS = 4_000_000
+MAX_INPUT_ITEMS = 1024
 
 
 class InputPart(_Body):
@@ -103,11 +104,11 @@ class FunctionTool(_Body):
     @field_validator("parameters")
     @classmethod
     def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and v.get("type", "object") != "object":
+        if v is None:
+            return v
+        if v.get("type", "object") != "object":
             raise ValueError("parameters must be a JSON schema with type 'object'")
-        if v is not None and len(json.dumps(v)) > 100_000:
-            raise ValueError("parameters is too large")
-        return v
+        return check_json_schema(v, "parameters")
 
 
 class NamedTool(_Body):
@@ -148,7 +149,9 @@ class Reasoning(_Body):
 
 class ResponsesRequest(_Body):
     model: str = Field(min_length=1, max_length=256)
-    input: str | list[InputItem] = Field(max_length=1024)
+    input: str | list[InputItem]
+    """A user message's text (at most ``MAX_TEXT_CHARS``), or 1 to ``MAX_INPUT_ITEMS``
+    items."""
     instructions: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
     max_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -179,6 +182,10 @@ class ResponsesRequest(_Body):
     def _not_empty(cls, v: str | list[Any]) -> str | list[Any]:
         if isinstance(v, list) and not v:
             raise ValueError("input must not be empty")
+        if isinstance(v, list) and len(v) > MAX_INPUT_ITEMS:
+            raise ValueError(f"input holds at most {MAX_INPUT_ITEMS} items")
+        if isinstance(v, str) and len(v) > MAX_TEXT_CHARS:
+            raise ValueError(f"input holds at most {MAX_TEXT_CHARS} characters of text")
         return v
 
     @field_validator("tools")

@@ -131,9 +131,11 @@ class ResponseRenderer:
     ``render`` per batch of output events); item ids are fixed when an item opens, so the
     added, done and completed forms of an item agree."""
 
-    def __init__(self, response_id: str, body: ResponsesRequest) -> None:
+    def __init__(self, response_id: str, body: ResponsesRequest, model: str) -> None:
         self.response_id = response_id
         self.request = body
+        self.model = model
+        """The model that serves it (an alias resolved)."""
         self.created_at = int(time.time())
         self._seq = 0
         self._items: list[dict[str, Any]] = []
@@ -151,7 +153,7 @@ class ResponseRenderer:
             "id": self.response_id, "object": "response", "created_at": self.created_at,
             "status": status, "error": error, "incomplete_details": incomplete,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
-            "model": body.model, "output": output, "parallel_tool_calls": True,
+            "model": self.model, "output": output, "parallel_tool_calls": True,
             "previous_response_id": None,
             "reasoning": {"effort": body.reasoning.effort if body.reasoning else None,
                           "summary": None},

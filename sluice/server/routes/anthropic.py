@@ -26,6 +26,7 @@ from sluice.server.core import (
     ChatPrompt,
     ServeRequest,
     check_prompt_length,
+    model_name,
     open_generation,
     spec_of_kind,
     tokenizer_of,
@@ -53,7 +54,8 @@ async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> R
     events."""
     ctx = ctx_of(request)
     headers = body_headers(request, body)
-    spec_of_kind(ctx, body.model, "generative")
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
     plan = tool_plan(body)
     constraint, param = plan.constraint, "tools"
     fmt = body.output_config.format if body.output_config else None
@@ -61,11 +63,11 @@ async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> R
         constraint = Constraint("json_schema", spec=json.dumps(fmt.schema_))
         param = "output_config.format"
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        body.model, ChatPrompt(chat_messages(body), plan.tools),
+        model, ChatPrompt(chat_messages(body), plan.tools),
         sampling={**sent_sampling(body), "stop": tuple(body.stop_sequences or ())},
         max_tokens=body.max_tokens, constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms, thinking=thinking_ask(body)))
-    renderer = MessageRenderer(f"msg_{gen.request.request_id}", body.model,
+    renderer = MessageRenderer(f"msg_{gen.request.request_id}", model,
                                len(gen.request.prompt_tokens))
     return await run_output(request, gen, OutputSplitter(plan.names, gen.thinking), renderer,
                             stream=body.stream, headers=headers)
@@ -89,8 +91,9 @@ async def count_tokens(body: CountTokensRequest, request: Request,
     charged before anything is tokenized."""
     ctx = ctx_of(request)
     headers = body_headers(request, body)
-    spec_of_kind(ctx, body.model, "generative")
-    tok = tokenizer_of(ctx, body.model)
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
+    tok = tokenizer_of(ctx, model)
     await ctx.quota.charge_call(tenant.id, "count_tokens")
     n = await asyncio.to_thread(_count, tok, body)
     return JSONResponse({"input_tokens": n}, headers=headers)

@@ -8,7 +8,13 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from sluice.server.core import ChatPrompt, ServeRequest, open_generation, spec_of_kind
+from sluice.server.core import (
+    ChatPrompt,
+    ServeRequest,
+    model_name,
+    open_generation,
+    spec_of_kind,
+)
 from sluice.server.core.output import OutputSplitter
 from sluice.server.core.reasoning import ThinkingAsk
 from sluice.server.params import sent_sampling
@@ -39,12 +45,13 @@ async def responses(body: ResponsesRequest, request: Request, tenant: Tenant) ->
     ctx = ctx_of(request)
     headers = body_headers(request, body)
     refuse_stateful(body)
-    spec_of_kind(ctx, body.model, "generative")
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
     plan = tool_plan(body)
     constraint, param = ((plan.constraint, "tools") if plan.constraint is not None
                          else (format_of(body), "text.format"))
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        body.model, ChatPrompt(chat_messages(body), plan.tools),
+        model, ChatPrompt(chat_messages(body), plan.tools),
         sampling={**sent_sampling(body),
                   "seed": None if body.seed is None else body.seed % 2**64},
         max_tokens=body.max_output_tokens, constraint=constraint, constraint_param=param,
@@ -52,6 +59,6 @@ async def responses(body: ResponsesRequest, request: Request, tenant: Tenant) ->
         thinking=ThinkingAsk.of(effort=body.reasoning.effort if body.reasoning else None,
                                 budget_tokens=body.thinking_budget_tokens),
         names=("input", "max_output_tokens")))
-    renderer = ResponseRenderer(f"resp_{gen.request.request_id:024x}", body)
+    renderer = ResponseRenderer(f"resp_{gen.request.request_id:024x}", body, model)
     return await run_output(request, gen, OutputSplitter(plan.names, gen.thinking), renderer,
                             stream=body.stream, headers=headers)
