@@ -127,7 +127,8 @@ def test_serve_log_format_json_writes_json_lines() -> None:
         while not any("serving gRPC on" in line for line in early):
             early.append(proc.stdout.readline().decode())
             assert len(early) < 50, early
-        grpc_port = int(json.loads(early[-1])["message"].rsplit(":", 1)[1])
+        # "serving gRPC on 127.0.0.1 port 43521" (every --host address, one port)
+        grpc_port = int(json.loads(early[-1])["message"].rsplit(" port ", 1)[1])
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as ch:
             check = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(),
                                                          timeout=5)
