@@ -24,6 +24,7 @@ from tests.server.live import (
     config_with,
     synth_chat,
     synth_embed,
+    synth_rerank,
     wait_for,
 )
 
@@ -34,6 +35,11 @@ CHAT = "synth-chat"
 MSG = [{"role": "user", "content": "hello"}]
 CHAT_BODY: dict[str, Any] = {"model": CHAT, "messages": MSG, "max_tokens": 2}
 JSON = {"content-type": "application/json", **AUTH}
+RERANK_MAX_DOCUMENTS = 8
+RERANK_BODY: dict[str, Any] = {
+    "query": "capital of France",
+    "documents": ["bananas are yellow", "Paris is the capital of France"],
+}
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,11 @@ def responses(change: dict[str, Any], drop: tuple[str, ...] = ()
 
 def _user(*blocks: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": list(blocks)}]
+
+
+def rerank(change: dict[str, Any], path: str = "/v1/rerank") -> Callable[[LiveServer],
+                                                                      httpx.Response]:
+    return post(path, {**RERANK_BODY, **change}, AUTH)
 
 
 def raw(data: bytes) -> Callable[[LiveServer], RawResponse]:
@@ -423,6 +434,24 @@ CASES = [
          param="not a saved sequence", llama_type="invalid_request_error"),
     *ANTHROPIC_CASES,
     *OPENAI_CASES,
+    # -- rerank (OpenAI's shape) ----------------------------------------------------------
+    Case("/v1/rerank: empty documents", rerank({"documents": []}), 400, "invalid_value",
+         "documents"),
+    Case("/v1/rerank: more documents than server.rerank_max_documents",
+         rerank({"documents": ["d"] * (RERANK_MAX_DOCUMENTS + 1)}), 400, "invalid_value",
+         "documents"),
+    Case("/v1/rerank: documents of the wrong type", rerank({"documents": [1, 2]}), 400,
+         "invalid_value", "documents.0"),
+    Case("/v1/rerank: a query that is not text", rerank({"query": ["a"]}), 400,
+         "invalid_value", "query"),
+    Case("/v1/rerank: an unknown model", rerank({"model": "bge-reranker-v9"}), 404,
+         "model_not_found", "model"),
+    Case("/v1/rerank: a generative model", rerank({"model": CHAT}), 400,
+         "model_kind_mismatch", "model"),
+    Case("/rerank: a huge negative top_n", rerank({"top_n": -(10**30)}, "/rerank"), 400,
+         "invalid_value", "top_n"),
+    Case("/v1/infer on a reranker", post("/v1/infer", {"model": "synth-rerank", "input": "x"},
+                                         AUTH), 400, "model_kind_mismatch", "model"),
 ]
 
 
@@ -432,14 +461,14 @@ def table_server(serve_module: Callable[..., LiveServer],
     slots = tmp_path_factory.mktemp("slots")
     (slots / JUNK_SLOT).write_bytes(b"not a saved slot")
     return serve_module(config_with(
-        models=[synth_chat(), synth_embed()],
+        models=[synth_chat(), synth_embed(), synth_rerank()],
         workers={"count": 1},
         tenants=[{"id": "acme", "api_keys": [KEY]}, {"id": "other", "api_keys": ["sk-other"]},
                  *({"id": f"limited{suffix}", "api_keys": [f"sk-table-limited{suffix}"],
                     "limits": {"requests_per_s": 0.001, "burst": 1}}
                    for suffix in ("", "-msg", "-resp"))],
         server={"admin_key": ADMIN, "default_model": CHAT, "open_metrics": True,
-                "slot_save_path": str(slots)},
+                "slot_save_path": str(slots), "rerank_max_documents": RERANK_MAX_DOCUMENTS},
     ))
 
 
@@ -515,6 +544,9 @@ def test_a_good_request_is_served_after_the_whole_table(table_server: LiveServer
         r = c.post("/v1/responses", json=RESP_BODY, headers=AUTH)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["output_tokens"] == 2
+        ranked = c.post("/v1/rerank", json=RERANK_BODY, headers=AUTH)
+        assert ranked.status_code == 200, ranked.text
+        assert [x["index"] for x in ranked.json()["results"]] == [1, 0]
         state = table_server.runtime.workers[0].call(
             table_server.runtime.workers[0].integrity).result(timeout=10)
         assert all(free == total for free, total in state.values())

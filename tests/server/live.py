@@ -126,6 +126,14 @@ def synth_embed(model_id: str = "synth-a", **options: Any) -> dict[str, Any]:
             "memory_bytes": 100_000_000, "load_cost_s": 0.1, "options": opts}
 
 
+def synth_rerank(model_id: str = "synth-rerank", **options: Any) -> dict[str, Any]:
+    """A one-shot rerank synthetic model entry (scores by word overlap)."""
+    opts: dict[str, Any] = {"load_s": 0.01, "batch_fixed_s": 0.002, "per_item_s": 0.0005}
+    opts.update(options)
+    return {"id": model_id, "kind": "oneshot", "backend": "synthetic", "task": "rerank",
+            "memory_bytes": 100_000_000, "load_cost_s": 0.1, "options": opts}
+
+
 def wait_for(predicate: Callable[[], Any], timeout_s: float = 5.0, every_s: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
