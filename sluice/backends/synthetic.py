@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -81,10 +82,14 @@ def _sleep(seconds: float) -> None:
         time.sleep(seconds)
 
 
+_WORD = re.compile(r"\w+")
+
+
 def word_overlap(pair: RerankPair) -> RerankScore:
-    """The synthetic rerank score: the share of the query's distinct lowercase words that
-    the document holds, in [0, 1] (tokens: whitespace-separated words)."""
-    query, document = pair.query.lower().split(), pair.document.lower().split()
+    """The synthetic rerank score: the share of the query's distinct lowercase words
+    (``\\w+`` runs, so punctuation does not count) that the document holds, in [0, 1];
+    tokens: those words."""
+    query, document = _WORD.findall(pair.query.lower()), _WORD.findall(pair.document.lower())
     wanted = set(query)
     score = len(wanted & set(document)) / len(wanted) if wanted else 0.0
     return RerankScore(score, len(query), len(document))

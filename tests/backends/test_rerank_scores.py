@@ -42,6 +42,7 @@ def test_word_overlap_is_the_share_of_the_querys_words() -> None:
         == RerankScore(1.0, 3, 6)
     assert word_overlap(RerankPair("capital of France", "bananas")).score == 0.0
     assert word_overlap(RerankPair("the the cat", "The dog")).score == 0.5
+    assert word_overlap(RerankPair("France?", "Paris, France.")) == RerankScore(1.0, 1, 2)
     assert word_overlap(RerankPair("", "anything")).score == 0.0
 
 

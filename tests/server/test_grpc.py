@@ -33,6 +33,7 @@ from tests.server.live import (
     scrape,
     synth_chat,
     synth_embed,
+    synth_rerank,
     wait_for,
 )
 
@@ -48,7 +49,7 @@ def _variant(model_id: str, accuracy: float, batch_fixed_s: float) -> dict[str, 
 
 def _config(**sections: Any) -> Any:
     models = sections.pop("models", [
-        synth_chat(CHAT), synth_embed("synth-a"), _variant("slow", 0.9, 0.06),
+        synth_chat(CHAT), synth_embed("synth-a"), synth_rerank(), _variant("slow", 0.9, 0.06),
         _variant("fast", 0.8, 0.002)])
     server = {"grpc_port": 0, **sections.pop("server", {})}
     groups = sections.pop("groups", [{"id": "sentiment", "variants": ["slow", "fast"],
@@ -188,6 +189,10 @@ def test_invalid_argument_for_one_shot_inputs(channel: grpc.Channel) -> None:
                                            "model_kind_mismatch")
     f = _fails(lambda: s.Embed(pb.EmbedRequest(model="slow", input=["x"]), timeout=5))
     assert (f.code, f.fields) == (grpc.StatusCode.INVALID_ARGUMENT, ["model"])
+    f = _fails(lambda: s.Infer(pb.InferRequest(model="synth-rerank", input="x"), timeout=5))
+    assert (f.code, f.fields, f.reason) == (grpc.StatusCode.INVALID_ARGUMENT, ["model"],
+                                           "model_kind_mismatch")
+    assert "/v1/rerank" in f.message
 
 
 def test_not_found(channel: grpc.Channel) -> None:

@@ -14,7 +14,14 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from sluice.backends.onnx import Encoder
 from sluice.backends.packaged import MINILM_ENCODER_ID, packaged_encoder_files
-from tests.server.live import LiveServer, assert_error, config_with, synth_chat, synth_embed
+from tests.server.live import (
+    LiveServer,
+    assert_error,
+    config_with,
+    synth_chat,
+    synth_embed,
+    synth_rerank,
+)
 
 RERANKER = "minilm-rerank"
 QUERY = "What is the capital of France?"
@@ -197,3 +204,25 @@ def test_a_server_without_a_reranker_answers_501(synthetic_server: LiveServer) -
             "model": "synth-chat", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 2})
     assert chat.status_code == 200, chat.text
+
+
+def test_a_rerank_is_one_request_to_the_tenants_quota(serve: Callable[..., LiveServer]) -> None:
+    """Its documents are admitted as one unit: a burst of one admits a three-document
+    rerank whole, and refuses the next with 429 and a Retry-After (on the synthetic
+    reranker, which scores by word overlap)."""
+    live = serve(config_with(
+        models=[synth_chat(), synth_rerank()],
+        tenants=[{"id": "small", "api_keys": ["sk-small"],
+                  "limits": {"requests_per_s": 0.001, "burst": 1}},
+                 {"id": "big", "api_keys": ["sk-big"]}]))
+    body = {"query": "capital of France", "documents": DOCS}
+    with live.client() as c:
+        first = c.post("/v1/rerank", json=body, headers={"authorization": "Bearer sk-small"})
+        assert first.status_code == 200, first.text
+        assert first.json()["results"][0]["index"] == 1  # Paris holds all three words
+        assert first.json()["model"] == "synth-rerank"
+        again = c.post("/v1/rerank", json=body, headers={"authorization": "Bearer sk-small"})
+        assert_error(again, 429, code="quota")
+        assert int(again.headers["retry-after"]) >= 1
+        other = c.post("/v1/rerank", json=body, headers={"authorization": "Bearer sk-big"})
+        assert other.status_code == 200, other.text
