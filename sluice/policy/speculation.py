@@ -23,7 +23,12 @@ accepted too) and costs what the step-time model charges for one more token with
 logits row: ``per_decode_token_s`` plus its attention over the sequence's context. The
 step as planned yields ``E`` tokens in ``T`` seconds; one more draft token is worth
 adding when ``a ** j / cost > E / T`` -- when it raises the step's expected tokens per
-second -- and while the step stays within its limit (the TPOT target's). Candidates are
+second -- and while no stream's expected time per token passes the step's limit (the TPOT
+target's), or the plain step's time where that is past the limit already: a sequence that
+takes one token this step waits the whole step, a drafting one the step over its expected
+tokens. So a lone sequence drafts even when one plain step is longer than the target
+(drafting only shortens its time per token), while one that would slow its neighbours
+past the target does not. Candidates are
 taken best first (highest ``a ** j / cost``), so the rule stops at the first that does
 not pay. At a small batch ``T`` is mostly the step's fixed cost and drafting pays even at
 modest acceptance; as the batch grows the step becomes compute-bound, ``E / T`` approaches
@@ -110,10 +115,14 @@ class AcceptanceRate:
 
     Invariant: ``0 < rate < 1``."""
 
-    prior: float = 0.5
+    prior: float = 0.7
+    """Where a sequence starts: optimistic enough that a first draft pays at batch 1 on a
+    step model whose per-token cost is as large as its fixed cost (the threshold there is
+    ``per_decode / (base + per_decode)``, 0.5), so a sequence that copies its prompt
+    starts drafting; one whose drafts fail falls below within a few."""
     prior_weight: float = 2.0
     decay: float = 0.9
-    idle_decay: float = 0.98
+    idle_decay: float = 0.99
     accepted: float = 0.0
     verified: float = 0.0
 
@@ -196,8 +205,10 @@ def choose_draft_lengths(budget: DraftBudget, step: PlannedStep,
                          token_room: int) -> tuple[int, ...]:
     """Each candidate's draft length for this step (in candidate order, each within
     ``0 .. max_tokens``, together at most ``token_room``): drafted tokens are added best
-    first while each raises the step's expected tokens per second and the predicted
-    step stays within ``budget.step_limit_s`` (see the module docstring)."""
+    first while each raises the step's expected tokens per second and no decoding
+    sequence's expected time per token passes ``max(budget.step_limit_s, plain step)``
+    (see the module docstring). ``step.decode_tokens`` counts every decoding sequence,
+    the candidates among them."""
     lengths = [0] * len(candidates)
     if token_room <= 0 or not candidates:
         return tuple(lengths)
@@ -205,6 +216,10 @@ def choose_draft_lengths(budget: DraftBudget, step: PlannedStep,
     step_s = cost.predict_s(step.decode_tokens, step.prefill_tokens, step.context_tokens)
     expected = float(step.output_tokens)
     limit_s = math.inf if budget.step_limit_s is None else budget.step_limit_s
+    bound_s = max(limit_s, step_s)
+    yields = [1.0] * len(candidates)  # each candidate's expected tokens this step
+    # decoding sequences that take exactly one token this step (none of their drafts yet)
+    single = max(0, step.decode_tokens - len(candidates)) + len(candidates)
     heap: list[tuple[float, int, float, float]] = []  # (-value per s, index, gain, seconds)
 
     def push(i: int) -> None:
@@ -224,9 +239,15 @@ def choose_draft_lengths(budget: DraftBudget, step: PlannedStep,
         # worth it only if it raises expected tokens per second: gain / s > E / T
         if gain * step_s <= expected * seconds:
             break  # the best remaining candidate does not pay, so none does
-        if step_s + seconds > limit_s:
-            continue  # past the step's limit: this sequence drafts no more
+        single_after = single - (lengths[i] == 0)
+        slowest_s = step_s + seconds  # what a sequence taking one token waits
+        if not single_after:  # every stream drafts: the least expected tokens wait most
+            slowest_s /= min(y + gain if k == i else y for k, y in enumerate(yields))
+        if slowest_s > bound_s:
+            continue  # it would slow a stream past the limit: this sequence drafts no more
         lengths[i] += 1
+        yields[i] += gain
+        single = single_after
         step_s += seconds
         expected += gain
         room -= 1

@@ -507,7 +507,7 @@ def test_simulated_speculation_drafts_through_the_servers_policy() -> None:
     """A model that drafts (``SimDrafting``, the acceptance the server measured): a lone
     request verifies drafts on the planner's choice and finishes in fewer, longer steps;
     every request still gets exactly its tokens. At acceptance 0 drafting stops after
-    the first rejections."""
+    the first rejections but for a probe now and then."""
     from sluice.sim.engine import SimDrafting
 
     step = StepCost(0.010, 0.002, 0.0001)
@@ -529,7 +529,7 @@ def test_simulated_speculation_drafts_through_the_servers_policy() -> None:
     assert accepted > 0 and drafted >= accepted and fast_steps < plain_steps
     assert fast_s < plain_s
     _, _, drafted, accepted = run(SimDrafting(0.0))
-    assert accepted == 0 and 0 < drafted < 16
+    assert accepted == 0 and 0 < drafted < 0.4 * 64  # the first tries, then rare probes
 
 
 def test_a_cost_entrys_draft_acceptance_makes_an_auto_model_draft() -> None:
