@@ -255,3 +255,20 @@ def test_sluice_bench_outside_a_checkout_says_where_to_run_it(
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--quick"]) == 2
     assert "source checkout" in capsys.readouterr().err
+
+
+def test_speculation_rows_count_usage_tokens_and_the_table_divides_auto_by_off() -> None:
+    from bench.speculation import Reply, row_of, sluice_toml, table
+
+    off = row_of("off", "grounded", 1, [Reply(True, "a", 100, 0.1, 0.02),
+                                        Reply(True, "b", 50, 0.1, 0.04), Reply(False)],
+                 10.0, (0, 0))
+    auto = row_of("auto", "grounded", 1, [Reply(True, "a", 100, 0.1, 0.01),
+                                          Reply(True, "b", 50, 0.1, 0.01)], 5.0, (80, 60))
+    assert (off["tokens"], off["errors"], off["tokens_per_s"]) == (150, 1, 15.0)
+    assert off["tpot_p50_s"] == pytest.approx(0.03) and off["acceptance"] is None
+    assert auto["tokens_per_s"] == 30.0 and auto["acceptance"] == 0.75
+    text = table([off, auto])
+    assert "**2.00×**" in text and "0.75" in text
+    assert 'speculation = "off"' in sluice_toml("off") and "ttft_target_ms" not in sluice_toml(
+        "auto")
