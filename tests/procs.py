@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -23,14 +24,16 @@ def free_port() -> int:
 
 def start_serve(config: Path | None, port: int, timeout_s: float = 30.0,
                 extra_args: tuple[str, ...] = ("--log-level", "warning"),
+                cwd: Path = ROOT, env: Mapping[str, str] | None = None,
                 ) -> subprocess.Popen[bytes]:
-    """``sluice serve [-c config] --port port [extra_args]``, returned once ``/ready``
-    answers 200. The caller ends it (by PID) and closes its stdout."""
+    """``sluice serve [-c config] --port port [extra_args]`` in the folder ``cwd`` with the
+    environment ``env`` (default: this process's), returned once ``/ready`` answers 200.
+    The caller ends it (by PID) and closes its stdout."""
     conf = ("-c", str(config)) if config is not None else ()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sluice.cli", "serve", *conf, "--port", str(port),
-         *extra_args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+         *extra_args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"})
     end = time.monotonic() + timeout_s
     while True:
         try:
