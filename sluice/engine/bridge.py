@@ -14,12 +14,15 @@ import contextlib
 import threading
 import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sluice.engine.request import Event, Final, Request
 
-if TYPE_CHECKING:
-    from sluice.engine.runtime import Runtime
+
+class Canceller(Protocol):
+    """What a handle needs of the runtime: to cancel its request (``Runtime.cancel``)."""
+
+    def cancel(self, request_id: int) -> bool: ...
 
 
 class _Mailbox:
@@ -70,7 +73,7 @@ def _mailbox(loop: asyncio.AbstractEventLoop) -> _Mailbox:
 class AsyncHandle:
     """An asyncio view of one request's events (tokens, then one ``Final``)."""
 
-    def __init__(self, runtime: Runtime, req: Request, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, runtime: Canceller, req: Request, loop: asyncio.AbstractEventLoop) -> None:
         self.request = req
         self._runtime = runtime
         self._mailbox = _mailbox(loop)

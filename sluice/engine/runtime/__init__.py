@@ -1,0 +1,114 @@
+"""The control plane: admit → schedule → route, with one dispatcher thread.
+
+``try_submit`` admits or rejects at once (bounded queue, never a hang); ``submit`` waits
+for room. The dispatcher thread pops ONE request at a time from the scheduler, asks the
+router for a worker, and offers it to that worker's bounded inbox. It pops only while
+some inbox has room; a request whose feasible workers are all full goes back into the
+scheduler (keeping its place, its fair-share charge refunded) until capacity frees up.
+Deadlines of queued requests are watched here; workers watch those they hold.
+
+Every admitted request ends in exactly one terminal state: the request state machine
+guarantees "first terminal wins", and ``stop`` drains, then cancels whatever is left. A
+worker that dies or stalls is replaced by the ``Supervisor`` (``sluice.engine.supervisor``),
+which ends the requests it held; ``health`` says whether every thread is doing its job.
+
+``Runtime`` is composed of one mixin per concern, each in its own module over the state
+that ``state.RuntimeState`` declares (all of it guarded by one condition variable):
+``factory`` (requests and the tokenizer cache), ``admission`` (submit, cancel, the variant
+choice at arrival), ``settlement`` (a finished request leaves the live set and its
+fair-share charge is corrected), ``deadlines`` (the heap of queued requests' start-by
+times), ``dispatch`` (the dispatcher thread: expire, replan, route), ``lifecycle``
+(start, drain, stop, health, snapshots, worker replacement), ``admin`` (load, unload,
+slots, engine calls) and ``async_api`` (the asyncio conveniences; ``AsyncHandle`` lives in
+``sluice.engine.bridge`` and is re-exported here).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from sluice.backends.base import Backend
+from sluice.backends.faults import FaultInjector
+from sluice.engine.bridge import AsyncHandle
+from sluice.engine.observer import Observer
+from sluice.engine.runtime.admin import Admin
+from sluice.engine.runtime.async_api import AsyncAPI, Rejected
+from sluice.engine.runtime.config import RuntimeConfig
+from sluice.engine.runtime.deadlines import DEADLINE_SLACK
+from sluice.engine.runtime.dispatch import Dispatch
+from sluice.engine.runtime.lifecycle import Lifecycle, RuntimeHealth, RuntimeSnapshot
+from sluice.engine.supervisor import Supervisor
+from sluice.engine.trace import TraceWriter
+from sluice.engine.variants import PlannerObserver, VariantPlanner
+from sluice.policy.admission import AdmissionConfig, AdmissionPolicy
+from sluice.policy.dispatch import Dispatcher
+from sluice.policy.rates import RateMeter
+from sluice.policy.router import make_router
+from sluice.policy.scheduler import make_scheduler
+
+MAX_SUPERVISOR_POLL_S = 0.25
+"""The supervisor checks heartbeats at least this often (a death wakes it at once)."""
+
+
+class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
+    """Owns the queue, the dispatcher thread and the workers. Thread-safe."""
+
+    def __init__(
+        self,
+        config: RuntimeConfig,
+        backends: Mapping[str, Backend],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        observer: Observer | None = None,
+    ) -> None:
+        self.config = config
+        self.specs = {m.model_id: m for m in config.models}
+        self._backends = backends
+        self.clock = clock
+        self.observer = observer or Observer()
+        self._cv = threading.Condition(threading.RLock())
+        self._admission = AdmissionPolicy(AdmissionConfig(queue_capacity=config.queue_capacity))
+        self._scheduler = make_scheduler(
+            config.scheduler,
+            bypass_threshold=config.bypass_threshold,
+            tenant_weights=config.tenant_weights,
+        )
+        self._router = make_router(config.router)
+        self._dispatcher = Dispatcher(self._scheduler, self._router)
+        self._trace = (TraceWriter(config.trace_path, clock()) if config.trace_path is not None
+                       else None)
+        self._deadlines = []
+        self._live = {}
+        self._moving = set()
+        self._charged = {}
+        self._ids = itertools.count(1)
+        self._completions = RateMeter(window_s=10.0)
+        self._tokenizers = {}
+        self.variants = VariantPlanner(config.groups, self.specs,
+                                       [w.budget_bytes for w in config.workers], clock)
+        self._worker_observer = PlannerObserver(self.observer, self.variants)
+        self._faults = {m: FaultInjector(plan) for m, plan in config.faults.items()}
+        self._draining = False
+        self._stopped = False
+        self.dispatcher_fault = None
+        self.supervisor = Supervisor(
+            lambda: self.workers, self._replace_worker, self._end_held, clock, self.observer,
+            poll_s=min(MAX_SUPERVISOR_POLL_S,
+                       min(w.watchdog_s for w in config.workers) / 4))
+        self.workers = [self._new_worker(w) for w in config.workers]
+        self._thread = threading.Thread(target=self._dispatch_loop, name="sluice-dispatch",
+                                        daemon=True)
+
+
+__all__ = [
+    "DEADLINE_SLACK",
+    "AsyncHandle",
+    "Rejected",
+    "Runtime",
+    "RuntimeConfig",
+    "RuntimeHealth",
+    "RuntimeSnapshot",
+]

@@ -1,0 +1,50 @@
+"""``RuntimeConfig``: what the runtime is built from (``sluice.config`` makes it from the
+TOML file)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from sluice.backends.base import ModelSpec
+from sluice.backends.faults import FaultPlan
+from sluice.engine.variants import GroupSpec
+from sluice.engine.worker import WorkerConfig
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything the runtime needs; built from the TOML config (see ``sluice.config``)."""
+
+    models: tuple[ModelSpec, ...]
+    workers: tuple[WorkerConfig, ...]
+    scheduler: str = "fifo"
+    """``fifo``, ``workload_aware``, ``priority_edf`` or ``wfq``."""
+    bypass_threshold: int = 8
+    router: str = "residency_aware"
+    """``round_robin``, ``least_loaded`` or ``residency_aware``."""
+    queue_capacity: int = 32
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    groups: tuple[GroupSpec, ...] = ()
+    """Model groups whose requests the variant planner routes to a variant."""
+    faults: Mapping[str, FaultPlan] = field(default_factory=dict)
+    """Injected faults by model id (tests and the chaos bench only)."""
+    trace_path: str | None = None
+    """Record every submitted request's arrival here as JSONL (``sluice.engine.trace``,
+    the simulator's trace format); ``None`` (default): no recording."""
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            raise ValueError("workers: at least one worker is required")
+        ids = [m.model_id for m in self.models]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"models: duplicate model ids in {ids}")
+        if self.queue_capacity < 1:
+            raise ValueError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
+        biggest = max(w.budget_bytes for w in self.workers)
+        for m in self.models:
+            if m.memory_bytes > biggest:
+                raise ValueError(
+                    f"models[{m.model_id!r}].memory_bytes ({m.memory_bytes}) exceeds every "
+                    f"worker's budget (largest {biggest}): it could never be served"
+                )

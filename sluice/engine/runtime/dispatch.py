@@ -1,0 +1,123 @@
+"""The dispatcher thread: on every pass, under the runtime's lock, expire queued requests
+whose deadline passed, move queued group requests whose predicted finish now misses their
+deadline to a faster variant, and route queued requests to workers while an inbox has
+room; then wait for a change or the next deadline."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+
+from sluice.engine.request import RequestStatus
+from sluice.engine.runtime.deadlines import Deadlines
+from sluice.engine.runtime.state import IDLE_POLL_S
+
+log = logging.getLogger("sluice.runtime")
+
+
+class Dispatch(Deadlines):
+    """The dispatch loop (``_dispatch_loop`` is the thread's target) and the replanning
+    of queued requests. A failure of the loop refuses new work and ends the queued
+    requests; ``dispatcher_fault`` then names it."""
+
+    def _dispatch_loop(self) -> None:
+        try:
+            self._dispatch_forever()
+        except BaseException as exc:
+            # Nothing dispatches any more: refuse new work (``/health`` fails, so the
+            # process gets restarted) and end the queued requests rather than leave them.
+            self.dispatcher_fault = type(exc).__name__
+            log.exception("the dispatcher thread failed; no request is dispatched any more")
+            with self._cv:
+                self._draining = True
+                queued = [r for r in self._live.values() if r.worker_id is None]
+                for req in queued:
+                    self._scheduler.remove(req.request_id)
+            now = self.clock()
+            for req in queued:
+                req.finish(RequestStatus.FAILED, now, error="the dispatcher failed; the "
+                           "server must be restarted", error_code="internal_error")
+
+    def _dispatch_forever(self) -> None:
+        while True:
+            with self._cv:
+                if self._stopped:
+                    return
+                now = self.clock()
+                self._expire_queued(now)
+                self._replan_queued(now)
+                moved = self._dispatch(now)
+                if not moved:
+                    wait = IDLE_POLL_S
+                    if self._deadlines:
+                        wait = min(wait, max(0.0, self._deadlines[0][0] - now))
+                    self._cv.wait(wait)
+
+    def _replan_queued(self, now: float) -> None:
+        """Queued group requests whose predicted finish now misses their deadline move to
+        a faster variant (keeping their place), or fail now with ``deadline_infeasible``
+        instead of expiring in the queue. In the scheduler the move is made here; in a
+        worker's inbox the worker makes it on its thread, between batches. Under
+        ``self._cv``."""
+        if not self.variants.groups or not self._live:
+            return
+        for req, variant in self.variants.replan(now, self._movable):
+            group_id = self.variants.group_of(req.model_id)
+            if variant is None:
+                if self._scheduler.remove(req.request_id) is None and req.worker_id is None:
+                    continue
+                self.observer.planned(group_id, None, "deadline_infeasible")
+                req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
+                           error=f"deadline infeasible for group {group_id}: queued on "
+                                 f"{req.model_id}, no variant can finish it in time now")
+                continue
+            item = self._scheduler.remove(req.request_id)
+            if item is not None:
+                self.variants.moved(req, variant)
+                self._scheduler.push(dataclasses.replace(item, model_id=variant))
+            elif req.worker_id is not None:
+                self._moving.add(req.request_id)
+                self.variants.moved(req, variant, apply=False)
+                done = self.workers[req.worker_id].retarget(
+                    req, functools.partial(self.variants.apply_move, req, variant))
+                done.add_done_callback(functools.partial(self._moved, req.request_id))
+            else:
+                continue
+            self.observer.planned(group_id, variant, "replanned")
+
+    def _movable(self, request_id: int) -> bool:
+        """Queued (in the scheduler, or waiting in an inbox with no move pending)."""
+        if request_id in self._scheduler:
+            return True
+        req = self._live.get(request_id)
+        return (req is not None and req.worker_id is not None
+                and req.status == RequestStatus.QUEUED and request_id not in self._moving)
+
+    def _moved(self, request_id: int, _: object) -> None:
+        with self._cv:
+            self._moving.discard(request_id)
+
+    def _dispatch(self, now: float) -> bool:
+        """Route queued requests while the queue is non-empty and some inbox has room (the
+        decisions are ``sluice.policy.dispatch``'s; this applies them)."""
+        moved = False
+        while True:
+            views = [w.view() for w in self.workers]
+            d = self._dispatcher.next(now, views, self._model_bytes, self._is_live)
+            if d is None or d.put_back:
+                break
+            req = self._live[d.item.request_id]
+            if d.rejected:
+                req.finish(RequestStatus.REJECTED, now, error=d.reason,
+                           error_code="no_feasible_worker")
+                continue
+            if d.worker_id is None or not self.workers[d.worker_id].offer(req):
+                self._dispatcher.put_back(d.item)
+                break
+            req.route_reason = d.reason
+            self._charged[req.request_id] = d.item.cost_tokens
+            moved = True
+        if moved:
+            self._cv.notify_all()  # submitters waiting for room
+        return moved
