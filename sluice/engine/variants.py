@@ -20,7 +20,8 @@ from typing import Any
 from sluice.backends.base import ModelSpec
 from sluice.engine.observer import Observer
 from sluice.engine.request import Request, RequestStatus
-from sluice.policy.planner import LengthPrior, PlannerConfig, VariantChoice
+from sluice.policy.planner import PlannerConfig, VariantChoice
+from sluice.policy.service_estimator import LengthPrior
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 
 DEFAULT_SERVICE_S = 0.02

@@ -13,15 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sluice.policy.backlog import NO_MARGIN, Backlog, PredictionError, Queued, replan
-from sluice.policy.planner import (
-    LengthPrior,
-    PlannerConfig,
-    ServiceEstimator,
-    VariantChoice,
-    VariantState,
-    choose_variant,
-)
+from sluice.policy.planner import PlannerConfig, VariantChoice, VariantState, choose_variant
 from sluice.policy.rates import RateMeter
+from sluice.policy.service_estimator import LengthPrior, ServiceEstimator
 
 ARRIVAL_WINDOW_S = 3.0
 """The group's arrival rate is counted over this window (short, so the steady-state

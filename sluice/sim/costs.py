@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sluice.policy.planner import LengthPrior, ServiceEstimator
+from sluice.policy.service_estimator import LengthPrior, ServiceEstimator
 from sluice.policy.step_cost import StepCost
 
 

@@ -10,17 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sluice.policy.planner import (
-    Ewma,
-    LengthPrior,
     PlannerConfig,
-    ServiceEstimator,
     VariantState,
     capacity_per_s,
     choose_variant,
-    erlang_c,
-    mmc_wait_s,
     settled_batch_size,
 )
+from sluice.policy.queueing import erlang_c, mmc_wait_s
+from sluice.policy.service_estimator import Ewma, LengthPrior, ServiceEstimator
 
 
 def erlang_c_factorial(c: int, a: Fraction) -> Fraction:

@@ -358,7 +358,7 @@ def test_inputs_lengths_reach_the_batch_cost_and_the_planner() -> None:
     a short text goes to the accurate variant, a long one that would miss its deadline
     there to the fast one; each lone request takes its variant's batch of one at its
     length."""
-    from sluice.policy.planner import LengthPrior
+    from sluice.policy.service_estimator import LengthPrior
 
     prior = LengthPrior(slope=1.0, mean=1.0, var=0.25, typical_longest_chars=((1, 100.0),))
     models = {
