@@ -129,9 +129,9 @@ def check_constraint(constraint: Constraint, tokenizer: Tokenizer,
     key = (constraint, lltok)
     if _CACHE.get(key) is not None:
         return
-    started_s = time.perf_counter()
+    started_s = time.thread_time()  # the compile's own CPU: not the wait for a core
     matcher = _compile(constraint, lltok)
-    took_ms = (time.perf_counter() - started_s) * 1000
+    took_ms = (time.thread_time() - started_s) * 1000
     if took_ms > limits.max_compile_ms:
         raise ConstraintLimitError(
             f"compiling the constraint took {took_ms:.0f} ms; this server allows "

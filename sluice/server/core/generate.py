@@ -28,7 +28,6 @@ terminal state, whose ``Final`` is the last event of ``Generation.events``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -50,6 +49,7 @@ from sluice.server.core.controls import (
     ttft_deadline,
     ttft_target,
 )
+from sluice.server.core.grammar_pool import run_compile
 from sluice.server.core.prompt import (
     chat_bounds,
     mixed_bounds,
@@ -324,10 +324,9 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
             early = ctx.runtime.refuse_early([req])
             if early is not None:
                 raise rejection_error(early)
-            # Compiling is quick, but the first constraint of a model builds its grammar
-            # vocabulary (1-3 s): never on the event loop.
-            await asyncio.to_thread(checked, ask.constraint, tok, ask.constraint_param,
-                                    ctx.config.constraints.limits())
+            # never on the event loop, and below decoding's CPU priority (grammar_pool)
+            await run_compile(checked, ask.constraint, tok, ask.constraint_param,
+                              ctx.config.constraints.limits())
         [handle] = open_admitted(ctx, [req])
     except APIError as err:
         raise _refuse(req, err, ctx.runtime.clock()) from None
