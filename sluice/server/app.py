@@ -32,7 +32,7 @@ from sluice.server.context import AppContext
 from sluice.server.decisions import DecisionLog
 from sluice.server.errors import APIError
 from sluice.server.metrics import PrometheusObserver, SnapshotCollector, tenant_labels
-from sluice.server.middleware import AccessLogMiddleware, GuardMiddleware
+from sluice.server.middleware import AccessLogMiddleware, GuardMiddleware, QuotaPeekMiddleware
 from sluice.server.peer_metrics import PeerMetricsCollector
 from sluice.server.quota import QuotaCollector, QuotaGate
 from sluice.server.routes import ROUTERS
@@ -117,6 +117,8 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
                   openapi_url="/openapi.json" if schema else None,
                   docs_url="/docs" if schema else None, redoc_url="/redoc" if schema else None)
     app.state.ctx = ctx
+    # Added before the guard, so inside it: the size limit first, then the quota's peek.
+    app.add_middleware(QuotaPeekMiddleware)
     app.add_middleware(GuardMiddleware, max_body_bytes=config.server.max_body_bytes,
                        body_timeout_s=config.server.body_timeout_s)
     if config.server.cors_origins:  # off unless configured: browsers then refuse other origins

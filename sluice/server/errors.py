@@ -106,6 +106,13 @@ def anthropic_error(err: APIError) -> tuple[int, dict[str, Any]]:
     return status, {"type": "error", "error": {"type": etype, "message": err.message}}
 
 
+def ollama_response(err: APIError) -> JSONResponse:
+    """``err`` in Ollama's shape, ``{"error": message}`` (its status, ``Retry-After`` and
+    decision headers kept)."""
+    return JSONResponse({"error": err.message}, status_code=err.status,
+                        headers=err.all_headers())
+
+
 def _anthropic_response(err: APIError) -> JSONResponse:
     status, body = anthropic_error(err)
     return JSONResponse(body, status_code=status, headers=err.all_headers())
@@ -143,6 +150,7 @@ LLAMA_SERVER_PATHS = ("/completion", "/completions", "/infill", "/props", "/appl
 
 ERROR_SHAPES: tuple[tuple[str, Callable[[APIError], JSONResponse]], ...] = (
     ("/v1/messages", _anthropic_response),
+    ("/api", ollama_response),
     *((path, _llama_server_response) for path in LLAMA_SERVER_PATHS),
 )
 """Path prefixes whose API has its own error shape (every other path: OpenAI's)."""

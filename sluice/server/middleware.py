@@ -1,5 +1,6 @@
 """ASGI middleware: a request id on every response, a body size limit (413) and deadline
-(408), and the access log (one line per request)."""
+(408), a tenant past its request rate refused before its body is read (429), and the access
+log (one line per request)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,37 @@ class GuardMiddleware:
         err = APIError(413, f"Request body is larger than {self.max_body_bytes} bytes",
                        code="body_too_large")
         await error_response(err, str(scope.get("path", "")))(scope, receive, send)
+
+
+class QuotaPeekMiddleware:
+    """A POST from a tenant whose request bucket is empty by this replica's last word from
+    the quota store (``QuotaGate.refusal_before_body``) gets its 429, in the shape of the
+    API its path belongs to, without its body being read or parsed: a client past its rate
+    costs the server a header lookup, not the parse of up to ``max_body_bytes`` of JSON.
+    Everything else (a bad key included, whose 401 the route gives) passes through."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = str(scope.get("path", ""))
+        if (scope["type"] != "http" or scope.get("method") != "POST"
+                or path.startswith("/admin")):
+            await self.app(scope, receive, send)
+            return
+        ctx = scope["app"].state.ctx
+        headers = {k.decode("latin-1"): v.decode("latin-1")
+                   for k, v in scope.get("headers", ())}
+        try:
+            tenant = ctx.auth.tenant_from_headers(headers)
+        except APIError:
+            await self.app(scope, receive, send)
+            return
+        refusal = ctx.quota.refusal_before_body(tenant.id, ctx.runtime.new_request_id)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        await error_response(refusal, path)(scope, receive, send)
 
 
 class AccessLogMiddleware:

@@ -88,6 +88,37 @@ def test_request_rate_429_with_retry_after_from_the_bucket(
                            samples.get("sluice_quota_rejections_total", [])}
 
 
+def test_a_tenant_past_its_rate_is_refused_before_its_body_is_read(
+    serve: Callable[..., LiveServer],
+) -> None:
+    """Once the store has said the bucket is empty, the next POST gets its 429 from the
+    headers alone, in its API's shape: a body that is not even JSON is not a 400 (it was
+    never parsed), and it counts as one rejected request. Another tenant is served."""
+    live = tenant_server(serve, {"requests_per_s": 0.01, "burst": 1})
+    junk = b"{" * 200_000
+    with live.client(headers=AUTH) as c:
+        assert c.post("/v1/embeddings", json=EMBED).status_code == 200
+        assert_error(c.post("/v1/embeddings", json=EMBED), 429, code="quota")  # the store
+        for path in ("/v1/chat/completions", "/v1/embeddings", "/v1/messages", "/api/chat"):
+            r = c.post(path, content=junk, headers={"content-type": "application/json"})
+            assert r.status_code == 429, (path, r.text)
+            assert int(r.headers["retry-after"]) >= 1
+            assert r.headers["x-sluice-quota-limit"] == "requests"
+            body = r.json()
+            if path == "/api/chat":
+                assert "request rate" in body["error"], body
+            elif path == "/v1/messages":
+                assert body["error"]["type"] == "rate_limit_error", body
+            else:
+                assert body["error"]["code"] == "quota", body
+        with live.client(headers=OTHER) as other:
+            assert other.post("/v1/embeddings", json=EMBED).status_code == 200
+        samples = scrape(c)
+    assert metric_sum(samples, "sluice_requests_total", tenant="t", state="rejected") == 5
+    assert metric_sum(samples, "sluice_quota_rejections_total", tenant="t",
+                      limit="requests") == 5
+
+
 def test_tokens_are_charged_for_what_was_used(serve: Callable[..., LiveServer]) -> None:
     """120 tokens/min; each request reserves prompt + max_tokens = 103 but stops at EOS
     after a few tokens. Settled at completion, the second request fits; charged the

@@ -48,6 +48,11 @@ class RequestFactory(RuntimeState):
             fields["penalty_last_n"] = tok.n_ctx_per_seq
         return SamplingParams(**fields)
 
+    def new_request_id(self) -> int:
+        """A request id no other request has (one refused before it had a model gets one,
+        so every refusal is told apart in logs and decisions)."""
+        return next(self._ids)
+
     def new_request(
         self,
         model_id: str,

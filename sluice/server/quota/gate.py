@@ -125,6 +125,9 @@ class QuotaGate:
         self.rejections: dict[tuple[str, str], int] = {}
         self.charged_tokens: dict[str, float] = {}
         self.refunded_tokens: dict[str, float] = {}
+        # Each tenant's request bucket as the store last answered: (left, when, limits,
+        # whether that store was the local fallback).
+        self._request_level: dict[str, tuple[float, float, QuotaLimits, bool]] = {}
 
     def _make_store(self, config: QuotaConfig) -> QuotaStore:
         share = 1.0 / config.replicas
@@ -259,9 +262,44 @@ class QuotaGate:
         assert check.hold is not None
         await self._release_now(check.hold, refund_request=False, refund_tokens=0.0)
 
+    def refusal_before_body(self, tenant_id: str,
+                            new_id: Callable[[], int]) -> APIError | None:
+        """The 429 for a request of ``tenant_id`` decided before its body is read, from
+        the store's last answer on this replica: the request bucket then held ``left`` and
+        has refilled at its rate since (as if nothing else took from it), so if that is
+        under one request now the store would refuse it too, and its body (up to
+        ``max_body_bytes`` of JSON, a structured-output schema included) is never parsed;
+        the refusal is counted as a request (its id from ``new_id``) of no model.
+        None: the store decides. The level is dropped when this replica gives a request
+        back, and not used once the store has changed (shared store lost or regained);
+        what the estimate cannot see — another replica's refund, a shared store that lost
+        its state — can refuse a request the store would admit, for at most the time one
+        request takes to refill."""
+        level = self._request_level.get(tenant_id)
+        if level is None:
+            return None
+        left, at_s, limits, local = level
+        if limits.requests_per_s is None or local != self.in_fallback:
+            return None
+        now_left = min(limits.request_burst,
+                       left + (self._clock() - at_s) * limits.requests_per_s)
+        if now_left >= 1.0:
+            return None
+        retry_s = (1.0 - now_left) / limits.requests_per_s
+        check = QuotaCheck(False, "requests", retry_s, now_left, None, None, None, limits)
+        # Counted as every refusal is (one request, rejected), under no model: none is
+        # named until the body is read.
+        unread = RtRequest(request_id=new_id(), model_id="", kind="unread",
+                           arrival_s=self._clock(), tenant_id=tenant_id)
+        return self._refuse([unread], Rejection(
+            "quota", min(MAX_RETRY_AFTER_S, retry_s),
+            _refusal_message(tenant_id, check, 0, self.in_fallback)), "requests")
+
     def _record(self, tenant_id: str, check: QuotaCheck) -> None:
         if check.remaining_requests is not None:
             self.remaining[(tenant_id, "requests")] = check.remaining_requests
+            self._request_level[tenant_id] = (check.remaining_requests, self._clock(),
+                                              check.limits, self.in_fallback)
         if check.remaining_tokens is not None:
             self.remaining[(tenant_id, "tokens")] = check.remaining_tokens
 
@@ -286,6 +324,8 @@ class QuotaGate:
         """On the loop: start the release (a task, kept until it ends); ``counted``: the
         hold's charge is in ``charged_tokens`` already."""
         tenant = hold.tenant_id
+        if refund_request:
+            self._request_level.pop(tenant, None)
         if not counted:
             self._count_reserved(hold)
         self.refunded_tokens[tenant] = self.refunded_tokens.get(tenant, 0.0) + refund_tokens

@@ -37,7 +37,7 @@ from sluice.server.core import (
     spec_of_kind,
     tokenizer_of,
 )
-from sluice.server.errors import APIError, validation_error
+from sluice.server.errors import APIError, ollama_response, validation_error
 from sluice.server.lifecycle import loaded_models
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
@@ -53,20 +53,12 @@ _STARTED_UNIX = time.time()
 Body = TypeVar("Body", bound=BaseModel)
 
 
-def ollama_error(err: APIError) -> JSONResponse:
-    """``err`` in Ollama's shape (its status, ``Retry-After`` and decision headers kept)."""
-    response = err.response()
-    headers = {k: v for k, v in response.headers.items()
-               if k.lower() not in ("content-length", "content-type")}
-    return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
-
-
 async def _answer(request: Request, handler: Callable[[Request], Awaitable[Response]]
                   ) -> Response:
     try:
         return await handler(request)
     except APIError as err:
-        return ollama_error(err)
+        return ollama_response(err)
 
 
 async def _body(request: Request, model: type[Body]) -> Body:
@@ -394,6 +386,6 @@ _NOT_HERE = ("sluice serves the models its configuration lists: add a [[models]]
 async def not_supported(action: str) -> Response:
     """Model management answers 501 naming the sluice way; other paths are 404."""
     if action in ("pull", "create", "delete", "copy", "push"):
-        return ollama_error(APIError(501, f"/api/{action} is not supported: {_NOT_HERE}",
+        return ollama_response(APIError(501, f"/api/{action} is not supported: {_NOT_HERE}",
                                      type="not_implemented", code="not_implemented"))
-    return ollama_error(APIError(404, f"/api/{action} not found", code="not_found"))
+    return ollama_response(APIError(404, f"/api/{action} not found", code="not_found"))
