@@ -3,10 +3,11 @@ llama-server with as many slots as clients.
 
 Question: when more users arrive than the TPOT target admits at once, does sluice keep
 them all reading (tokens/s, first tokens within a couple of seconds) as llama-server
-does, and get more of them within both targets? sluice runs as ``sluice serve FILE.gguf``
-with no other options (its TPOT and first-token targets, its slots and context); the
-llama-server beside it gets ``-np`` = the client count and the same KV cells in all
-(``-c`` = sluice's slots × context per slot), same file, same llama.cpp, same threads.
+does, and get more of them within both targets? sluice runs as ``sluice serve`` ships,
+with no options, serving the packaged model (32 slots of 1024 KV cells, a 150 ms TPOT and
+a 2 s first-token target, the step-time prior measured at load); the llama-server beside
+it gets ``-np`` = the client count and the same KV cells in all (``-c`` = 32 × 1024), the
+same GGUF file, the same llama.cpp and threads.
 Each level runs both servers back to back; every request is a streamed
 ``/v1/completions`` of ``--max-tokens`` new tokens (EOS ignored).
 
@@ -48,9 +49,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 SLUICE, PEER = "sluice", "llama-server"
 
 
-def sluice_serve_cmd(gguf: Path, port: int) -> list[str]:
-    """``sluice serve FILE.gguf`` as a user runs it: every setting its default."""
-    return [sys.executable, "-m", "sluice.cli", "serve", str(gguf), "--port", str(port),
+def sluice_serve_cmd(port: int) -> list[str]:
+    """``sluice serve`` as a user runs it: the packaged models, every setting its default."""
+    return [sys.executable, "-m", "sluice.cli", "serve", "--port", str(port),
             "--log-level", "warning"]
 
 
@@ -85,11 +86,12 @@ def main() -> int:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     rows: list[dict[str, Any]] = []
-    with running(sluice_serve_cmd(gguf, port), f"{base}/ready"):
-        props = httpx.get(f"{base}/props", timeout=10).json()
-        model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+    model = args.model
+    with running(sluice_serve_cmd(port), f"{base}/ready"):
+        props = httpx.get(f"{base}/props", params={"model": model}, timeout=120).json()
         slots = int(props["total_slots"])
         cells = slots * int(props["default_generation_settings"]["n_ctx"])
+        print(f"sluice: {model}, {slots} slots, {cells} KV cells", flush=True)
         for clients in levels:
             n = 2 * clients if args.quick else max(64, 2 * clients)
             row = {"system": SLUICE, "clients": clients,
