@@ -69,7 +69,7 @@ def note_admitted(reqs: Sequence[RtRequest]) -> None:
     ``model_id`` is still the name the client asked for)."""
     record = _current.get()
     if record is not None and reqs:
-        record.model = record.model or reqs[0].model_id
+        record.model = record.model or reqs[0].model_id or None
         record.requests.extend(reqs)
 
 

@@ -22,6 +22,7 @@ from sluice.engine.request import Event, Final, RequestStatus
 from sluice.engine.request import Request as RtRequest
 from sluice.policy.admission import Rejection
 from sluice.policy.quota import QuotaLimits
+from sluice.server import access
 from sluice.server.errors import APIError, rejection_error
 from sluice.server.quota.failover import FailoverQuotaStore
 from sluice.server.quota.redis_store import RedisQuotaStore
@@ -291,6 +292,7 @@ class QuotaGate:
         # named until the body is read.
         unread = RtRequest(request_id=new_id(), model_id="", kind="unread",
                            arrival_s=self._clock(), tenant_id=tenant_id)
+        access.note_admitted([unread])  # its access line names the tenant and the refusal
         return self._refuse([unread], Rejection(
             "quota", min(MAX_RETRY_AFTER_S, retry_s),
             _refusal_message(tenant_id, check, 0, self.in_fallback)), "requests")
