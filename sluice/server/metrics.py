@@ -3,9 +3,9 @@ that reads gauges from a runtime snapshot at scrape time. Each app has its own
 registry, so several servers can live in one process (tests).
 
 Names follow what dashboards for vLLM expect where the meaning is the same (the mapping is
-in docs/api.md): TTFT, TPOT (a request's mean time per output token after the first), ITL
-(every gap between two tokens of a sequence), requests running and waiting, KV use, and
-prefix-cache queries and hits in tokens. The ``vllm:*`` names the Gateway API Inference
+in docs/operations.md, "Metrics"): TTFT, TPOT (a request's mean time per output token after
+the first), ITL (every gap between two tokens of a sequence), requests running and waiting,
+KV use, and prefix-cache queries and hits in tokens. The ``vllm:*`` names the Gateway API Inference
 Extension reads and llama-server's ``llamacpp:*`` names come from ``peer_metrics``."""
 
 from __future__ import annotations

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -290,32 +289,6 @@ def test_every_server_a_block_uses_is_started_above_it() -> None:
             started.add(block.words[0])
         on = block.options.get("on")
         assert on is None or on in started, f"line {block.line}: {on!r} is not started above"
-
-
-LINK = re.compile(r"\]\(([^)\s]+)\)")
-
-
-def heading_anchors(markdown: str) -> set[str]:
-    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces
-    as hyphens."""
-    anchors = set()
-    for line in markdown.splitlines():
-        if line.startswith("#") and (title := line.lstrip("#")).startswith(" "):
-            slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
-            anchors.add(slug)
-    return anchors
-
-
-def test_every_link_of_the_guide_reaches_a_file_and_heading() -> None:
-    for target in LINK.findall(GUIDE.read_text(encoding="utf-8")):
-        if target.startswith(("http://", "https://")):
-            continue
-        path, _, anchor = target.partition("#")
-        page = GUIDE.parent / path
-        assert page.is_file(), f"{target}: no such file"
-        if anchor:
-            assert anchor in heading_anchors(page.read_text(encoding="utf-8")), (
-                f"{target}: no such heading")
 
 
 @pytest.mark.timeout(900)

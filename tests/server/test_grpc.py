@@ -334,14 +334,14 @@ def test_a_backend_failure_is_internal_and_the_server_still_serves(
 
 def test_every_sluice_code_has_a_status_and_the_docs_list_the_table() -> None:
     """Every rejection and terminal error sluice produces maps to a defined status (never
-    UNKNOWN); docs/operations.md shows each row of ``BY_CODE``."""
+    UNKNOWN); docs/grpc.md shows each row of ``BY_CODE``."""
     codes = {**{c: s for c, (s, _) in REJECTION_STATUS.items()},
              **{c: s for c, (s, _, _) in FINAL_STATUS.items()}}
     for code, http in codes.items():
         assert status_code(APIError(http, "m", code=code)) != grpc.StatusCode.UNKNOWN, code
     for http in (400, 401, 403, 404, 409, 413, 429, 499, 500, 503, 504):
         assert status_code(APIError(http, "m")) != grpc.StatusCode.UNKNOWN, http
-    docs = (ROOT / "docs" / "operations.md").read_text()
+    docs = (ROOT / "docs" / "grpc.md").read_text()
     for code, status in BY_CODE.items():
         assert f"`{code}`" in docs and status.name in docs, code
 

@@ -1,7 +1,7 @@
 """sluice's generic tool-call format, for templates that have no tool format of their own
 (the packaged Gemma 3 base model's included), and the parser of tool calls in output.
 
-The format (documented in docs/api.md):
+The format (documented in docs/models.md, "Tools"):
 
 - the tools go into the system message, one JSON object per line, after an instruction to
   answer a call with only ``{"name": <function>, "arguments": {...}}``;

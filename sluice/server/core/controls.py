@@ -68,7 +68,7 @@ def embedding_spec(ctx: AppContext, model: str) -> ModelSpec:
     return spec
 
 
-RERANK_HOWTO = ('configure a one-shot model with task = "rerank" (docs/api.md, "Rerank"), '
+RERANK_HOWTO = ('configure a one-shot model with task = "rerank" (docs/models.md, "Rerankers"), '
                 'such as the packaged encoder: backend = "onnx", options.path = '
                 '"packaged:all-minilm-l6-v2"')
 

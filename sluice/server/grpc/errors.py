@@ -7,7 +7,7 @@ to one gRPC status code, with a ``google.rpc.Status`` in the trailers that carri
   exactly as computed for HTTP's ``Retry-After``, unrounded);
 - ``BadRequest``: the invalid field, named as in the proto and the HTTP API.
 
-The table is by sluice code where the code decides, else by HTTP status; docs/operations.md
+The table is by sluice code where the code decides, else by HTTP status; docs/grpc.md
 shows it and tests/server/test_grpc.py exercises every row.
 """
 
