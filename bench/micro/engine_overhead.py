@@ -394,7 +394,7 @@ def with_cpu(run: Callable[[], Any], tokens: int) -> tuple[Any, float]:
 
 def compute_wait(run: Callable[[], Any], tokens: int) -> tuple[Any, list[float]]:
     """``run()``'s result and the milliseconds a token this process's two busiest threads
-    (llama.cpp's compute threads: this thread and its OpenMP helper) were runnable but
+    (llama.cpp's compute threads: this thread and its OpenMP worker thread) were runnable but
     waiting for a CPU: the in-process baseline of the server's ``thread_wait_ms_per_token``."""
     pid = os.getpid()
     cpu0, wait0 = thread_cpu_s(pid), thread_wait_s(pid)
