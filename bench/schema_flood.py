@@ -39,6 +39,7 @@ import httpx
 
 from bench.lib.loadgen import percentile
 from bench.lib.model_tables import GEMMA, gemma_table, server_tables
+from bench.lib.outcomes import rss_bytes
 from bench.lib.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,13 +67,6 @@ def hostile_schema(i: int, alternatives: int) -> dict[str, Any]:
     branches = [{"type": "object", "properties": {f"k{i}_{j}": {"const": f"v{j}"}},
                  "required": [f"k{i}_{j}"]} for j in range(alternatives)]
     return {"type": "object", "properties": {"x": {"anyOf": branches}}, "required": ["x"]}
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 async def victim_loop(client: httpx.AsyncClient, url: str, until_s: float,

@@ -40,6 +40,7 @@ import httpx
 
 from bench.lib.loadgen import percentile
 from bench.lib.model_tables import GEMMA, gemma_table, server_tables
+from bench.lib.outcomes import rss_bytes
 from bench.lib.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -66,13 +67,6 @@ class Held:
     kind: str
     held_s: float | None = None  # None: still open when the bench gave up on it
     ended_by: str = "open"
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def open_sockets(pid: int) -> int:

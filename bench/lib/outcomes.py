@@ -232,6 +232,14 @@ def rss_kib(pid: int) -> int | None:
     return None
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a live process (bytes); an error if /proc has none."""
+    kib = rss_kib(pid)
+    if kib is None:
+        raise RuntimeError(f"no VmRSS for process {pid}")
+    return kib * 1024
+
+
 def dump(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     return [asdict(o) for o in outcomes]
 
