@@ -7,12 +7,15 @@ engine starts what it admitted (slots, KV blocks, prefix copy); logits = one ``f
 call; update = fork, choose, stream, retire. A retiring sequence frees its slot and blocks
 at once, so the next waiting request is admitted in the very next plan.
 
+Slots: ``self.slots`` (``sluice.policy.slot_table``, the simulator's too) applies the
+plan's admissions and every retirement and move to its free, retained, running and held
+slots and the KV allocator, and returns what the model's KV must do (clear, trim, copy).
 Retained prefixes (``engine.retain_prefixes``): a choice that completes leaves its KV in
-its idle slot (``_retained``, least recently used first) with its blocks returned to the
-allocator. The planner sees those slots as donors and as slots to hand out when none is
-free; the engine then trims a slot kept in place, or clears one handed out or evicted for
-KV room. Invariant: a slot is exactly one of free, retained or holding a sequence (or a
-fork slot of a started request); a retained slot's model KV is ``_retained[slot]``.
+its idle slot with its blocks returned to the allocator. The planner sees those slots as
+donors and as slots to hand out when none is free; the engine then trims a slot kept in
+place, or clears one handed out or evicted for KV room. Invariant: a slot is exactly one
+of free, retained or holding a sequence (or a fork slot of a started request); a retained
+slot's model KV is the tokens the table keeps for it.
 
 A request is a ``_Group`` of ``n`` choices, each a ``_Sequence`` in its own slot. Choice 0
 prefills; when its prefill ends the group forks (``_fork``): the prompt's KV is copied into
@@ -72,8 +75,8 @@ from sluice.engine.step_warmup import measure_step_cost
 from sluice.engine.textstream import TextStream
 from sluice.engine.thinking import ThinkingBudget
 from sluice.policy.admission import clamp_retry_after
-from sluice.policy.kv_blocks import KVBlockAllocator
-from sluice.policy.slot_layout import compaction_moves
+from sluice.policy.slot_layout import MAX_SLOT_MOVES_PER_STEP
+from sluice.policy.slot_table import SlotTable
 from sluice.policy.speculation import DraftBudget
 from sluice.policy.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost, StepSample
 from sluice.policy.step_planner import (
@@ -82,16 +85,12 @@ from sluice.policy.step_planner import (
     BatchingMode,
     EngineConfig,
     PrefixCopy,
-    RetainedSeq,
     RunningSeq,
     StepBudget,
     StepPlan,
     StepView,
     WaitingSeq,
     plan_step,
-    reserve_admission,
-    retain_prefix,
-    retains,
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
@@ -102,9 +101,6 @@ from sluice.policy.width import WidthPlan, arrival_due_s, engine_width, predict_
 STEP_COST_WINDOW = 192
 """Steps the step-time model is fitted on (about 25 s of 130 ms steps): a host that slows
 down (other jobs on its cores) is followed within seconds, not minutes."""
-MAX_SLOT_MOVES_PER_STEP = 2
-"""KV stream copies the engine makes before a step to keep its running sequences on the
-lowest slots (``policy/slot_layout.py``): about 3 ms each on the packaged model."""
 DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
 sequences is estimated for a TTFT prediction that names no budget."""
@@ -235,21 +231,14 @@ class ContinuousEngine:
         self.config = config
         self._clock = clock
         self._on_retire = on_retire
-        self.kv = KVBlockAllocator.for_context(
-            model.n_ctx_total, model.n_seq_max, config.kv_block_tokens,
-            unified=model.kv_unified,
-        )
+        self.slots = SlotTable.for_context(config, model.n_ctx_total, model.n_seq_max,
+                                           unified=model.kv_unified)
+        """Which slot holds what (free, retained, running, held), with the KV allocator."""
+        self.kv = self.slots.kv
         self.waiting: deque[Request] = deque()
         self.running: dict[int, _Sequence] = {}
         self._groups: dict[int, _Group] = {}
         """Started requests by request id (a group outlives none of its sequences)."""
-        self._free_slots = list(range(model.n_seq_max - 1, -1, -1))
-        """Idle slots holding nothing; the planner hands out the lowest first."""
-        self._retained: dict[int, list[int]] = {}
-        self._retained_tenant: dict[int, str] = {}
-        """Whose prompt each retained slot's KV came from (read only for retained slots)."""
-        """Idle slots that kept their last sequence's KV: slot -> the tokens it holds, in
-        insertion order (least recently used first)."""
         self.steps = 0
         self._last_step_end_s: float | None = None
         """When the previous step ended, while the engine has had work since (else None)."""
@@ -410,59 +399,46 @@ class ContinuousEngine:
 
     def slot_states(self) -> tuple[SlotState, ...]:
         """Every slot, in order (see ``SlotState``)."""
-        held = {slot: g for g in self._groups.values() for slot in g.fork_slots}
         out = []
-        for slot in range(self.model.n_seq_max):
+        for slot, entry in enumerate(self.slots.layout()):
             seq = self.running.get(slot)
             if seq is not None:
                 out.append(SlotState(slot, seq.req.request_id, seq.n_prompt, seq.generated,
                                      seq.req.params.max_tokens))
-            elif slot in held:
-                req = held[slot].req
+            elif entry.kind == "held" and entry.request_id in self._groups:
+                req = self._groups[entry.request_id].req
                 out.append(SlotState(slot, req.request_id, len(req.prompt_tokens), 0,
                                      req.params.max_tokens))
             else:
-                out.append(SlotState(slot, n_prompt_tokens=len(self._retained.get(slot, ()))))
+                out.append(SlotState(slot, n_prompt_tokens=len(entry.tokens)))
         return tuple(out)
 
     def erase_slot(self, slot: int) -> int | None:
         """Forget an idle slot's retained prefix; the tokens it held (0 for an empty slot),
         or ``None`` when a request is using the slot (nothing changes)."""
-        if not 0 <= slot < self.model.n_seq_max:
-            raise ValueError(f"slot {slot} is outside 0..{self.model.n_seq_max - 1}")
-        if slot in self.running or any(slot in g.fork_slots for g in self._groups.values()):
+        if self.slots.kind(slot) in ("running", "held"):
             return None
-        tokens = self._retained.pop(slot, None)
+        tokens = self.slots.forget(slot)
         if tokens is None:
             return 0
-        self._retained_tenant.pop(slot, None)
-        self._free_slot(slot)
+        self.model.release_sequence(slot)
         return len(tokens)
 
     def slot_holding(self, slot: int) -> SlotHolding:
         """What ``slot`` holds now: a running sequence (its fed tokens), a fork slot held
         for a started request, a retained prefix, or nothing."""
-        if not 0 <= slot < self.model.n_seq_max:
-            raise ValueError(f"slot {slot} is outside 0..{self.model.n_seq_max - 1}")
+        entry = self.slots.entry(slot)
         seq = self.running.get(slot)
         if seq is not None:
             return SlotHolding("running", tuple(seq.tokens[: seq.n_fed]), seq.req.tenant_id)
-        if any(slot in g.fork_slots for g in self._groups.values()):
-            return SlotHolding("held", (), "")
-        if slot in self._retained:
-            return SlotHolding("retained", tuple(self._retained[slot]),
-                               self._retained_tenant.get(slot, ""))
-        return SlotHolding("free", (), "")
+        if entry.kind == "retained":
+            return SlotHolding("retained", tuple(entry.tokens), entry.tenant)
+        return SlotHolding("held" if entry.kind == "held" else "free", (), "")
 
     def adopt_slot(self, slot: int, tokens: list[int], tenant: str) -> None:
         """The model's KV in the free ``slot`` now holds ``tokens`` (a restored sequence):
         keep it as the most recently used retained prefix of ``tenant``."""
-        if slot not in self._free_slots:
-            raise ValueError(f"slot {slot} is not free")
-        self._free_slots.remove(slot)
-        self._retained_tenant[slot] = tenant
-        for oldest in retain_prefix(self.config, self._retained, slot, tokens):
-            self._free_slot(oldest)
+        self._clear(self.slots.adopt(slot, tokens, tenant))
 
     # -- the step loop -------------------------------------------------------------------
 
@@ -492,10 +468,7 @@ class ContinuousEngine:
         (``sluice.policy.slot_layout``). Only with one stream per slot: a unified cache
         has no streams to span. A failed copy ends the moved sequence's request (or
         forgets the retained prefix)."""
-        if self.model.kv_unified or not self.running:
-            return
-        for action in compaction_moves(self.running.keys(), self._retained.keys(),
-                                       self._free_slots, MAX_SLOT_MOVES_PER_STEP):
+        for action in self.slots.moves(MAX_SLOT_MOVES_PER_STEP):
             if action.src in self.running:
                 seq = self.running[action.src]
                 if not self._barrier(seq.group, partial(self._move_sequence, seq, action.dst)):
@@ -507,33 +480,23 @@ class ContinuousEngine:
     def _move_sequence(self, seq: _Sequence, dst: int) -> bool:
         src = seq.slot
         self.model.copy_sequence(src, dst, seq.n_fed)
-        self._vacate(src, dst)
-        self.kv.rename(src, dst)
+        self.slots.move(src, dst)
+        self.model.release_sequence(src)
         del self.running[src]
         seq.slot = dst
         self.running[dst] = seq
         return True
 
     def _move_retained(self, src: int, dst: int) -> None:
-        tokens = self._retained[src]
+        tokens = self.slots.entry(src).tokens
         try:
             self.model.copy_sequence(src, dst, len(tokens))
         except BackendError:
-            del self._retained[src]
-            self._free_slot(src)
-            self.model.release_sequence(dst)
+            self.slots.forget(src)
+            self._clear((src, dst))
             return
-        self._vacate(src, dst)
-        # same place in the least-recently-used order, new slot
-        self._retained = {dst if s == src else s: t for s, t in self._retained.items()}
-        self._retained_tenant[dst] = self._retained_tenant.pop(src, "")
-
-    def _vacate(self, src: int, dst: int) -> None:
-        """After ``src``'s KV was copied to the free ``dst``: ``src`` is emptied and free,
-        ``dst`` no longer free."""
+        self.slots.move(src, dst)  # same place in the least-recently-used order
         self.model.release_sequence(src)
-        self._free_slots.remove(dst)
-        self._free_slots.append(src)
 
     def budget(self) -> StepBudget:
         """The step budget for the next plan: the TPOT target against the step-time model
@@ -585,30 +548,18 @@ class ContinuousEngine:
         return StepView(
             running=tuple(seq.view(draft_max) for seq in self.running.values()),
             waiting=tuple(_waiting_view(req) for req in self.waiting),
-            # lowest first: llama.cpp (one KV stream per slot) decodes a batch whose slots
-            # spread over many streams up to 3x slower than the same batch on the lowest
-            # slots (12 sequences: 200 vs 70 ms a step), so running sequences stay packed
-            free_slots=tuple(sorted(self._free_slots)),
+            free_slots=self.slots.free_slots,
             kv=self.kv.snapshot(),
             now=now,
-            retained=tuple(RetainedSeq(slot, tokens, self._lent_blocks(tokens),
-                                       self._retained_tenant.get(slot, ""))
-                           for slot, tokens in self._retained.items()),
+            retained=self.slots.retained(),
         )
-
-    def _lent_blocks(self, tokens: list[int]) -> int:
-        """Pool blocks a retained prefix fills: its cells in a unified KV cache; nothing
-        when every slot has its own stream."""
-        return self.kv.blocks_needed(len(tokens)) if self.model.kv_unified else 0
 
     def _apply(self, plan: StepPlan, now: float) -> _Batch:
         """Carry out a plan in its order: start the admitted requests, then pair every
         chunk with its sequence's tokens."""
         not_started = self._start(plan.admissions, now)
         batch = _Batch()
-        # in slot order: the llama.cpp backend feeds a batch that way, and a batch given
-        # in that order comes back without a gather (a copy of every logits row)
-        for chunk in sorted(plan.chunks, key=lambda c: c.slot):
+        for chunk in plan.in_slot_order():
             seq = self.running.get(chunk.slot)
             if chunk.slot in not_started or seq is None:
                 continue  # not started, or its request failed while starting
@@ -651,15 +602,7 @@ class ContinuousEngine:
             if (donor is not None and donor not in self.running) or not req.mark_running(now):
                 return {s for a in admissions[i:] for s in a.slots}
             del self.waiting[index]
-            for slot in adm.evict:
-                del self._retained[slot]
-                self._free_slot(slot)
-            for slot in adm.slots:
-                if self._retained.pop(slot, None) is None:
-                    self._free_slots.remove(slot)
-                if not (adm.in_place and slot == adm.slot):
-                    self.model.release_sequence(slot)
-            reserve_admission(self.kv, adm)
+            self._clear(self.slots.apply(adm).clear)
             seed = req.params.seed if req.params.seed is not None else req.request_id
             group = _Group(req, n=len(adm.slots), seed=seed, fork_slots=list(adm.fork_slots))
             if req.params.prompt_logprobs:
@@ -812,6 +755,7 @@ class ContinuousEngine:
         out = [parent]
         for choice, slot in enumerate(list(group.fork_slots), start=1):
             self.model.copy_sequence(parent.slot, slot, parent.n_prompt)
+            self.slots.fork(slot)
             group.fork_slots.remove(slot)
             tokens, params = list(parent.tokens), group.req.params
             chooser = parent.chooser.fork(choice, group.seed, tokens, self.model.vocab_size)
@@ -893,30 +837,23 @@ class ContinuousEngine:
                       error_code=code)
             return None
 
-    def _free_slot(self, slot: int) -> None:
-        self.model.release_sequence(slot)
-        self.kv.free(slot)
-        self._free_slots.append(slot)
+    def _clear(self, slots: tuple[int, ...]) -> None:
+        """Clear the model's KV in ``slots`` (the slot table freed or re-assigned them)."""
+        for slot in slots:
+            self.model.release_sequence(slot)
 
-    def _retain(self, seq: _Sequence) -> None:
-        """Keep an ended choice's KV in its idle slot as a prefix donor (most recently
-        used); its blocks go back to the allocator. Past ``max_retained_slots`` the least
-        recently used retained slot is cleared."""
-        self.kv.free(seq.slot)
-        self._retained_tenant[seq.slot] = seq.req.tenant_id
-        for oldest in retain_prefix(self.config, self._retained, seq.slot,
-                                    seq.tokens[: seq.n_fed]):
-            self._free_slot(oldest)
+    def _free_slot(self, slot: int) -> None:
+        self._clear(self.slots.retire(slot))
 
     def _drop_sequence(self, seq: _Sequence, now: float, retain: bool = False) -> None:
         """Free a choice's slot and KV (``retain``: keep the KV as a retained prefix when
-        the engine retains prefixes), and flush its held-back text."""
+        the engine retains prefixes; past ``max_retained_slots`` the least recently used
+        retained slot is cleared), and flush its held-back text."""
         if self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
-            if retain and retains(self.config, seq.n_fed):
-                self._retain(seq)
-            else:
-                self._free_slot(seq.slot)
+            kept = seq.tokens[: seq.n_fed] if retain else None
+            self._clear(self.slots.retire(seq.slot, kept, n_fed=seq.n_fed,
+                                          tenant=seq.req.tenant_id))
         if seq in seq.group.live:
             seq.group.live.remove(seq)
         tail = seq.text.flush()

@@ -362,6 +362,13 @@ class StepPlan:
     def draft_tokens(self) -> int:
         return sum(c.draft_tokens for c in self.chunks)
 
+    def in_slot_order(self) -> tuple[PlannedChunk, ...]:
+        """The chunks in slot order: the order an engine feeds them (the llama.cpp backend
+        feeds a batch that way, and a batch given in that order comes back without a gather,
+        a copy of every logits row) and takes their tokens, in the server and the
+        simulator alike."""
+        return tuple(sorted(self.chunks, key=lambda c: c.slot))
+
 
 # -- the planner ----------------------------------------------------------------------------
 

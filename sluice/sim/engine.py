@@ -2,9 +2,8 @@
 a step-time model in place of the forward pass.
 
 A step is what ``ContinuousEngine.step`` does, in the same order: retire what ended
-(deadlines), ``plan_step`` on the same kind of view, apply the admissions
-(``reserve_admission`` on a real ``KVBlockAllocator``, slots from the same stack order,
-prefix copies), then the pass, charged ``StepCost.predict_s(decode, prefill, context)``
+(deadlines), the same compaction moves, ``plan_step`` on the same kind of view, apply the
+admissions, then the pass, charged ``StepCost.predict_s(decode, prefill, context)``
 seconds; at its end every chunk that wants logits yields one token, a token past the
 deadline expires its request instead (never completed late), and a request that reaches
 ``max_tokens`` completes and frees its slot and blocks at once. Sequences run to
@@ -25,10 +24,12 @@ tokens as decodes (as the engine's step-time model counts them), and each drafte
 keeps the drafts before its first rejection, drawn from the acceptance with the seeded
 generator, plus the token after them.
 
-Retained prefixes (``config.retain_prefixes``) as the engine keeps them: a completed
-sequence's slot keeps its prompt as a donor (``StepView.retained``, least recently used
-first; the generated tokens, which no simulated prompt shares, are left out), handed out
-or evicted as the plan says.
+Slots: the engine's ``SlotTable`` (``sluice.policy.slot_table``) over a real
+``KVBlockAllocator`` decides the view's free and retained slots and applies every
+admission, retirement and compaction move, as it does in the engine; its ``SlotOps`` (the
+model's KV to clear, trim or copy) have nothing to act on here, and a move's copy is not
+charged. A completed sequence's slot keeps its prompt as a donor (the generated tokens,
+which no simulated prompt shares, are left out).
 """
 
 from __future__ import annotations
@@ -38,22 +39,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.slot_layout import MAX_SLOT_MOVES_PER_STEP
+from sluice.policy.slot_table import SlotTable
 from sluice.policy.speculation import DEFAULT_DRAFT_MAX_TOKENS, AcceptanceRate, DraftBudget
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import (
     TOKENS_ONLY,
     EngineConfig,
-    RetainedSeq,
     RunningSeq,
     StepBudget,
     StepPlan,
     StepView,
     WaitingSeq,
     plan_step,
-    reserve_admission,
-    retain_prefix,
-    retains,
     static_wakeup_s,
 )
 from sluice.policy.tpot_budget import TpotBudget
@@ -115,13 +113,11 @@ class SimEngine:
         self.n_seq_max = n_seq_max
         self.jitter = jitter
         """A factor drawn per step (``ModelCost.jitter``)."""
-        self.kv = KVBlockAllocator.for_context(n_ctx_total, n_seq_max, config.kv_block_tokens,
-                                               unified=False)
+        self.slots = SlotTable.for_context(config, n_ctx_total, n_seq_max, unified=False)
+        """Which slot holds what, with the KV allocator (as the engine's)."""
+        self.kv = self.slots.kv
         self.waiting: deque[SimRequest] = deque()
         self.running: dict[int, _Seq] = {}
-        self._free_slots = list(range(n_seq_max - 1, -1, -1))
-        self._retained: dict[int, tuple[int, ...]] = {}
-        """Idle slots keeping a completed sequence's prompt KV, least recently used first."""
         self.tpot_margin = TpotMargin()
         """The margin as the server's engine learns it: each step with decodes, its
         charged seconds against the linear model's prediction."""
@@ -213,15 +209,26 @@ class SimEngine:
                           for s in self.running.values()),
             waiting=tuple(WaitingSeq(r.request_id, r.prompt, r.max_tokens, r.arrival_s)
                           for r in self.waiting),
-            free_slots=tuple(reversed(self._free_slots)),
+            free_slots=self.slots.free_slots,
             kv=self.kv.snapshot(),
             now=now,
-            retained=tuple(RetainedSeq(slot, tokens) for slot, tokens in self._retained.items()),
+            retained=self.slots.retained(),
         )
+
+    def _compact(self) -> None:
+        """The engine's compaction moves (running sequences down into the holes ended ones
+        left), applied to the slots."""
+        for move in self.slots.moves(MAX_SLOT_MOVES_PER_STEP):
+            seq = self.running.pop(move.src, None)
+            if seq is not None:  # re-inserted last, as the engine's running order has it
+                seq.slot = move.dst
+                self.running[move.dst] = seq
+            self.slots.move(move.src, move.dst)
 
     def start_step(self, now: float) -> tuple[StepPlan, float]:
         """Plan and apply one step at ``now``; returns the plan and its seconds (0 and
         no chunks when there is nothing to feed)."""
+        self._compact()
         budget = self.budget(now)
         drafts = None
         if self.drafting is not None:
@@ -234,13 +241,7 @@ class SimEngine:
                 raise RuntimeError(f"plan admits {adm.request_id}, head is {req.request_id}")
             req.status = "running"
             req.started_s = now
-            for slot in adm.evict:
-                del self._retained[slot]
-                self._free_slots.append(slot)
-            for slot in adm.slots:
-                if self._retained.pop(slot, None) is None:
-                    self._free_slots.remove(slot)
-            reserve_admission(self.kv, adm)
+            self.slots.apply(adm)
             seq = _Seq(req, adm.slot)
             if adm.prefix is not None:
                 seq.n_fed = adm.prefix.n_tokens
@@ -263,7 +264,8 @@ class SimEngine:
         with their terminal state."""
         self.steps += 1
         ended: list[tuple[SimRequest, str]] = []
-        for chunk in plan.chunks:
+        # in the engine's order: the chunks by slot, those verifying drafts after the rest
+        for chunk in sorted(plan.in_slot_order(), key=lambda c: c.draft_tokens > 0):
             seq = self.running.get(chunk.slot)
             if seq is None:
                 continue
@@ -311,10 +313,5 @@ class SimEngine:
 
     def _retire(self, slot: int, completed: bool = False) -> None:
         seq = self.running.pop(slot)
-        self.kv.free(slot)
-        if completed and retains(self.config, seq.n_fed):
-            self._free_slots.extend(retain_prefix(
-                self.config, self._retained, slot,
-                seq.req.prompt[: min(seq.n_fed, seq.req.n_prompt)]))
-        else:
-            self._free_slots.append(slot)
+        kept = seq.req.prompt[: min(seq.n_fed, seq.req.n_prompt)] if completed else None
+        self.slots.retire(slot, kept, n_fed=seq.n_fed)

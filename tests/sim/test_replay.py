@@ -1,21 +1,30 @@
 """The server records its traffic; the simulator replays the trace and makes the same
 decisions: which worker each request went to (the ``Dispatcher`` log), where models were
-loaded, and how every request ended."""
+loaded, and how every request ended. Inside one model, the same arrivals make the same
+slot choices in the server's engine and the simulator's: which slot each request is
+admitted into, which prefixes are retained and handed out, and which sequences move."""
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sluice.backends.synthetic import SyntheticBackend
+from sluice.backends.base import ModelSpec
+from sluice.backends.synthetic import SyntheticBackend, SyntheticGenerative
 from sluice.config import Config
-from sluice.engine.request import Final, RequestStatus, SamplingParams
+from sluice.engine.continuous import ContinuousEngine, EngineConfig
+from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime
+from sluice.policy.slot_table import SlotTable
+from sluice.policy.step_cost import StepCost
 from sluice.sim import SimConfig, read_trace, simulate
+from sluice.sim.engine import SimEngine
+from sluice.sim.request import SimRequest
 
 CHAT = {"load_s": 0.002, "n_seq_max": 4, "n_ctx_per_seq": 256, "step_fixed_s": 0.001,
         "decode_per_seq_s": 0.0002, "prefill_per_token_s": 0.00001}
@@ -112,3 +121,89 @@ def test_replayed_trace_makes_the_same_decisions(tmp_path: Path, router: str,
     assert per_worker(replica.loads) == per_worker(loads)
     assert RequestStatus.COMPLETED.name.lower() == "completed"
     assert report["requests"] == len(MODELS)
+
+
+def arrivals(seed: int = 7) -> dict[int, list[tuple[int | None, int, int]]]:
+    """Step -> requests arriving before it: (prompt family or None, prompt tokens,
+    max_tokens). A family's prompts share their first ``FAMILY_TOKENS`` tokens; every other
+    prompt token is the request's own. Bursts and lengths such that slots end out of order,
+    prefixes are kept in place or copied, retained slots are handed out and dropped past a
+    cap, and sequences move down."""
+    rng = random.Random(seed)
+    out: dict[int, list[tuple[int | None, int, int]]] = {}
+    for step in sorted(rng.sample(range(80), 24)):
+        out[step] = [(rng.choice([None, 0, 1, 2, 3]), rng.randint(9, 16), rng.randint(2, 14))
+                     for _ in range(rng.choice([1, 1, 2, 3]))]
+    return out
+
+
+FAMILY_TOKENS = 8
+
+
+def slot_choices(table: SlotTable) -> tuple[object, ...]:
+    """What a slot table holds, comparable across the engine and the simulator: each slot's
+    kind and request, the retained slots least recently used first, the KV blocks free."""
+    table.check_integrity()
+    return (tuple((e.kind, e.request_id) for e in table.layout()),
+            tuple(r.slot for r in table.retained()), table.kv.free_blocks)
+
+
+@pytest.mark.parametrize("config", [
+    EngineConfig(kv_block_tokens=8, min_prefix_tokens=4, max_batch_tokens=24,
+                 prefill_chunk_tokens=8),
+    EngineConfig(kv_block_tokens=8, min_prefix_tokens=4, max_retained_slots=2),
+    EngineConfig(kv_block_tokens=8, min_prefix_tokens=4, retain_prefixes=False),
+], ids=["retained", "retained-capped", "no-retention"])
+def test_the_engine_and_the_simulator_make_the_same_slot_choices(config: EngineConfig) -> None:
+    """The same arrivals, step by step, into ``ContinuousEngine`` (the synthetic model) and
+    ``SimEngine``: after every step the same slot holds the same request (or the same
+    retained prefix, or nothing) on both sides."""
+    n_slots, n_ctx_per_seq = 6, 64
+    schedule = arrivals()
+    model = SyntheticGenerative(ModelSpec(
+        "chat", "generative", "synthetic", 1, speculation="off",
+        options={"speed_scale": 0.0, "n_seq_max": n_slots, "n_ctx_per_seq": n_ctx_per_seq,
+                 "vocab_size": 4096}))
+    eng = ContinuousEngine(model, config, lambda: 0.0, lambda _r: None)
+    sim = SimEngine(config, StepCost(0.01, 0.001, 0.0001), n_ctx_total=n_slots * n_ctx_per_seq,
+                    n_seq_max=n_slots)
+    own = iter(range(1000, 4000))
+    reqs: list[Request] = []
+    sim_now, choices_engine, choices_sim = 0.0, [], []
+    for step in range(400):
+        for family, n_prompt, max_tokens in schedule.get(step, []):
+            rid = len(reqs) + 1
+            shared = [] if family is None else [100 + 10 * family + i
+                                                for i in range(FAMILY_TOKENS)]
+            prompt = tuple(shared + [next(own) for _ in range(n_prompt - len(shared))])
+            req = Request(request_id=rid, model_id="chat", kind="generative", arrival_s=0.0,
+                          prompt_tokens=prompt, params=SamplingParams(
+                              max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+            req.mark_queued(0.0)
+            reqs.append(req)
+            eng.add(req)
+            s = SimRequest(rid, "chat", sim_now, n_prompt=n_prompt, max_tokens=max_tokens,
+                           prefix_id=family, prefix_tokens=FAMILY_TOKENS if family is not None
+                           else 0)
+            sim.waiting.append(s)
+        if not eng.has_work and not sim.has_work and step > max(schedule):
+            break
+        eng.step()
+        plan, seconds = sim.start_step(sim_now)
+        sim_now += seconds
+        sim.end_step(plan, sim_now)
+        choices_engine.append(slot_choices(eng.slots))
+        choices_sim.append(slot_choices(sim.slots))
+        assert choices_engine[-1] == choices_sim[-1], f"step {step}"
+    assert all(r.status == RequestStatus.COMPLETED for r in reqs)
+    assert not eng.has_work and not sim.has_work
+    kinds = {kind for c in choices_engine for kind, _ in c[0]}
+    assert "running" in kinds
+    assert ("retained" in kinds) == config.retain_prefixes
+    if config.retain_prefixes:
+        assert eng.retained_prefix_tokens > 0  # a request was admitted into a kept prefix
+    if config.max_retained_slots is not None:
+        assert "free" in kinds  # retained slots dropped past the cap
+    assert eng.reused_prefix_tokens > eng.retained_prefix_tokens  # and copied from donors
+    if not config.retain_prefixes or config.max_retained_slots is not None:
+        assert eng.slot_moves > 0  # a running sequence moved down into a hole
