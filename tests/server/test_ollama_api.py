@@ -17,6 +17,8 @@ from tests.server.live import LiveServer, config_with, synth_chat, synth_embed, 
 CHAT, EMBED, BYTES = "chat", "embed", "bytes"
 """A word-vocabulary chat model, an embedding model, and a chat model whose vocabulary is
 the 256 bytes (so constrained decoding can spell JSON)."""
+ALIAS, EMBED_ALIAS = "talk", "vectors"
+"""More names of CHAT and EMBED (``server.model_aliases``, as ``--alias`` gives)."""
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,8 @@ def live(serve_module: Callable[..., LiveServer]) -> LiveServer:
     return serve_module(config_with(
         models=[synth_chat(CHAT), synth_embed(EMBED),
                 synth_chat(BYTES, byte_tokens=True, vocab_size=300)],
-        workers={"count": 1, "budget_bytes": 1_000_000_000}))
+        workers={"count": 1, "budget_bytes": 1_000_000_000},
+        server={"model_aliases": {ALIAS: CHAT, EMBED_ALIAS: EMBED}}))
 
 
 @pytest.fixture
@@ -206,3 +209,49 @@ def test_tools_come_back_as_tool_calls(client: ollama.Client) -> None:
             {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
         {"role": "tool", "content": "sunny", "tool_name": "get_weather"}])
     assert follow.done
+
+
+@pytest.mark.parametrize("name", [f"{CHAT}:latest", ALIAS, f"{ALIAS}:latest"])
+def test_aliases_and_the_latest_tag_name_the_model_as_on_the_openai_routes(
+        client: ollama.Client, live: LiveServer, name: str) -> None:
+    """Ollama's clients send ``name:latest``; an alias is one name on every API."""
+    options = {"num_predict": 3, "temperature": 0}
+    want = client.chat(model=CHAT, messages=[{"role": "user", "content": "hi"}],
+                       options=options).message.content
+    r = client.chat(model=name, messages=[{"role": "user", "content": "hi"}], options=options)
+    assert r.model == name and r.message.content == want and r.eval_count == 3
+    streamed = list(client.chat(model=name, messages=[{"role": "user", "content": "hi"}],
+                                options=options, stream=True))
+    assert "".join(p.message.content for p in streamed) == want
+    said = client.generate(model=name, prompt="hi", options=options)
+    assert said.response == client.generate(model=CHAT, prompt="hi", options=options).response
+    assert client.chat(model=name, messages=[]).done_reason == "load"
+    shown = client.show(name)
+    assert shown.modelinfo is not None and shown.modelinfo["synthetic.context_length"] == 512
+    with live.client() as c:
+        r2 = c.post("/v1/chat/completions", json={
+            "model": name, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 3, "temperature": 0})
+        assert r2.status_code == 200 and r2.json()["choices"][0]["message"]["content"] == want
+
+
+@pytest.mark.parametrize("name", [f"{EMBED}:latest", EMBED_ALIAS, f"{EMBED_ALIAS}:latest"])
+def test_embed_takes_aliases_and_the_latest_tag(client: ollama.Client, name: str) -> None:
+    want = client.embed(model=EMBED, input="one").embeddings
+    assert client.embed(model=name, input="one").embeddings == want
+    assert list(client.embeddings(model=name, prompt="one").embedding) == pytest.approx(want[0])
+
+
+@pytest.mark.parametrize("name", [f"{CHAT}:7b", f"{ALIAS}:7b", "nope:latest"])
+def test_another_tag_is_another_name(client: ollama.Client, name: str) -> None:
+    for call in (lambda: client.chat(model=name, messages=[{"role": "user", "content": "x"}]),
+                 lambda: client.show(name)):
+        with pytest.raises(ollama.ResponseError) as err:
+            call()
+        assert err.value.status_code == 404 and name in err.value.error
+
+
+def test_show_without_a_model_is_400(live: LiveServer) -> None:
+    with live.client() as c:
+        r = c.post("/api/show", json={})
+        assert r.status_code == 400 and r.json() == {"error": "model is required"}

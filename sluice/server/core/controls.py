@@ -21,18 +21,34 @@ from sluice.server.lifecycle import loaded_models, residency_state
 log = logging.getLogger("sluice.server")
 
 
+OLLAMA_DEFAULT_TAG = ":latest"
+"""The tag Ollama's clients add to a name without one: ``name`` and ``name:latest`` are one
+model there, and so here."""
+
+
+def _spellings(asked: str) -> tuple[str, ...]:
+    """``asked``, then the same name with Ollama's default tag taken off or put on."""
+    if asked.endswith(OLLAMA_DEFAULT_TAG) and len(asked) > len(OLLAMA_DEFAULT_TAG):
+        return asked, asked[: -len(OLLAMA_DEFAULT_TAG)]
+    if ":" not in asked.rpartition("/")[2]:
+        return asked, asked + OLLAMA_DEFAULT_TAG
+    return (asked,)
+
+
 def model_name(ctx: AppContext, asked: str | None) -> str:
-    """The model a request is served by: the default model when it names none
-    (``server.default_model``), a configured model or one of its ``model_aliases``; an
-    unknown name is returned as it is (the caller's lookup answers 404), or with
-    ``server.unknown_model = "default"`` on a one-model server, the default model."""
+    """The model a request is served by, on every API: the default model when it names none
+    (``server.default_model``), a configured model or one of its ``model_aliases`` (``name``
+    and Ollama's ``name:latest`` being one name); an unknown name is returned as it is (the
+    caller's lookup answers 404), or with ``server.unknown_model = "default"`` on a one-model
+    server, the default model."""
     server = ctx.config.server
     if not asked:
         return ctx.config.default_model
-    if ctx.runtime.spec_for(asked) is not None:
-        return asked
-    if asked in server.model_aliases:
-        return server.model_aliases[asked]
+    for name in _spellings(asked):
+        if ctx.runtime.spec_for(name) is not None:
+            return name
+        if name in server.model_aliases:
+            return server.model_aliases[name]
     if server.unknown_model == "default" and len(ctx.runtime.specs) == 1:
         return ctx.config.default_model
     return asked

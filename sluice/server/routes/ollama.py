@@ -1,6 +1,8 @@
 """Ollama's API (``/api/*``) on the serving core: chat and generate (NDJSON streams by
 default, one object with ``stream: false``), embed, the model list, show, ps, version; every
-error in Ollama's shape, ``{"error": "..."}``, with the status sluice's error has.
+error in Ollama's shape, ``{"error": "..."}``, with the status sluice's error has. Models
+are named as on the other APIs (``model_name``: aliases, ``name:latest`` for ``name``);
+answers echo the name the client sent, as Ollama's do.
 
 ``keep_alive`` goes to the model lifecycle (``sluice.policy.keep_alive``): a chat without
 messages or a generate without a prompt loads the model (``done_reason: "load"``), or with
@@ -33,11 +35,12 @@ from sluice.server.core import (
     decision_headers,
     embedding_spec,
     final_api_error,
+    model_name,
     open_generation,
     spec_of_kind,
     tokenizer_of,
 )
-from sluice.server.errors import APIError, ollama_response, validation_error
+from sluice.server.errors import APIError, bad_param, ollama_response, validation_error
 from sluice.server.lifecycle import loaded_models
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
@@ -91,11 +94,12 @@ async def _lifecycle_only(request: Request, body: wire.ChatRequest | wire.Genera
     """No messages / no prompt: load the model, or unload it with ``keep_alive: 0``."""
     ctx = ctx_of(request)
     ctx.auth.tenant(request)
-    spec_of_kind(ctx, body.model, "generative")
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
     keep = wire.keep_alive_of(body.keep_alive)
     unload = keep is not None and keep.idle_s == 0
     try:
-        await asyncio.to_thread(ctx.runtime.call_on_workers, body.model,
+        await asyncio.to_thread(ctx.runtime.call_on_workers, model,
                                 "unload" if unload else "load")
     except RuntimeError as exc:
         raise APIError(503, f"model '{body.model}' could not be "
@@ -146,11 +150,12 @@ async def _generate(request: Request, body: wire.ChatRequest | wire.GenerateRequ
     ``response`` for generate)."""
     ctx = ctx_of(request)
     tenant = ctx.auth.tenant(request)
-    spec_of_kind(ctx, body.model, "generative")
-    tok = tokenizer_of(ctx, body.model)
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
+    tok = tokenizer_of(ctx, model)
     options = body.options or wire.Options()
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        body.model, prompt, sampling=wire.sampling(options),
+        model, prompt, sampling=wire.sampling(options),
         max_tokens=None if options.num_predict is None or options.num_predict < 0
         else options.num_predict,
         default_max_tokens=tok.n_ctx_per_seq, context_tokens=options.num_ctx,
@@ -261,13 +266,14 @@ async def generate(request: Request) -> Response:
 # -- embeddings -------------------------------------------------------------------------
 
 
-async def _embed_inputs(request: Request, model: str, inputs: list[str],
+async def _embed_inputs(request: Request, asked: str, inputs: list[str],
                         keep_alive: float | str | None) -> tuple[list[Any], float]:
     ctx = ctx_of(request)
     tenant = ctx.auth.tenant(request)
+    model = model_name(ctx, asked)
     spec = ctx.runtime.spec_for(model)
     if spec is not None and spec.kind == "generative" and spec.embedding_model is None:
-        raise APIError(400, f"model '{model}' does not support embeddings (start it with "
+        raise APIError(400, f"model '{asked}' does not support embeddings (start it with "
                             f"--embedding, or [models.embeddings])", param="model",
                        code="model_kind_mismatch")
     embedder = embedding_spec(ctx, model).model_id
@@ -335,7 +341,9 @@ async def _show(request: Request) -> Response:
     body = await _body(request, wire.ModelRequest)
     ctx = ctx_of(request)
     ctx.auth.tenant(request)
-    spec = ctx.runtime.specs.get(body.id)
+    if not body.id:
+        raise bad_param("model", "model is required")
+    spec = ctx.runtime.specs.get(model_name(ctx, body.id))
     if spec is None:
         raise APIError(404, f"model '{body.id}' not found", param="model",
                        code="model_not_found")
