@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, StrictBool, field_validator
 
 from sluice.backends.base import FimTokens, Tokenizer
 from sluice.server.core import MixedPrompt, TextPrompt, TokenPrompt
@@ -93,13 +93,13 @@ class NativeCompletionRequest(SamplingBody):
     post_sampling_probs: Literal[False] = False
     """Probabilities after the sampler chain are not reported: ``n_probs`` gives the
     model's own."""
-    return_tokens: bool = False
-    cache_prompt: bool = True
+    return_tokens: StrictBool = False
+    cache_prompt: StrictBool = True
     """Accepted: the engine reuses a retained prefix whenever one matches."""
     id_slot: int = Field(default=-1, ge=-1)
     """Accepted: the engine picks the slot."""
     samplers: list[str] | str | None = Field(default=None, max_length=64)
-    timings_per_token: bool = False
+    timings_per_token: StrictBool = False
     """``timings`` in every streamed chunk, not only the last."""
     lora: list[Any] | None = Field(default=None, max_length=0)
     """No LoRA adapters are served: only an empty list."""

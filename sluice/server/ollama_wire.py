@@ -19,7 +19,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from sluice.backends.base import ModelSpec
 from sluice.engine.request import Constraint, Final
@@ -85,9 +85,9 @@ class _Generative(_Wire):
     model: str = Field(min_length=1, max_length=256)
     format: Literal["json"] | dict[str, Any] | None = None
     options: Options | None = None
-    stream: bool = True
+    stream: StrictBool = True
     keep_alive: float | str | None = None
-    think: bool | Literal["high", "medium", "low"] | None = None
+    think: StrictBool | Literal["high", "medium", "low"] | None = None
 
 
 class ChatRequest(_Generative):
@@ -101,14 +101,14 @@ class GenerateRequest(_Generative):
     system: str | None = Field(default=None, max_length=10_000_000)
     template: str | None = None
     images: list[str] | None = None
-    raw: bool = False
+    raw: StrictBool = False
     context: list[int] | None = None
 
 
 class EmbedRequest(_Wire):
     model: str = Field(min_length=1, max_length=256)
     input: str | list[str] = ""
-    truncate: bool = True
+    truncate: StrictBool = True
     options: Options | None = None
     keep_alive: float | str | None = None
     dimensions: int | None = None

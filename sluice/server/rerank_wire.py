@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from sluice.backends.base import RerankScore
 from sluice.server.errors import bad_param
@@ -42,8 +42,8 @@ class RerankRequest(_Body):
     texts: list[str] | None = None
     """TEI's name for the documents: the response is TEI's bare list."""
     top_n: int | None = Field(default=None, ge=0)
-    return_documents: bool = False
-    return_text: bool = False
+    return_documents: StrictBool = False
+    return_text: StrictBool = False
     """TEI's ``return_documents``."""
     priority: Priority | None = None
     deadline_ms: DeadlineMs | None = None

@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -110,7 +111,7 @@ def ignored_fields(body: BaseModel, prefix: str = "") -> list[str]:
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ContentPart(_Body):
@@ -184,7 +185,7 @@ class FunctionDef(_Body):
     description: str | None = Field(default=None, max_length=100_000)
     parameters: dict[str, Any] | None = None
     """A JSON schema of the arguments object (``check_json_schema``)."""
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
     @field_validator("parameters")
     @classmethod
@@ -217,7 +218,7 @@ class JsonSchemaFormat(_Body):
     name: str = Field(default="response", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ResponseFormat(_Body):
@@ -248,7 +249,7 @@ class _Sampling(_Body):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
@@ -275,10 +276,10 @@ class _Sampling(_Body):
     json_schema: dict[str, Any] | None = None
     """llama-server's JSON schema the output must match (beside ``response_format``)."""
     # sluice extensions
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
     priority: Priority | None = None
     deadline_ms: DeadlineMs | None = None
-    speculation: bool | None = None
+    speculation: StrictBool | None = None
     """sluice: ``false`` keeps the engine from drafting tokens for this request (n-gram
     speculation, greedy requests only; the output is the same either way)."""
 
@@ -314,12 +315,12 @@ llama-server's ``/completion``)."""
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: ResponseFormat | None = None
     tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     """For a model that thinks in tags: ``none`` turns thinking off; the others set its
     budget of thinking tokens (``core.reasoning.EFFORT_BUDGET_TOKENS``)."""
@@ -378,7 +379,7 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int]
     max_tokens: int | None = Field(default=16, ge=1, le=1_000_000)
-    echo: bool = False
+    echo: StrictBool = False
     """Prepend the prompt to the text (with ``logprobs``: the prompt's logprobs too)."""
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     """Report each token's logprob with this many alternatives (OpenAI allows 5)."""
@@ -425,7 +426,7 @@ class InferRequest(_Body):
     priority: Priority | None = None
     deadline_ms: DeadlineMs | None = None
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    stream: bool = False
+    stream: StrictBool = False
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     """``None`` (or left out) = the model's default, as for the other sampling controls."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -451,14 +452,14 @@ class TokenizeRequest(_Body):
     prompt: str | None = Field(default=None, max_length=1_000_000)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=1024)
     tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
-    add_special: bool | None = None
+    add_special: StrictBool | None = None
     """llama-server: add BOS (default false)."""
-    add_special_tokens: bool | None = None
+    add_special_tokens: StrictBool | None = None
     """vLLM: add BOS (default true for ``prompt``, false for ``messages``)."""
-    parse_special: bool = True
-    with_pieces: bool = False
-    return_token_strs: bool = False
-    add_generation_prompt: bool = True
+    parse_special: StrictBool = True
+    with_pieces: StrictBool = False
+    return_token_strs: StrictBool = False
+    add_generation_prompt: StrictBool = True
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

@@ -59,6 +59,9 @@ class Case:
     anthropic: bool = False
     """Anthropic's error body, ``{"type": "error", "error": {"type", "message"}}``; ``code``
     is then the error's ``type``."""
+    ollama: bool = False
+    """Ollama's error body, ``{"error": message}`` (``param``: a word the message must
+    hold)."""
 
 
 def chat(change: dict[str, Any], headers: dict[str, str] | None = None,
@@ -124,6 +127,82 @@ def responses(change: dict[str, Any], drop: tuple[str, ...] = ()
 
 def _user(*blocks: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"role": "user", "content": list(blocks)}]
+
+
+OLLAMA_BODIES: dict[str, dict[str, Any]] = {
+    "/api/chat": {"model": CHAT, "messages": MSG, "stream": False,
+                  "options": {"num_predict": 2}},
+    "/api/generate": {"model": CHAT, "prompt": "hello", "stream": False,
+                      "options": {"num_predict": 2}},
+    "/api/embed": {"model": "synth-a", "input": "hello"},
+    "/api/embeddings": {"model": "synth-a", "prompt": "hello"},
+    "/api/show": {"model": CHAT},
+}
+"""A body each Ollama endpoint serves."""
+
+
+def ollama(path: str, change: dict[str, Any], headers: dict[str, str] | None = None
+           ) -> Callable[[LiveServer], httpx.Response]:
+    """An Ollama endpoint's served body with ``change``."""
+    return post(path, {**OLLAMA_BODIES[path], **change}, AUTH if headers is None else headers)
+
+
+def OL(name: str, send: Callable[[LiveServer], httpx.Response], status: int,
+      words: str | None = None) -> Case:
+    """A row answered in Ollama's shape, its message holding ``words``."""
+    return Case(name, send, status, param=words, ollama=True)
+
+
+OLLAMA_CASES = [
+    OL("/api/chat: malformed JSON", body(b'{"model": "synth-chat", "messages": [',
+                                        "/api/chat"), 400, "JSON"),
+    OL("/api/chat: stream not a boolean (\"yes\")", ollama("/api/chat", {"stream": "yes"}),
+      400, "stream"),
+    OL("/api/chat: stream not a boolean (1)", ollama("/api/chat", {"stream": 1}), 400,
+      "stream"),
+    OL("/api/generate: raw not a boolean (1)", ollama("/api/generate", {"raw": 1}), 400,
+      "raw"),
+    OL("/api/embed: truncate not a boolean (\"no\")", ollama("/api/embed", {"truncate": "no"}),
+      400, "truncate"),
+    OL("/api/chat: unknown role", ollama("/api/chat", {"messages": [
+        {"role": "robot", "content": "x"}]}), 400, "messages.0.role"),
+    OL("/api/chat: options.temperature out of range", ollama(
+        "/api/chat", {"options": {"temperature": 9}}), 400, "options.temperature"),
+    OL("/api/chat: keep_alive in none of Ollama's forms", ollama(
+        "/api/chat", {"keep_alive": "5x"}), 400, "keep_alive"),
+    OL("/api/chat: an image on a text model", ollama("/api/chat", {"messages": [
+        {"role": "user", "content": "x", "images": ["aGVsbG8="]}]}), 400, "images"),
+    OL("/api/chat: format a schema the engine cannot compile", ollama(
+        "/api/chat", {"format": {"type": "object", "minProperties": "two"}}), 400),
+    OL("/api/generate: prompt longer than the context", ollama(
+        "/api/generate", {"prompt": "w " * 600}), 400),
+    OL("/api/generate: suffix (no FIM model)", ollama("/api/generate", {"suffix": "end"}), 400,
+      "suffix"),
+    OL("/api/chat: unknown model", ollama("/api/chat", {"model": "llama9"}), 404, "llama9"),
+    OL("/api/chat: a known model with another tag", ollama(
+        "/api/chat", {"model": f"{CHAT}:7b"}), 404, f"{CHAT}:7b"),
+    OL("/api/show: unknown model", ollama("/api/show", {"model": "llama9:latest"}), 404,
+      "llama9"),
+    OL("/api/show: no model", ollama("/api/show", {"model": ""}), 400, "model is required"),
+    OL("/api/embed: a chat model", ollama("/api/embed", {"model": CHAT}), 400,
+      "does not support embeddings"),
+    OL("/api/embeddings: unknown model", ollama("/api/embeddings", {"model": "llama9"}), 404,
+      "llama9"),
+    OL("/api/chat: body over max_body_bytes", body(json.dumps(
+        {**OLLAMA_BODIES["/api/chat"], "messages": [
+            {"role": "user", "content": "w " * 600_000}]}).encode(), "/api/chat"), 413),
+    OL("/api/chat: missing API key", ollama("/api/chat", {}, {}), 401, "API key"),
+    OL("/api/generate: wrong API key", ollama("/api/generate", {},
+                                             {"authorization": "Bearer sk-guess"}), 401,
+      "API key"),
+    OL("/api/chat: tenant quota exceeded", lambda live: _twice(
+        live, {"authorization": "Bearer sk-table-limited-ollama"}, "/api/chat",
+        OLLAMA_BODIES["/api/chat"]), 429, "request rate"),
+    OL("/api/chat: impossible deadline (x-sluice-deadline-ms 0.001)", ollama(
+        "/api/chat", {}, {**AUTH, "x-sluice-deadline-ms": "0.001"}), 503),
+    OL("/api/pull (models are configured)", post("/api/pull", {"model": CHAT}, AUTH), 501,
+      "sluice serve FILE.gguf"),
+]
 
 
 def rerank(change: dict[str, Any], path: str = "/v1/rerank") -> Callable[[LiveServer],
@@ -200,6 +279,10 @@ ANTHROPIC_CASES = [
     A("messages: prompt longer than the context", messages(
         {"messages": [{"role": "user", "content": "w " * 600}]}), 400,
       "invalid_request_error"),
+    A("messages: stream not a boolean (\"yes\")", messages({"stream": "yes"}), 400,
+      "invalid_request_error"),
+    A("messages: stream not a boolean (1)", messages({"stream": 1}), 400,
+      "invalid_request_error"),
     A("messages: unknown model", messages({"model": "claude-9"}), 404, "not_found_error"),
     A("messages: body over max_body_bytes", body(json.dumps(
         {**MSG_BODY, "system": "w " * 600_000}).encode(), "/v1/messages"), 413,
@@ -227,6 +310,19 @@ ANTHROPIC_CASES = [
 ]
 
 OPENAI_CASES = [
+    Case("responses: malformed JSON", body(b'{"model": "synth-chat", "input": ',
+                                           "/v1/responses"), 400, "invalid_json"),
+    Case("responses: body over max_body_bytes", body(json.dumps(
+        {**RESP_BODY, "input": "w " * 600_000}).encode(), "/v1/responses"), 413,
+         "body_too_large"),
+    Case("responses: missing API key", post("/v1/responses", RESP_BODY), 401,
+         "invalid_api_key"),
+    Case("responses: stream not a boolean (\"true\")", responses({"stream": "true"}), 400,
+         "invalid_value", "stream"),
+    Case("responses: store not a boolean (0)", responses({"store": 0}), 400, "invalid_value",
+         "store"),
+    Case("responses: impossible deadline (1 µs)", responses({"deadline_ms": 0.001}), 503,
+         "deadline_infeasible"),
     Case("responses: missing input", responses({}, drop=("input",)), 400, "invalid_value",
          "input"),
     Case("responses: input of the wrong type (a number)", responses({"input": 5}), 400,
@@ -284,6 +380,21 @@ OPENAI_CASES = [
     Case("chat: malformed function parameters (tool_choice auto)", chat({"tools": [
         {"type": "function", "function": {"name": "f", "parameters": BAD_SCHEMA}}]}), 400,
          "invalid_value", "tools.0.function.parameters"),
+    Case("chat: stream not a boolean (\"true\")", chat({"stream": "true"}), 400,
+         "invalid_value", "stream"),
+    Case("chat: stream not a boolean (1)", chat({"stream": 1}), 400, "invalid_value",
+         "stream"),
+    Case("chat: logprobs not a boolean (\"yes\")", chat({"logprobs": "yes"}), 400,
+         "invalid_value", "logprobs"),
+    Case("chat: stream_options.include_usage not a boolean (1)", chat(
+        {"stream": True, "stream_options": {"include_usage": 1}}), 400, "invalid_value",
+         "stream_options.include_usage"),
+    Case("completions: echo not a boolean (\"yes\")", post(
+        "/v1/completions", {"model": CHAT, "prompt": "hi", "max_tokens": 2, "echo": "yes"},
+        AUTH), 400, "invalid_value", "echo"),
+    Case("/tokenize: with_pieces not a boolean (1)", post(
+        "/tokenize", {"content": "hi", "with_pieces": 1}, AUTH), 400, "invalid_value",
+         "with_pieces"),
     Case("chat: unknown reasoning_effort", chat({"reasoning_effort": "extreme"}), 400,
          "invalid_value", "reasoning_effort"),
     Case("chat: chat_template_kwargs.enable_thinking not a boolean", chat(
@@ -409,6 +520,32 @@ CASES = [
          400, param="context", llama_type="exceed_context_size_error"),
     Case("/completion: missing API key", llama("/completion", {"prompt": "hi"}, {}), 401,
          llama_type="authentication_error"),
+    Case("/completion: malformed JSON", body(b'{"prompt": "hi", ', "/completion"), 400,
+         param="JSON", llama_type="invalid_request_error"),
+    Case("/completion: stream not a boolean (\"true\")",
+         llama("/completion", {"prompt": "hi", "stream": "true"}), 400, param="stream",
+         llama_type="invalid_request_error"),
+    Case("/completion: cache_prompt not a boolean (1)",
+         llama("/completion", {"prompt": "hi", "cache_prompt": 1}), 400, param="cache_prompt",
+         llama_type="invalid_request_error"),
+    Case("/completion: unknown model", llama("/completion", {"prompt": "hi",
+                                                             "model": "gpt-7"}), 404,
+         param="gpt-7", llama_type="not_found_error"),
+    Case("/completion: body over max_body_bytes", body(json.dumps(
+        {"prompt": "w " * 600_000}).encode(), "/completion"), 413,
+         param="larger than", llama_type="invalid_request_error"),
+    Case("/completion: tenant quota exceeded", lambda live: _twice(
+        live, {"authorization": "Bearer sk-table-limited-llama"}, "/completion",
+        {"prompt": "hi", "n_predict": 2}), 429, param="request rate",
+         llama_type="rate_limit_exceeded"),
+    Case("/completion: impossible deadline (1 µs)",
+         llama("/completion", {"prompt": "hi", "deadline_ms": 0.001}), 503,
+         llama_type="unavailable_error"),
+    Case("/infill: stream not a boolean (\"yes\")",
+         llama("/infill", {"input_prefix": "a", "input_suffix": "b", "stream": "yes"}), 400,
+         param="stream", llama_type="invalid_request_error"),
+    Case("/apply-template: unknown model", llama("/apply-template", {
+        "model": "gpt-7", "messages": MSG}), 404, param="gpt-7", llama_type="not_found_error"),
     Case("/infill: a model without FIM tokens",
          llama("/infill", {"input_prefix": "a", "input_suffix": "b"}), 501,
          param="Infill is not supported", llama_type="not_supported_error"),
@@ -434,6 +571,7 @@ CASES = [
          param="not a saved sequence", llama_type="invalid_request_error"),
     *ANTHROPIC_CASES,
     *OPENAI_CASES,
+    *OLLAMA_CASES,
     # -- rerank (OpenAI's shape) ----------------------------------------------------------
     Case("/v1/rerank: empty documents", rerank({"documents": []}), 400, "invalid_value",
          "documents"),
@@ -450,6 +588,15 @@ CASES = [
          "model_kind_mismatch", "model"),
     Case("/rerank: a huge negative top_n", rerank({"top_n": -(10**30)}, "/rerank"), 400,
          "invalid_value", "top_n"),
+    Case("/v1/rerank: return_documents not a boolean (\"yes\")",
+         rerank({"return_documents": "yes"}), 400, "invalid_value", "return_documents"),
+    Case("/v1/rerank: malformed JSON", body(b'{"query": "x", ', "/v1/rerank"), 400,
+         "invalid_json"),
+    Case("/v1/rerank: missing API key", post("/v1/rerank", RERANK_BODY), 401,
+         "invalid_api_key"),
+    Case("/v1/rerank: tenant quota exceeded", lambda live: _twice(
+        live, {"authorization": "Bearer sk-table-limited-rerank"}, "/v1/rerank", RERANK_BODY),
+         429, "quota"),
     Case("/v1/infer on a reranker", post("/v1/infer", {"model": "synth-rerank", "input": "x"},
                                          AUTH), 400, "model_kind_mismatch", "model"),
 ]
@@ -466,7 +613,7 @@ def table_server(serve_module: Callable[..., LiveServer],
         tenants=[{"id": "acme", "api_keys": [KEY]}, {"id": "other", "api_keys": ["sk-other"]},
                  *({"id": f"limited{suffix}", "api_keys": [f"sk-table-limited{suffix}"],
                     "limits": {"requests_per_s": 0.001, "burst": 1}}
-                   for suffix in ("", "-msg", "-resp"))],
+                   for suffix in ("", "-msg", "-resp", "-ollama", "-llama", "-rerank"))],
         server={"admin_key": ADMIN, "default_model": CHAT, "open_metrics": True,
                 "slot_save_path": str(slots), "rerank_max_documents": RERANK_MAX_DOCUMENTS},
     ))
@@ -504,6 +651,13 @@ def test_bad_input_gets_its_status_and_the_server_stays_healthy(
         assert isinstance(err["message"], str) and (case.param or "") in err["message"]
     elif isinstance(r, httpx.Response) and case.anthropic:
         err = assert_anthropic_error(r, case.status, case.code)
+    elif isinstance(r, httpx.Response) and case.ollama:
+        assert r.status_code == case.status, r.text
+        assert r.headers.get("x-request-id")
+        payload = r.json()
+        assert set(payload) == {"error"} and isinstance(payload["error"], str), payload
+        assert payload["error"] and (case.param or "") in payload["error"], payload
+        err = {"message": payload["error"]}
     elif isinstance(r, httpx.Response) and case.openai_body:
         err = assert_error(r, case.status, code=case.code, param=case.param)
     else:
@@ -544,6 +698,14 @@ def test_a_good_request_is_served_after_the_whole_table(table_server: LiveServer
         r = c.post("/v1/responses", json=RESP_BODY, headers=AUTH)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["output_tokens"] == 2
+        for path in ("/api/chat", "/api/generate"):
+            r = c.post(path, json=OLLAMA_BODIES[path], headers=AUTH)
+            assert r.status_code == 200, r.text
+            assert r.json()["done"] is True and r.json()["eval_count"] == 2
+        r = c.post("/api/embed", json=OLLAMA_BODIES["/api/embed"], headers=AUTH)
+        assert r.status_code == 200 and len(r.json()["embeddings"]) == 1, r.text
+        r = c.post("/completion", json={"prompt": "hi", "n_predict": 2}, headers=AUTH)
+        assert r.status_code == 200 and r.json()["tokens_predicted"] == 2, r.text
         ranked = c.post("/v1/rerank", json=RERANK_BODY, headers=AUTH)
         assert ranked.status_code == 200, ranked.text
         assert [x["index"] for x in ranked.json()["results"]] == [1, 0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from sluice.server.schemas import (
     MAX_TOOLS,
@@ -48,7 +48,7 @@ class ToolResultBlock(_Body):
     tool_use_id: str = Field(min_length=1, max_length=256)
     content: str | list[Annotated[TextBlock | MediaBlock, Field(discriminator="type")]] | None \
         = None
-    is_error: bool = False
+    is_error: StrictBool = False
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -103,7 +103,7 @@ class Tool(_Body):
 class ToolChoice(_Body):
     type: Literal["auto", "any", "tool", "none"]
     name: FunctionName | None = None
-    disable_parallel_tool_use: bool | None = None
+    disable_parallel_tool_use: StrictBool | None = None
 
     @model_validator(mode="after")
     def _name_for_tool(self) -> ToolChoice:
@@ -175,7 +175,7 @@ class MessagesRequest(CountTokensRequest):
 
     max_tokens: int = Field(ge=1, le=1_000_000)
     stop_sequences: list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     """Left out: the model's default, as every sampling field on every surface."""
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

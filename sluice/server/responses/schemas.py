@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     Discriminator,
     Field,
+    StrictBool,
     Tag,
     ValidationInfo,
     field_validator,
@@ -99,7 +100,7 @@ class FunctionTool(_Body):
     name: FunctionName
     description: str | None = Field(default=None, max_length=100_000)
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
     @field_validator("parameters")
     @classmethod
@@ -123,7 +124,7 @@ class TextFormat(_Body):
     type: Literal["text", "json_object", "json_schema"]
     name: str = Field(default="response", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
+    strict: StrictBool | None = None
     description: str | None = None
 
     @model_validator(mode="after")
@@ -159,17 +160,17 @@ class ResponsesRequest(_Body):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     text: TextConfig | None = None
     reasoning: Reasoning | None = None
-    stream: bool = False
-    store: bool | None = None
+    stream: StrictBool = False
+    store: StrictBool | None = None
     """Accepted; nothing is stored (the response says ``store: false``)."""
     metadata: dict[str, str] | None = None
     user: str | None = Field(default=None, max_length=256)
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None
-    background: bool | None = None
+    background: StrictBool | None = None
     seed: int | None = None
     # sluice extensions
     thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
