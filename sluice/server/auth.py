@@ -27,6 +27,9 @@ NO_KEYS_REQUIRED = (
     "server.require_keys is set but no tenant has an API key (tenants[].api_keys or "
     "tenants[].api_keys_file)")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+TENANT_STATE = "tenant"
+"""The key of the tenant resolved for a request in its ASGI scope's ``state``
+(``request.state.tenant``), where ``QuotaPeekMiddleware`` leaves it for ``Auth.tenant``."""
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:
@@ -72,6 +75,12 @@ class Auth:
         return bool(self._keys)
 
     def tenant(self, request: Request) -> TenantConfig:
+        """The request's tenant: the one already resolved from its headers
+        (``QuotaPeekMiddleware`` keeps it in the scope's state, so a POST hashes and compares
+        its key once), else resolved now."""
+        known = request.scope.get("state", {}).get(TENANT_STATE)
+        if isinstance(known, TenantConfig):
+            return known
         return self.tenant_from_headers(request.headers)
 
     def tenant_from_headers(self, headers: Mapping[str, str]) -> TenantConfig:

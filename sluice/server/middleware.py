@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.server import access
+from sluice.server.auth import TENANT_STATE
 from sluice.server.errors import APIError, error_response, request_timeout
 
 log = logging.getLogger("sluice.server")
@@ -129,7 +130,8 @@ class QuotaPeekMiddleware:
     the quota store (``QuotaGate.refusal_before_body``) gets its 429, in the shape of the
     API its path belongs to, without its body being read or parsed: a client past its rate
     costs the server a header lookup, not the parse of up to ``max_body_bytes`` of JSON.
-    Everything else (a bad key included, whose 401 the route gives) passes through."""
+    Everything else (a bad key included, whose 401 the route gives) passes through, with the
+    tenant it resolved left in the scope's state for the route (``Auth.tenant``)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -148,6 +150,7 @@ class QuotaPeekMiddleware:
         except APIError:
             await self.app(scope, receive, send)
             return
+        scope.setdefault("state", {})[TENANT_STATE] = tenant
         refusal = ctx.quota.refusal_before_body(tenant.id, ctx.runtime.new_request_id)
         if refusal is None:
             await self.app(scope, receive, send)

@@ -119,6 +119,46 @@ def test_a_tenant_past_its_rate_is_refused_before_its_body_is_read(
                       limit="requests") == 5
 
 
+def test_a_post_resolves_its_tenant_once(serve: Callable[..., LiveServer],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """QuotaPeekMiddleware resolves the key (one hash and compare against every stored key)
+    and leaves the tenant in the scope; the route reads it there. A GET, which the
+    middleware passes by, resolves it in the route; a bad key is tried by both, the route
+    answering the 401."""
+    live = tenant_server(serve, {"requests_per_s": 100.0, "burst": 100})
+    auth = live.server.config.app.state.ctx.auth  # type: ignore[union-attr]
+    resolved: list[str | None] = []
+    real = auth.tenant_from_headers
+
+    def counting(headers: Any) -> Any:
+        resolved.append(headers.get("authorization"))
+        return real(headers)
+
+    monkeypatch.setattr(auth, "tenant_from_headers", counting)
+    msg = [{"role": "user", "content": "hi"}]
+    posts = [("/v1/embeddings", EMBED), ("/v1/completions", completion(2)),
+             ("/v1/chat/completions", {"model": "synth-chat", "messages": msg, "max_tokens": 2}),
+             ("/v1/messages", {"model": "synth-chat", "messages": msg, "max_tokens": 2}),
+             ("/api/chat", {"model": "synth-chat", "messages": msg, "stream": False,
+                            "options": {"num_predict": 2}}),
+             ("/completion", {"prompt": "hi", "n_predict": 2})]
+    with live.client(headers=AUTH) as c:
+        for path, sent in posts:
+            resolved.clear()
+            r = c.post(path, json=sent)
+            assert r.status_code == 200, (path, r.text)
+            assert resolved == [AUTH["authorization"]], path
+        resolved.clear()
+        assert c.get("/v1/models").status_code == 200
+        assert resolved == [AUTH["authorization"]]
+        resolved.clear()
+        assert_error(c.post("/v1/embeddings", json=EMBED,
+                            headers={"authorization": "Bearer nope"}), 401)
+        assert resolved == ["Bearer nope"] * 2
+        samples = scrape(c)
+    assert metric_sum(samples, "sluice_requests_total", tenant="t", state="completed") == 6
+
+
 def test_tokens_are_charged_for_what_was_used(serve: Callable[..., LiveServer]) -> None:
     """120 tokens/min; each request reserves prompt + max_tokens = 103 but stops at EOS
     after a few tokens. Settled at completion, the second request fits; charged the
