@@ -200,6 +200,10 @@ OLLAMA_CASES = [
         OLLAMA_BODIES["/api/chat"]), 429, "request rate"),
     OL("/api/chat: impossible deadline (x-sluice-deadline-ms 0.001)", ollama(
         "/api/chat", {}, {**AUTH, "x-sluice-deadline-ms": "0.001"}), 503),
+    OL("GET /api/tags without an API key", lambda live: httpx.get(f"{live.url}/api/tags"),
+       401, "API key"),
+    OL("GET /api/ps with a wrong API key", lambda live: httpx.get(
+        f"{live.url}/api/ps", headers={"authorization": "Bearer sk-guess"}), 401, "API key"),
     OL("/api/pull (models are configured)", post("/api/pull", {"model": CHAT}, AUTH), 501,
       "sluice serve FILE.gguf"),
 ]
@@ -294,6 +298,9 @@ ANTHROPIC_CASES = [
       "rate_limit_error"),
     A("messages: impossible deadline (1 µs)", messages({"deadline_ms": 0.001}), 529,
       "overloaded_error"),
+    A("count_tokens: malformed JSON", body(b'{"model": "synth-chat", "messages": ',
+                                           "/v1/messages/count_tokens"), 400,
+      "invalid_request_error"),
     A("count_tokens: missing model", messages({}, path="/v1/messages/count_tokens",
                                               drop=("model",)), 400, "invalid_request_error"),
     A("count_tokens: an image block", messages({"messages": _user(IMAGE)},
@@ -392,6 +399,12 @@ OPENAI_CASES = [
     Case("completions: echo not a boolean (\"yes\")", post(
         "/v1/completions", {"model": CHAT, "prompt": "hi", "max_tokens": 2, "echo": "yes"},
         AUTH), 400, "invalid_value", "echo"),
+    Case("/tokenize: none of content, prompt or messages", post(
+        "/tokenize", {"with_pieces": True}, AUTH), 400, "invalid_value"),
+    Case("/detokenize: a token id outside the vocabulary", post(
+        "/detokenize", {"tokens": [5, 99_999]}, AUTH), 400, "invalid_value", "tokens"),
+    Case("/tokenize: missing API key", post("/tokenize", {"content": "hi"}), 401,
+         "invalid_api_key"),
     Case("/tokenize: with_pieces not a boolean (1)", post(
         "/tokenize", {"content": "hi", "with_pieces": 1}, AUTH), 400, "invalid_value",
          "with_pieces"),
@@ -544,6 +557,15 @@ CASES = [
     Case("/infill: stream not a boolean (\"yes\")",
          llama("/infill", {"input_prefix": "a", "input_suffix": "b", "stream": "yes"}), 400,
          param="stream", llama_type="invalid_request_error"),
+    Case("/infill: unknown model", llama("/infill", {
+        "model": "gpt-7", "input_prefix": "a", "input_suffix": "b"}), 404, param="gpt-7",
+         llama_type="not_found_error"),
+    Case("/apply-template: missing API key", llama("/apply-template", {"messages": MSG}, {}),
+         401, llama_type="authentication_error"),
+    Case("POST /props without an API key", llama("/props", {}, {}), 401,
+         llama_type="authentication_error"),
+    Case("/slots: erase without an API key", llama("/slots/0?action=erase", None, {}), 401,
+         llama_type="authentication_error"),
     Case("/apply-template: unknown model", llama("/apply-template", {
         "model": "gpt-7", "messages": MSG}), 404, param="gpt-7", llama_type="not_found_error"),
     Case("/infill: a model without FIM tokens",
@@ -590,6 +612,9 @@ CASES = [
          "invalid_value", "top_n"),
     Case("/v1/rerank: return_documents not a boolean (\"yes\")",
          rerank({"return_documents": "yes"}), 400, "invalid_value", "return_documents"),
+    Case("/v1/rerank: body over max_body_bytes", body(json.dumps(
+        {**RERANK_BODY, "query": "w " * 600_000}).encode(), "/v1/rerank"), 413,
+         "body_too_large"),
     Case("/v1/rerank: malformed JSON", body(b'{"query": "x", ', "/v1/rerank"), 400,
          "invalid_json"),
     Case("/v1/rerank: missing API key", post("/v1/rerank", RERANK_BODY), 401,
