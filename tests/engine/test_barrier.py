@@ -27,16 +27,16 @@ def test_a_penalty_that_breaks_the_shared_row_preparation_fails_alone(
 ) -> None:
     """If the step's batch preparation of logits rows raises (one request's values), each
     request prepares its own row in its own barrier: only the one at fault fails."""
-    import sluice.engine.continuous as continuous
+    from sluice.engine.chooser import BatchRows
 
-    real = continuous.BatchRows.build
+    real = BatchRows.build
 
     def build(logits, jobs):  # type: ignore[no-untyped-def]
         if any(c.params.frequency_penalty == 1.5 for c, _ in jobs):
             raise FloatingPointError("injected: this request's penalty breaks the batch")
         return real(logits, jobs)
 
-    monkeypatch.setattr(continuous.BatchRows, "build", staticmethod(build))
+    monkeypatch.setattr(BatchRows, "build", staticmethod(build))
     eng, _ = engine()
     good = request(frequency_penalty=0.5)
     bad = request(frequency_penalty=1.5)
