@@ -4,6 +4,12 @@
     sluice simulate --config examples/synthetic.toml \\
         --workload poisson:rate=40,duration=60,model=synth-chat,prompt=10,output=16
     sluice simulate -c fleet.toml --trace recorded.jsonl --replicas 32 --json
+    sluice simulate -c fleet.toml --costs costs.json --clients 32 \\
+        --workload poisson:rate=1,requests=64,model=gemma-3-270m,prompt=20,output=128
+
+``--clients N``: N closed-loop clients send the workload's requests in order, each its
+next as soon as its previous one ended (arrival times not read); the report adds the
+tokens the completed requests generated per second.
 
 Costs come from the config's models (synthetic cost options, ``service_ms``,
 ``step_cost``) or ``--costs FILE`` (see ``sluice.sim.costs``). Prints a table per model
@@ -20,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.cli.fleet import add_fleet_args, fleet_config, workload
-from sluice.sim import Arrival, Fleet, simulate
+from sluice.sim import Arrival, Fleet, simulate, simulate_closed_loop
 from sluice.sim.workload import WorkloadSpec
 
 
@@ -74,6 +80,9 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{report['utilisation']:.3f}; rejections {report['rejections'] or 'none'}"
                   + (f"; variants {report['variant_mix']}" if report["variant_mix"] else "")
                   + f"; {report['events']} events in {report['wall_s']:.2f} s")
+    if report.get("clients"):
+        console.print(f"{report['clients']} closed-loop clients: {report['tokens']} tokens, "
+                      f"{report['tokens_per_s']:.1f} tokens/s")
 
 
 def plot(fleet: Fleet, report: dict[str, Any], path: Path) -> None:
@@ -106,11 +115,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     config = fleet_config(args)
     spec, arrivals = workload(args)
     slo = None if args.ttft_slo_ms is None else args.ttft_slo_ms / 1000.0
-    report, fleet = simulate(config, _progress(arrivals, _expected(spec)), ttft_slo_s=slo)
+    if args.clients is not None:
+        report, fleet = simulate_closed_loop(config, arrivals, clients=args.clients,
+                                             ttft_slo_s=slo)
+    else:
+        report, fleet = simulate(config, _progress(arrivals, _expected(spec)), ttft_slo_s=slo)
     report["config"] = {"replicas": config.replicas, "workers": config.workers,
                         "scheduler": config.scheduler, "router": config.router,
                         "max_batch_size": config.max_batch_size,
-                        "workload": args.workload or args.trace, "seed": args.seed}
+                        "workload": args.workload or args.trace, "seed": args.seed,
+                        "clients": args.clients}
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     if args.plot:
@@ -129,6 +143,9 @@ def add_parser(sub: Any) -> None:
     add_fleet_args(p)
     p.add_argument("--ttft-slo-ms", type=float,
                    help="count as good only requests whose TTFT is within this")
+    p.add_argument("--clients", type=int,
+                   help="closed loop: this many clients send the workload's requests, each "
+                   "its next when its previous one ended")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--out", help="write the report JSON here")
     p.add_argument("--plot", help="write a PNG of latency CDFs and terminal states")

@@ -15,9 +15,10 @@ threads, no sleeps; every simulated request ends in exactly one terminal state.
 See docs/simulator.md.
 """
 
-from sluice.sim.fleet import ConservationError, Fleet, simulate
+from sluice.sim.fleet import ConservationError, Fleet, simulate, simulate_closed_loop
 from sluice.sim.setup import SimConfig, SimGroup, SimModel
 from sluice.sim.workload import Arrival, WorkloadSpec, generate, parse_spec, read_trace
 
 __all__ = ["Arrival", "ConservationError", "Fleet", "SimConfig", "SimGroup", "SimModel",
-           "WorkloadSpec", "generate", "parse_spec", "read_trace", "simulate"]
+           "WorkloadSpec", "generate", "parse_spec", "read_trace", "simulate",
+           "simulate_closed_loop"]

@@ -3,6 +3,7 @@ what queueing theory and the step-time model say exactly."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import replace
 
@@ -14,7 +15,8 @@ from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import EngineConfig
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
-from sluice.sim import Arrival, SimConfig, SimGroup, SimModel, generate, parse_spec, simulate
+from sluice.sim import (Arrival, SimConfig, SimGroup, SimModel, generate, parse_spec, simulate,
+                        simulate_closed_loop)
 from sluice.sim.costs import ModelCost
 from sluice.sim.request import SimRequest
 
@@ -546,3 +548,37 @@ def test_a_cost_entrys_draft_acceptance_makes_an_auto_model_draft() -> None:
     assert SimConfig.from_config(config).models["synth-chat"].drafting is None
     with pytest.raises(ValueError, match="acceptance"):
         SimDrafting(1.5)
+
+
+def test_closed_loop_clients_each_keep_one_request_in_flight() -> None:
+    """One client on a lone model: each request starts when the one before ended, so the
+    run takes their summed service times; two clients on two slots run two at once and
+    read twice the tokens per second of one (a decode step costs the same at 1 and 2)."""
+    step = StepCost(0.01, 0.0, 0.0001, 0.0)
+    config = SimConfig(models={"chat": chat(step=step)}, preload=("chat",))
+    requests = [Arrival(0.0, "chat", prompt_tokens=10, output_tokens=20)] * 6
+    one, fleet = simulate_closed_loop(config, requests, clients=1, keep_requests=True)
+    assert fleet.requests is not None
+    alone = step.predict_s(0, 10) + 19 * step.predict_s(1, 0)
+    for before, after in itertools.pairwise(fleet.requests):
+        assert after.arrival_s == pytest.approx(before.end_s or 0)
+    assert fleet.recorder.last_end_s == pytest.approx(6 * alone)
+    assert one["tokens"] == 6 * 20
+    assert one["tokens_per_s"] == pytest.approx(120 / (6 * alone), rel=1e-3)
+    two, _ = simulate_closed_loop(config, requests, clients=2)
+    assert two["overall"]["states"] == {"completed": 6}
+    assert two["tokens_per_s"] == pytest.approx(2 * one["tokens_per_s"], rel=0.05)
+
+
+def test_closed_loop_refused_clients_ask_again_and_every_request_ends_once() -> None:
+    """More clients than the queue holds: the refused ones send their next request at
+    once; every request still ends exactly once and the completed ones count tokens."""
+    config = replace(fleet_config(workers=1), queue_capacity=1, inbox_capacity=1)
+    requests = [Arrival(0.0, "chat", prompt_tokens=10, output_tokens=8)] * 40
+    report, fleet = simulate_closed_loop(config, requests, clients=12, keep_requests=True)
+    assert fleet.requests is not None and len(fleet.requests) == 40
+    states = report["overall"]["states"]
+    assert sum(states.values()) == 40 and states.get("rejected", 0) > 0
+    assert report["tokens"] == 8 * states["completed"]
+    with pytest.raises(ValueError, match="clients"):
+        simulate_closed_loop(config, requests, clients=0)

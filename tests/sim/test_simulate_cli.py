@@ -42,3 +42,17 @@ def test_simulate_replays_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_simulate_needs_exactly_one_workload() -> None:
     with pytest.raises(ValueError, match="one of --workload"):
         main(["simulate", "-c", EXAMPLE])
+
+
+def test_simulate_closed_loop_clients(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--clients``: the workload's requests through closed-loop clients; the report
+    says how many and the tokens per second they read."""
+    assert main(["simulate", "-c", EXAMPLE, "-w",
+                 "poisson:rate=1,requests=24,model=synth-chat,prompt=10,output=16",
+                 "--clients", "4", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["config"]["clients"] == report["clients"] == 4
+    assert report["requests"] == 24 and report["overall"]["states"] == {"completed": 24}
+    assert report["tokens"] == 24 * 16 and report["tokens_per_s"] > 0
+    # 24 requests at 1/s would arrive over 24 s; the clients send them back to back
+    assert report["arrival_span_s"] < 5
