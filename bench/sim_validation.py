@@ -87,6 +87,7 @@ from bench.lib.loadgen import Sample, closed_loop, stream_completion
 from bench.lib.model_tables import llm_toml, synthetic_toml
 from bench.lib.prompts import LLM_PROMPTS, SYNTH_PROMPTS
 from bench.lib.servers import free_port, running, sluice_cmd
+from bench.lib.simulated import access_lines, front_end_summary, p95, pct, rel_err, token_counts
 from sluice.cli.costs import live_costs, model_tallies, read_status
 from sluice.config import Config
 from sluice.engine.step_times import StepBucket, from_json, minus, recent, to_json
@@ -112,25 +113,6 @@ SYSTEMS: dict[str, dict[str, Any]] = {
     "gemma": {"toml": llm_toml, "model": "gemma-3-270m", "prompts": LLM_PROMPTS,
               "max_tokens": 32, "slots": 8, "step_table": True},
 }
-
-
-def pct(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
-def p95(values: list[float]) -> float | None:
-    return pct(values, 95)
-
-
-async def token_counts(base: str, model: str, prompts: list[str]) -> list[int]:
-    async with httpx.AsyncClient() as client:
-        out = []
-        for p in prompts:
-            r = await client.post(f"{base}/tokenize", json={"model": model, "content": p,
-                                                             "add_special": True})
-            r.raise_for_status()
-            out.append(len(r.json()["tokens"]))
-        return out
 
 
 async def profile(base: str, system: dict[str, Any], n_short: int, n_long: int
@@ -224,43 +206,6 @@ def step_tally(base: str, model: str) -> dict[str, StepBucket]:
     return model_tallies(status).get(model, {})
 
 
-def access_lines(log: Path, tag: str) -> dict[int, dict[str, Any]]:
-    """The server's JSON access lines of the requests tagged ``tag`` (by index)."""
-    out: dict[int, dict[str, Any]] = {}
-    prefix = f"{tag}-"
-    for line in log.read_text(errors="replace").splitlines():
-        if not line.startswith("{") or '"sluice.access"' not in line:
-            continue
-        rec = json.loads(line)
-        rid = str(rec.get("request_id", ""))
-        if rid.startswith(prefix) and rid[len(prefix):].isdigit():
-            out[int(rid[len(prefix):])] = rec
-    return out
-
-
-def front_end_summary(samples: list[Sample], lines: dict[int, dict[str, Any]],
-                      lags: list[float]) -> dict[str, Any]:
-    """Where a completed request's TTFT went, client vs server: ``front_s`` = the client's
-    TTFT less the server's (arrival in the runtime to first token): HTTP in, parsing,
-    tokenizing, and streaming the first token back; ``queue_wait_s`` = the runtime's
-    queued → started."""
-    front, waits, server_ttft = [], [], []
-    for k, s in enumerate(samples):
-        rec = lines.get(k)
-        if rec is None or not s.ok or s.ttft_s is None or rec.get("ttft_ms") is None:
-            continue
-        server_ttft.append(rec["ttft_ms"] / 1000.0)
-        front.append(s.ttft_s - rec["ttft_ms"] / 1000.0)
-        if rec.get("queue_wait_ms") is not None:
-            waits.append(rec["queue_wait_ms"] / 1000.0)
-
-    def q(xs: list[float]) -> dict[str, float | None]:
-        return {"p50": pct(xs, 50), "p95": pct(xs, 95), "mean": statistics.fmean(xs)
-                if xs else None}
-    return {"matched": len(front), "front_s": q(front), "queue_wait_s": q(waits),
-            "server_ttft_s": q(server_ttft), "send_lag_s": q(lags)}
-
-
 def real_summary(samples: list[Sample], max_tokens: int) -> dict[str, Any]:
     done = [s for s in samples if s.ok and s.tokens == max_tokens]
     states = {"completed": len(done),
@@ -289,12 +234,6 @@ def sim_summary(config: SimConfig, arrivals: list[Arrival]) -> dict[str, Any]:
             "ttft_p95_s": o["ttft_s"]["p95"], "e2e_p95_s": o["e2e_s"]["p95"],
             "ttft_p50_s": o["ttft_s"]["p50"], "ttft_p99_s": o["ttft_s"]["p99"],
             "tpot_p50_s": o["tpot_s"]["p50"]}
-
-
-def rel_err(sim: float | None, real: float | None) -> float | None:
-    if sim is None or real is None or real == 0:
-        return None
-    return (sim - real) / real
 
 
 def judge(point: dict[str, Any], sim: dict[str, Any], real: dict[str, Any],

@@ -164,26 +164,34 @@ async def raw_stream_completion(
 
 async def closed_loop(
     base_url: str, model: str, prompts: Sequence[str], *, concurrency: int, n_requests: int,
-    max_tokens: int, raw_client: bool = False, **kw: Any,
+    max_tokens: int, raw_client: bool = False, tag: str | None = None, **kw: Any,
 ) -> tuple[list[Sample], float]:
     """``concurrency`` clients each send back-to-back until ``n_requests`` are done
-    (``raw_client``: through ``raw_stream_completion``)."""
+    (``raw_client``: through ``raw_stream_completion``). Samples in the order the
+    requests ended; with ``tag``, request ``i`` carries ``x-request-id: <tag>-<i>`` (its
+    access-log line) and the samples are in request order (``samples[i]``)."""
     counter = iter(range(n_requests))
-    samples: list[Sample] = []
+    ended: list[Sample] = []
+    ordered: list[Sample | None] = [None] * n_requests
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(limits=limits) as client:
 
         async def user() -> None:
             for i in counter:
-                samples.append(await (
-                    raw_stream_completion(base_url, model, prompts[i % len(prompts)],
-                                          max_tokens, **kw) if raw_client
-                    else stream_completion(client, base_url, model, prompts[i % len(prompts)],
-                                           max_tokens, **kw)))
+                opts = kw if tag is None else {
+                    **kw, "headers": {**(kw.get("headers") or {}), "x-request-id": f"{tag}-{i}"}}
+                prompt = prompts[i % len(prompts)]
+                sample = await (
+                    raw_stream_completion(base_url, model, prompt, max_tokens, **opts)
+                    if raw_client
+                    else stream_completion(client, base_url, model, prompt, max_tokens, **opts))
+                ended.append(sample)
+                ordered[i] = sample
 
         t0 = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(concurrency)))
-        return samples, time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        return (ended if tag is None else [s for s in ordered if s is not None]), wall
 
 
 CUT_ERROR = "cut: unfinished at the run's wall bound"
