@@ -146,13 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="requests a level instead of the default (a smoke check)")
     parser.add_argument("--model", default=GEMMA, choices=sorted(BENCH_MODELS))
     parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--no-llama-server", action="store_true",
+                        help="sluice alone (no peer, no ratios: a check of sluice's side)")
     parser.add_argument("--out", type=Path, default=RESULTS / "llm_overload.json",
                         help="the JSON to write (the PNG goes beside it)")
     args = parser.parse_args(argv)
     levels = args.clients or (QUICK_LEVELS if args.quick else LEVELS)
     label, locate = BENCH_MODELS[args.model]
     gguf = locate()
-    binary = find_llama_server()
+    binary = None if args.no_llama_server else find_llama_server()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -180,9 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             row.update(sim=sim, sim_inputs=inputs,
                        sim_vs_measured=beside(row, sim, (*PREDICTED, "goodput_requests")))
             print_row(SLUICE, clients, row)
-            print_row("  simulated", clients, {**sim, "errors": 0})
+            print_row("  simulated", clients,
+                      {**sim, "errors": sim["requests"] - sim["states"].get("completed", 0)})
             rows.append(row)
     for clients in levels:
+        if binary is None:
+            break
         port = free_port()
         peer = f"http://127.0.0.1:{port}"
         cmd = llama_server_cmd(binary, gguf, port, n_ctx=cells, n_slots=clients,
@@ -238,13 +243,17 @@ def times(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def comparison(rows: list[dict[str, Any]], levels: tuple[int, ...]) -> list[dict[str, Any]]:
-    def get(system: str, clients: int) -> dict[str, Any]:
-        return next(r for r in rows if r["system"] == system and r["clients"] == clients)
+def comparison(rows: list[dict[str, Any]], levels: Sequence[int]) -> list[dict[str, Any]]:
+    """Per level with both servers' rows: sluice's figures over llama-server's."""
+    def get(system: str, clients: int) -> dict[str, Any] | None:
+        return next((r for r in rows if r["system"] == system and r["clients"] == clients),
+                    None)
 
     out = []
     for clients in levels:
         mine, peer = get(SLUICE, clients), get(PEER, clients)
+        if mine is None or peer is None:
+            continue
         out.append({
             "clients": clients,
             "tokens_per_s_ratio": ratio(mine["tokens_per_s"], peer["tokens_per_s"]),
