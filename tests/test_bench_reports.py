@@ -3,6 +3,7 @@ they compute from the measurements is checked here)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -258,17 +259,92 @@ def test_sluice_bench_outside_a_checkout_says_where_to_run_it(
 
 
 def test_speculation_rows_count_usage_tokens_and_the_table_divides_auto_by_off() -> None:
-    from bench.speculation import Reply, row_of, sluice_toml, table
+    from bench.speculation import AUTO, NGRAM, OFF, Reply, row_of, sluice_toml, table
 
-    off = row_of("off", "grounded", 1, [Reply(True, "a", 100, 0.1, 0.02),
-                                        Reply(True, "b", 50, 0.1, 0.04), Reply(False)],
+    off = row_of(OFF, "grounded", 1, [Reply(True, "a", 100, 0.1, 0.02),
+                                      Reply(True, "b", 50, 0.1, 0.04), Reply(False)],
                  10.0, (0, 0))
-    auto = row_of("auto", "grounded", 1, [Reply(True, "a", 100, 0.1, 0.01),
-                                          Reply(True, "b", 50, 0.1, 0.01)], 5.0, (80, 60))
+    auto = row_of(AUTO, "grounded", 1, [Reply(True, "a", 100, 0.1, 0.01),
+                                        Reply(True, "b", 50, 0.1, 0.01)], 5.0, (80, 60))
+    ngram = row_of(NGRAM, "grounded", 1, [Reply(True, "a", 150, 0.1, 0.01)], 6.0, (40, 20),
+                   "ngram-mod")
     assert (off["tokens"], off["errors"], off["tokens_per_s"]) == (150, 1, 15.0)
     assert off["tpot_p50_s"] == pytest.approx(0.03) and off["acceptance"] is None
     assert auto["tokens_per_s"] == 30.0 and auto["acceptance"] == 0.75
-    text = table([off, auto])
+    assert ngram["spec_type"] == "ngram-mod" and ngram["tokens_per_s"] == 25.0
+    text = table([off, auto, ngram])
     assert "**2.00×**" in text and "0.75" in text
+    assert "25.0 (ngram-mod)" in text and "**1.20×**" in text
     assert 'speculation = "off"' in sluice_toml("off") and "ttft_target_ms" not in sluice_toml(
         "auto")
+
+
+def test_speculation_goals_say_by_how_much_each_is_missed() -> None:
+    """Grounded at 1 client: auto 1.5x off (short of 2x by 0.5) and 1.5x the n-gram peer
+    (met); auto under 0.98x off at 4 clients of free chat is missed by its shortfall;
+    greedy output identical on one workload, not the other."""
+    from bench.speculation import AUTO, NGRAM, OFF, goals
+
+    def row(system: str, workload: str, clients: int, tps: float) -> dict[str, Any]:
+        return {"system": system, "workload": workload, "concurrency": clients,
+                "tokens_per_s": tps, "spec_type": "ngram-simple" if system == NGRAM else None}
+
+    rows = [row(OFF, "grounded", 1, 10.0), row(AUTO, "grounded", 1, 15.0),
+            row(NGRAM, "grounded", 1, 10.0), row(OFF, "free", 4, 20.0),
+            row(AUTO, "free", 4, 19.0)]
+    identical = {"grounded": {"prompts": 12, "identical_to_sluice_off": {AUTO: 12}},
+                 "free": {"prompts": 8, "identical_to_sluice_off": {AUTO: 7}}}
+    g = goals(rows, identical)
+    assert g["grounded_1_client_auto_vs_off"] == {"value": 1.5, "bound": 2.0, "met": False,
+                                                  "missed_by": 0.5}
+    peer = g["grounded_1_client_auto_vs_llama_server_best_ngram"]
+    assert peer["met"] and peer["spec_type"] == "ngram-simple"
+    assert g["grounded_1_clients_auto_vs_off"]["met"]
+    assert g["free_4_clients_auto_vs_off"] == {"value": 0.95, "bound": 0.98, "met": False,
+                                               "missed_by": 0.03}
+    assert g["grounded_greedy_identical"]["met"]
+    assert g["free_greedy_identical"] == {"value": 7, "bound": 8, "met": False, "missed_by": 1}
+
+
+def test_speculation_reads_the_ngram_types_a_llama_server_build_accepts(tmp_path: Path
+                                                                        ) -> None:
+    from bench.speculation import spec_types
+
+    fake = tmp_path / "llama-server"
+    fake.write_text("#!/bin/sh\necho '-t, --threads N   threads'\n"
+                    "echo '--spec-type [none|ngram-cache|ngram-simple|ngram-map-k|"
+                    "ngram-map-k4v|ngram-mod]  comma-separated list'\n")
+    fake.chmod(0o755)
+    assert spec_types(fake) == ["ngram-cache", "ngram-simple", "ngram-map-k", "ngram-map-k4v",
+                                "ngram-mod"]
+    fake.write_text("#!/bin/sh\necho '--threads N'\n")
+    with pytest.raises(RuntimeError, match="no --spec-type"):
+        spec_types(fake)
+
+
+def test_overload_levels_are_selectable_and_goals_say_by_how_much_they_miss() -> None:
+    import argparse
+
+    from bench.llm_overload import LEVELS, PEER, SLUICE, comparison, goals, parse_levels
+
+    assert LEVELS == (8, 16, 32, 48)
+    assert parse_levels("8,16, 32,48") == (8, 16, 32, 48)
+    for bad in ("8,x", "0,8", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="--clients"):
+            parse_levels(bad)
+
+    def row(system: str, clients: int, tps: float, ttft: float, tpot: float,
+            good: int) -> dict[str, Any]:
+        return {"system": system, "clients": clients, "tokens_per_s": tps,
+                "ttft_p95_s": ttft, "tpot_p95_s": tpot, "goodput_requests": good}
+
+    rows = [row(SLUICE, 16, 100, 1, 0.1, 30), row(SLUICE, 32, 90, 3.2, 0.1, 40),
+            row(PEER, 32, 100, 2.0, 0.12, 45)]
+    table = comparison(rows, (16, 32))
+    assert [c["clients"] for c in table] == [32]  # no llama-server row at 16
+    g = goals(table)["32"]
+    assert g["tokens_per_s_at_least_1x"] == {"value": 0.9, "bound": 1.0, "met": False,
+                                             "missed_by": 0.1}
+    assert g["ttft_p95_within_1_5x"]["missed_by"] == 0.1
+    assert g["tpot_p95_within_1x"]["met"]
+    assert g["more_within_both"] == {"value": 40, "bound": 46, "met": False, "missed_by": 6}

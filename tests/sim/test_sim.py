@@ -15,8 +15,16 @@ from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import EngineConfig
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
-from sluice.sim import (Arrival, SimConfig, SimGroup, SimModel, generate, parse_spec, simulate,
-                        simulate_closed_loop)
+from sluice.sim import (
+    Arrival,
+    SimConfig,
+    SimGroup,
+    SimModel,
+    generate,
+    parse_spec,
+    simulate,
+    simulate_closed_loop,
+)
 from sluice.sim.costs import ModelCost
 from sluice.sim.request import SimRequest
 
