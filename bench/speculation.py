@@ -580,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 llama[label] = f"http://127.0.0.1:{port}"
                 stack.enter_context(running(llama_cmd(binary, gguf, port, slots, spec_type),
                                             f"{llama[label]}/health",
-                                            log_path=RESULTS / ".speculation_llama.log"))
+                                            log_path=RESULTS / f".speculation_{label}.log"))
             bases[PLAIN] = llama[PLAIN]
             for spec_type in best.values():
                 bases.setdefault(f"{NGRAM} {spec_type}", llama[spec_type])
