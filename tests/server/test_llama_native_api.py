@@ -352,7 +352,10 @@ def test_slots_show_a_running_request_and_erase_a_retained_prefix(
         with c.stream("POST", "/completion", json={"prompt": prompt, "n_predict": 400,
                                                    "stream": True}) as r:
             rid = int(r.headers["x-sluice-request-id"])
-            next(r.iter_lines())  # running now
+            # One iterator for the whole stream: a discarded `r.iter_lines()` generator closes
+            # the connection when it is collected, and the server ends the request as a hang-up.
+            lines = r.iter_lines()
+            next(lines)  # running now
             [busy] = wait_for(lambda: [s for s in c.get("/slots").json()
                                        if s["is_processing"]])
             assert busy["id_task"] == rid and busy["n_prompt_tokens"] == 21

@@ -81,7 +81,8 @@ def test_a_request_without_any_first_token_deadline_waits_its_turn(
         server: LiveServer, client: httpx.Client) -> None:
     with server.client() as blocker_client, blocker_client.stream(
             "POST", "/v1/infer", json=_body("slow", 20, stream=True)) as blocker:
-        next(blocker.iter_lines())
+        lines = blocker.iter_lines()  # kept: a collected iterator would hang the stream up
+        next(lines)
         r = client.post("/v1/infer", json=_body("slow", 2))
         assert r.status_code == 200, r.text
 
@@ -100,7 +101,8 @@ def test_a_request_that_would_miss_its_first_token_target_is_refused_with_a_retr
             "POST", "/v1/infer", json=_body(model, 150, stream=True),
             headers={"x-sluice-ttft-target-ms": "60000"}) as blocker:
         assert blocker.status_code == 200
-        next(blocker.iter_lines())  # it runs
+        lines = blocker.iter_lines()  # kept: a collected iterator would hang the stream up
+        next(lines)  # it runs
         r = client.post("/v1/infer", json=_body(model, 3), headers=headers)
         err = assert_error(r, 503, code="deadline_infeasible")
         assert "first-token target infeasible" in err["message"]
