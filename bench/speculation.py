@@ -663,7 +663,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.set_xticks(result["levels"], labels=[str(c) for c in result["levels"]])
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
-    fig.suptitle(f"n-gram speculation: sluice off / auto and llama-server, {result['model']} "
+    fig.suptitle(f"n-gram speculation: sluice off / auto and llama-server\n{result['model']} "
                  f"({result['started'][:10]})")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
