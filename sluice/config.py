@@ -556,6 +556,8 @@ class ServerConfig(_Strict):
     rerank_max_documents: int = Field(default=1000, ge=1, le=100_000)
     """The most documents one rerank request may hold (400 past it); each is a request of
     its own to the reranker, batched with the others."""
+    web_ui: bool = True
+    """Serve the chat page at ``/`` (off: 404 there, as llama-server's ``--no-ui``)."""
     slots_endpoint: bool = True
     """Serve llama-server's ``GET /slots`` and ``POST /slots/{id}`` (off: 501, as
     llama-server's ``--no-slots``)."""

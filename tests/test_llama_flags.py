@@ -62,6 +62,9 @@ def test_llama_server_flags_map_to_the_config(tmp_path: Path) -> None:
     assert gen.default_max_tokens == -1 and "seed" not in gen.sampling.given()
     assert config.server.slots_endpoint is True
     assert serve_config([str(path), "--no-slots"]).server.slots_endpoint is False
+    assert config.server.web_ui is True
+    assert serve_config([str(path), "--no-ui"]).server.web_ui is False
+    assert serve_config([str(path), "--no-webui"]).server.web_ui is False
 
 
 @pytest.mark.llm

@@ -36,6 +36,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             "log_content": True if getattr(args, "log_content", False) else None,
             "cors_origins": split_values(cors) if cors else None,
             "slots_endpoint": False if getattr(args, "no_slots", False) else None,
+            "web_ui": False if getattr(args, "no_ui", False) else None,
             "slot_save_path": getattr(args, "slot_save_path", None),
         },
         "scheduling": {

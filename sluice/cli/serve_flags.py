@@ -141,6 +141,8 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-slots", action="store_true",
                    help="GET /slots and POST /slots/{id} answer 501 "
                         "(server.slots_endpoint = false)")
+    p.add_argument("--no-ui", "--no-webui", dest="no_ui", action="store_true",
+                   help="no chat page at / (server.web_ui = false; 404 there)")
     p.add_argument("--props", action=_Refused,
                    why="sluice does not change its settings at run time (POST /props "
                        "answers 501): set them in the config file")

@@ -72,3 +72,12 @@ def test_a_typed_message_streams_its_answer_into_the_page(live: LiveServer) -> N
         assert not browser.evaluate("!!document.querySelector('.msg.error')")
     with live.client(headers={"Authorization": f"Bearer {KEY}"}) as c:
         assert c.get("/v1/models").status_code == 200  # the server serves on
+
+
+def test_without_the_web_ui_the_root_is_404_and_the_apis_still_answer(
+        serve: Callable[..., LiveServer]) -> None:
+    live = serve(config_with(models=[synth_chat(CHAT)], server={"web_ui": False}))
+    with live.client() as c:
+        assert_error(c.get("/"), 404)
+        assert c.get("/v1/models").status_code == 200
+        assert c.get("/health").status_code == 200

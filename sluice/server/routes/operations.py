@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from sluice.server.errors import APIError
 from sluice.server.health import liveness, readiness
 from sluice.server.pages import STATUS_PAGE, chat_page
 from sluice.server.routes.common import ctx_of
@@ -47,7 +48,10 @@ async def metrics(request: Request) -> Response:
 @router.get("/", response_class=HTMLResponse)
 async def chat(request: Request) -> HTMLResponse:
     """A chat page: a model picker (``/v1/models``), a key field, and answers streamed from
-    ``/v1/chat/completions`` as they are generated; the default model preselected."""
+    ``/v1/chat/completions`` as they are generated; the default model preselected (404 with
+    ``server.web_ui = false``)."""
+    if not ctx_of(request).config.server.web_ui:
+        raise APIError(404, "Not Found", code="not_found")
     return HTMLResponse(chat_page(ctx_of(request).config.default_model))
 
 
