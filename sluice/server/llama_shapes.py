@@ -18,7 +18,7 @@ from sluice.backends.base import Tokenizer
 from sluice.engine.request import Final, Request, SamplingParams, TokenEvent, TokenLogprob
 from sluice.server.errors import APIError, llama_server_error
 from sluice.server.llama_wire import LLAMA_DEFAULT_SEED
-from sluice.server.shapes import LOGPROB_FLOOR, Shape
+from sluice.server.shapes import LOGPROB_FLOOR, Shape, timings
 
 UNUSED_SAMPLER_SETTINGS: dict[str, Any] = {
     "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0,
@@ -49,32 +49,6 @@ def generation_settings(params: SamplingParams, *, n_predict: int, stream: bool,
         "n_probs": params.top_logprobs if params.logprobs else 0,
         "samplers": list(samplers), "timings_per_token": timings_per_token,
         "post_sampling_probs": False, "lora": [],
-    }
-
-
-def timings(req: Request, n_predicted: int, now_s: float) -> dict[str, float]:
-    """llama-server's ``timings``: prompt tokens computed (``prompt_n``; ``cache_n`` reused)
-    and the time from the start to the first token; tokens predicted and the time after the
-    first (whose rate counts the decode steps, ``n - 1``: the first token comes with the
-    prompt's last pass)."""
-    t = req.times
-    cached = req.cached_prompt_tokens
-    prompt_n = len(req.prompt_tokens) - cached
-    first = t.first_token_s
-    prompt_ms = 0.0 if first is None or t.started_s is None else (first - t.started_s) * 1e3
-    end = t.finished_s if t.finished_s is not None else now_s
-    predicted_ms = 0.0 if first is None else max(0.0, end - first) * 1e3
-    steps = max(0, n_predicted - 1)
-    return {
-        "cache_n": cached,
-        "prompt_n": prompt_n,
-        "prompt_ms": prompt_ms,
-        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
-        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
-        "predicted_n": n_predicted,
-        "predicted_ms": predicted_ms,
-        "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
-        "predicted_per_second": steps * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
     }
 
 

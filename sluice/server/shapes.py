@@ -15,9 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sluice
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import ToolCall, parse_tool_calls
-from sluice.engine.request import Final, TokenEvent, TokenLogprob
+from sluice.engine.request import Final, Request, TokenEvent, TokenLogprob
 from sluice.server.core.output import (
     CallHold,
     ReasoningDelta,
@@ -29,6 +30,9 @@ from sluice.server.core.reasoning import ThinkingTags
 from sluice.server.errors import APIError
 from sluice.server.schemas import usage
 
+SYSTEM_FINGERPRINT = f"b{sluice.__version__}-sluice"
+"""OpenAI's ``system_fingerprint`` (the serving build; llama-server's starts with ``b`` and
+its build number too)."""
 LOGPROB_FLOOR = -9999.0
 """What a logprob of -inf is reported as (JSON has no infinity; OpenAI uses this value)."""
 
@@ -66,6 +70,32 @@ class TokenText:
         return self.bytes(token_id).decode("utf-8", "replace")
 
 
+def timings(req: Request, n_predicted: int, now_s: float) -> dict[str, float]:
+    """llama-server's ``timings``: prompt tokens computed (``prompt_n``; ``cache_n`` reused)
+    and the time from the start to the first token; tokens predicted and the time after the
+    first (whose rate counts the decode steps, ``n - 1``: the first token comes with the
+    prompt's last pass)."""
+    t = req.times
+    cached = req.cached_prompt_tokens
+    prompt_n = len(req.prompt_tokens) - cached
+    first = t.first_token_s
+    prompt_ms = 0.0 if first is None or t.started_s is None else (first - t.started_s) * 1e3
+    end = t.finished_s if t.finished_s is not None else now_s
+    predicted_ms = 0.0 if first is None else max(0.0, end - first) * 1e3
+    steps = max(0, n_predicted - 1)
+    return {
+        "cache_n": cached,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": n_predicted,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+        "predicted_per_second": steps * 1e3 / predicted_ms if predicted_ms > 0 else 0.0,
+    }
+
+
 class Shape:
     """How one endpoint renders a generative result. Subclasses render one choice's delta,
     end, and full body; this class tracks the stream per choice."""
@@ -75,15 +105,35 @@ class Shape:
     done_marker: str | None = "[DONE]"
     """The last ``data:`` line of a stream (``None``: none, its last chunk says so)."""
 
-    def __init__(self, response_id: str, model: str) -> None:
+    openai = False
+    """OpenAI's shapes: every body and chunk carries ``system_fingerprint``; with the
+    ``request``, usage has ``prompt_tokens_details.cached_tokens`` and the body and usage
+    chunk llama-server's ``timings``."""
+
+    def __init__(self, response_id: str, model: str, request: Request | None = None) -> None:
         self.id = response_id
         self.model = model
+        self.request = request
         self.created = int(time.time())
         self._started: set[int] = set()
 
     def _envelope(self, name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": name, "created": self.created, "model": self.model,
-                "choices": choices}
+        body: dict[str, Any] = {"id": self.id, "object": name, "created": self.created,
+                                "model": self.model, "choices": choices}
+        if self.openai:
+            body["system_fingerprint"] = SYSTEM_FINGERPRINT
+        return body
+
+    def _with_usage(self, body: dict[str, Any], final: Final) -> dict[str, Any]:
+        """``body`` with the final's ``usage`` (and, for OpenAI's shapes with the request,
+        its cached prompt tokens and ``timings``)."""
+        body["usage"] = usage(final.prompt_tokens, final.completion_tokens)
+        if self.openai and self.request is not None:
+            body["usage"]["prompt_tokens_details"] = {
+                "cached_tokens": self.request.cached_prompt_tokens}
+            body["timings"] = timings(self.request, final.completion_tokens,
+                                      self.request.times.finished_s or 0.0)
+        return body
 
     # -- streaming ------------------------------------------------------------------------
 
@@ -111,9 +161,7 @@ class Shape:
                           "code": err.code}}
 
     def usage_chunk(self, final: Final) -> dict[str, Any]:
-        body = self._envelope(self.chunk_name, [])
-        body["usage"] = usage(final.prompt_tokens, final.completion_tokens)
-        return body
+        return self._with_usage(self._envelope(self.chunk_name, []), final)
 
     # -- one body -------------------------------------------------------------------------
 
@@ -127,10 +175,12 @@ class ChatShape(Shape):
 
     object_name = "chat.completion"
     chunk_name = "chat.completion.chunk"
+    openai = True
 
     def __init__(self, response_id: str, model: str, *, tokens: TokenText | None = None,
-                 tool_names: Sequence[str] = (), thinking: ThinkingTags | None = None) -> None:
-        super().__init__(response_id, model)
+                 tool_names: Sequence[str] = (), thinking: ThinkingTags | None = None,
+                 request: Request | None = None) -> None:
+        super().__init__(response_id, model, request)
         self.tokens = tokens
         """Set when the request asked for logprobs."""
         self.tool_names = list(tool_names)
@@ -148,14 +198,10 @@ class ChatShape(Shape):
             split = self._splits[choice] = ThinkingSplit(self.thinking)
         return split
 
-    def _reasoning_chunk(self, choice: int, text: str, first: bool) -> dict[str, Any]:
-        delta: dict[str, Any] = {"reasoning_content": text, "reasoning": text}
-        if first:
-            delta = {"role": "assistant", "content": None, **delta}
-        return self._chunk(choice, delta)
+    def _reasoning_chunk(self, choice: int, text: str) -> dict[str, Any]:
+        return self._chunk(choice, {"reasoning_content": text, "reasoning": text})
 
-    def _answer_of(self, choice: int, text: str, first: bool,
-                   chunks: list[dict[str, Any]]) -> str:
+    def _answer_of(self, choice: int, text: str, chunks: list[dict[str, Any]]) -> str:
         """The answer part of ``text`` (all of it without thinking); the thinking part goes
         out as reasoning chunks (added to ``chunks``)."""
         split = self._split_of(choice)
@@ -164,8 +210,7 @@ class ChatShape(Shape):
         answer = []
         for piece in split.push(text) if text else split.flush():
             if isinstance(piece, ReasoningDelta):
-                chunks.append(self._reasoning_chunk(choice, piece.text,
-                                                    first and not chunks))
+                chunks.append(self._reasoning_chunk(choice, piece.text))
             else:
                 answer.append(piece.text)
         return "".join(answer)
@@ -200,26 +245,25 @@ class ChatShape(Shape):
             held = self._held[choice] = CallHold(mode=mode)
         return held
 
+    def _opening(self, choice: int) -> list[dict[str, Any]]:
+        """The role chunk that opens a choice's stream (``content`` null, as OpenAI and
+        llama-server send it), the first time ``choice`` is seen."""
+        if choice in self._started:
+            return []
+        self._started.add(choice)
+        return [self._chunk(choice, {"role": "assistant", "content": None})]
+
     def on_token(self, event: TokenEvent) -> list[dict[str, Any]]:
         held = self._held_of(event.choice)
-        first = event.choice not in self._started
-        self._started.add(event.choice)
+        chunks = self._opening(event.choice)
         held.events.append(event)
-        chunks: list[dict[str, Any]] = []
         if event.text:
-            held.text += self._answer_of(event.choice, event.text, first, chunks)
-            first = first and not chunks
+            held.text += self._answer_of(event.choice, event.text, chunks)
         if self.tool_names and held.mode != "content":
             held.decide()
-        if held.mode != "content":
-            return chunks + ([self._chunk(event.choice, {"role": "assistant", "content": ""})]
-                             if first else [])
-        if not held.text and not first:
+        if held.mode != "content" or not held.text:
             return chunks
-        delta: dict[str, Any] = {"content": held.text}
-        if first:
-            delta["role"] = "assistant"
-        chunk = self._chunk(event.choice, delta, events=held.events)
+        chunk = self._chunk(event.choice, {"content": held.text}, events=held.events)
         held.text, held.events = "", []
         return [*chunks, chunk]
 
@@ -227,27 +271,21 @@ class ChatShape(Shape):
         chunks: list[dict[str, Any]] = []
         for c in choices_of(final):
             held = self._held_of(c.index)
-            first = c.index not in self._started
+            chunks += self._opening(c.index)
             if self.thinking is not None:
-                tail: list[dict[str, Any]] = []
-                held.text += self._answer_of(c.index, "", first, tail)
-                if tail:
-                    chunks += tail
-                    first = False
-                    self._started.add(c.index)
-            role = {"role": "assistant"} if first else {}
+                held.text += self._answer_of(c.index, "", chunks)
             calls = None
             if self.tool_names and held.mode != "content":
                 calls = parse_tool_calls(held.text, self.tool_names)
             if calls is not None:
                 content, parsed = calls
-                delta: dict[str, Any] = {**role, "content": content or None,
+                delta: dict[str, Any] = {"content": content or None,
                                          "tool_calls": _call_deltas(parsed)}
                 chunks.append(self._chunk(c.index, delta, events=held.events))
                 chunks.append(self._chunk(c.index, {}, "tool_calls"))
                 continue
-            if held.text or held.events or first:
-                chunks.append(self._chunk(c.index, {**role, "content": held.text},
+            if held.text or held.events:
+                chunks.append(self._chunk(c.index, {"content": held.text},
                                           events=held.events))
             chunks.append(self._chunk(c.index, {}, c.finish_reason))
         return chunks
@@ -271,9 +309,7 @@ class ChatShape(Shape):
                             "logprobs": self._logprobs([e for e in events
                                                         if e.choice == c.index]),
                             "finish_reason": finish})
-        body = self._envelope(self.object_name, choices)
-        body["usage"] = usage(final.prompt_tokens, final.completion_tokens)
-        return body
+        return self._with_usage(self._envelope(self.object_name, choices), final)
 
 
 def _call(call: ToolCall) -> dict[str, Any]:
@@ -292,10 +328,12 @@ class CompletionShape(Shape):
 
     object_name = "text_completion"
     chunk_name = "text_completion"
+    openai = True
 
     def __init__(self, response_id: str, model: str, *, tokens: TokenText | None = None,
-                 echo: str | None = None, prompt_ids: Sequence[int] = ()) -> None:
-        super().__init__(response_id, model)
+                 echo: str | None = None, prompt_ids: Sequence[int] = (),
+                 request: Request | None = None) -> None:
+        super().__init__(response_id, model, request)
         self.tokens = tokens
         self.echo = echo
         self.prompt_ids = list(prompt_ids)
@@ -383,9 +421,7 @@ class CompletionShape(Shape):
                     logprobs = {k: head[k] + logprobs[k] for k in head}
             choices.append({"index": c.index, "text": (self.echo or "") + c.text,
                             "logprobs": logprobs, "finish_reason": c.finish_reason})
-        body = self._envelope(self.object_name, choices)
-        body["usage"] = usage(final.prompt_tokens, final.completion_tokens)
-        return body
+        return self._with_usage(self._envelope(self.object_name, choices), final)
 
 
 class InferShape(Shape):

@@ -161,3 +161,27 @@ def test_a_model_that_failed_to_load_fails_health_and_requests_get_503(
         err = assert_error(r, 503, code="model_load_failed")
         assert err["message"] == "The model could not be loaded."
         assert r.headers["retry-after"] == "1"
+
+
+def test_chat_answers_carry_llama_servers_fields_beside_openais(live: LiveServer) -> None:
+    """``system_fingerprint``, ``usage.prompt_tokens_details.cached_tokens`` and
+    llama-server's ``timings`` on the body and on the stream's usage chunk; a stream opens
+    with the role alone (``content`` null), as OpenAI and llama-server send it."""
+    with live.client() as c:
+        body = c.post("/chat/completions", json={"messages": MSG, "max_tokens": 3}).json()
+        assert body["system_fingerprint"].startswith("b")
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+        assert body["timings"]["predicted_n"] == body["usage"]["completion_tokens"] == 3
+        assert body["timings"]["prompt_n"] + body["timings"]["cache_n"] == (
+            body["usage"]["prompt_tokens"])
+        with c.stream("POST", "/chat/completions", json={
+                "messages": MSG, "max_tokens": 3, "stream": True,
+                "stream_options": {"include_usage": True}}) as r:
+            chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                      if line.startswith("data: {")]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert all("role" not in ch["choices"][0]["delta"] for ch in chunks[1:] if ch["choices"])
+    assert all(ch["system_fingerprint"] == body["system_fingerprint"] for ch in chunks)
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == [] and usage_chunk["timings"]["predicted_n"] == 3
+    assert usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0

@@ -84,11 +84,25 @@ def test_stream_of_two_choices_tags_every_chunk_with_its_index() -> None:
 
 def test_streamed_logprobs_of_held_text_ride_on_the_next_chunk() -> None:
     shape = ChatShape("c", "m", tokens=TEXT)
-    first = shape.on_token(ev(0, 10, "", lp=-1.0))  # text held by the stop-string check
-    assert first[0]["choices"][0]["logprobs"]["content"][0]["logprob"] == -1.0
+    [opening] = shape.on_token(ev(0, 10, "", lp=-1.0))  # text held by the stop-string check
+    assert opening["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert opening["choices"][0]["logprobs"]["content"] == []
     assert shape.on_token(ev(1, 11, "", lp=-2.0)) == []
     [chunk] = shape.on_token(ev(2, 12, " w11 w12", lp=-3.0))
-    assert [e["logprob"] for e in chunk["choices"][0]["logprobs"]["content"]] == [-2.0, -3.0]
+    assert [e["logprob"] for e in chunk["choices"][0]["logprobs"]["content"]] == [
+        -1.0, -2.0, -3.0]
+
+
+def test_a_stream_opens_with_the_role_alone_as_openai_and_llama_server_send_it() -> None:
+    shape = ChatShape("c", "m")
+    opening, text = shape.on_token(ev(0, 10, "Hi"))
+    assert opening["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert text["choices"][0]["delta"] == {"content": "Hi"}
+    assert opening["system_fingerprint"] == text["system_fingerprint"]
+    assert text["system_fingerprint"].startswith("b")
+    silent = ChatShape("c", "m")  # no token at all: the role still comes first
+    deltas = [c["choices"][0]["delta"] for c in silent.on_final(final(""))]
+    assert deltas == [{"role": "assistant", "content": None}, {}]
 
 
 def test_a_streamed_tool_call_is_held_back_and_sent_parsed() -> None:
@@ -97,7 +111,7 @@ def test_a_streamed_tool_call_is_held_back_and_sent_parsed() -> None:
     chunks = []
     for i, piece in enumerate([" ", call[:10], call[10:30], call[30:]]):
         chunks += shape.on_token(ev(i, 10 + i, piece))
-    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": ""}]
+    assert [c["choices"][0]["delta"] for c in chunks] == [{"role": "assistant", "content": None}]
     end = shape.on_final(final(call))
     delta = end[0]["choices"][0]["delta"]
     assert delta["content"] is None
@@ -110,8 +124,9 @@ def test_a_streamed_tool_call_is_held_back_and_sent_parsed() -> None:
 
 def test_streamed_text_that_is_not_a_call_flows_at_once_or_at_the_end() -> None:
     prose = ChatShape("c", "m", tool_names=["get_weather"])
-    [chunk] = prose.on_token(ev(0, 10, "Sunny"))
-    assert chunk["choices"][0]["delta"] == {"content": "Sunny", "role": "assistant"}
+    opening, chunk = prose.on_token(ev(0, 10, "Sunny"))
+    assert opening["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    assert chunk["choices"][0]["delta"] == {"content": "Sunny"}
     almost = ChatShape("c", "m", tool_names=["get_weather"])
     almost.on_token(ev(0, 10, '{"answer": 4'))
     end = almost.on_final(final('{"answer": 4'))

@@ -70,7 +70,7 @@ async def chat_completions(
                else "max_tokens")))
     shape = ChatShape(f"chatcmpl-{gen.request.request_id}", model,
                       tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names,
-                      thinking=gen.thinking)
+                      thinking=gen.thinking, request=gen.request)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await run_generative(request, gen, shape, stream=body.stream,
                                 include_usage=include_usage, headers=headers,
@@ -109,7 +109,7 @@ async def completions(body: CompletionRequest, request: Request, tenant: Tenant)
             tok.token_bytes(t) for t in req.prompt_tokens).decode("utf-8", "replace")
     shape = CompletionShape(f"cmpl-{req.request_id}", model,
                             tokens=TokenText(tok) if want_logprobs else None, echo=echo,
-                            prompt_ids=req.prompt_tokens)
+                            prompt_ids=req.prompt_tokens, request=req)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await run_generative(request, gen, shape, stream=body.stream,
                                 include_usage=include_usage, headers=headers,
