@@ -14,7 +14,7 @@ import pytest
 
 from sluice.backends.base import FimTokens
 from sluice.server.llama_wire import InfillRequest, infill_pieces
-from tests.server.live import LiveServer, config_with, synth_chat, wait_for
+from tests.server.live import LiveServer, assert_error, config_with, synth_chat, wait_for
 
 CHAT, BYTES, FIM, SHORT, PLAIN = "chat", "bytes", "fim", "short", "plain"
 LLAMA_ERROR_KEYS = {"code", "message", "type"}
@@ -318,6 +318,22 @@ def test_apply_template_renders_as_a_chat_request_does(live: LiveServer) -> None
                            400, "invalid_request_error", "completion model")
         assert_llama_error(c.post("/apply-template", json={"messages": []}), 400,
                            "invalid_request_error")
+        served(c)
+
+
+def test_chat_input_tokens_counts_what_a_chat_request_runs(live: LiveServer) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    with live.client() as c:
+        n = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}
+                   ).json()["usage"]["prompt_tokens"]
+        for path in ("/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"):
+            r = c.post(path, json={"messages": messages, "max_tokens": 8})
+            assert r.status_code == 200, r.text
+            assert r.json() == {"input_tokens": n}
+        assert_error(c.post("/chat/completions/input_tokens",
+                            json={"model": PLAIN, "messages": messages}),
+                     400, code="model_has_no_chat_template")
+        assert_error(c.post("/chat/completions/input_tokens", json={"messages": []}), 400)
         served(c)
 
 

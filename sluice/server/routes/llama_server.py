@@ -17,7 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 import sluice
-from sluice.backends.base import ModelSpec
+from sluice.backends.base import ModelSpec, Tokenizer
+from sluice.backends.chat import chat_tokens
 from sluice.backends.packaged import DEFAULT_MODEL_ID, PACKAGED_PREFIX
 from sluice.engine.continuous import SlotState
 from sluice.server.context import AppContext
@@ -32,6 +33,7 @@ from sluice.server.core import (
     spec_of_kind,
     tokenizer_of,
 )
+from sluice.server.core.prompt import check_prompt_length
 from sluice.server.errors import APIError, bad_param
 from sluice.server.llama_shapes import NativeShape, generation_settings
 from sluice.server.llama_wire import (
@@ -126,6 +128,31 @@ async def apply_template(body: ApplyTemplateRequest, request: Request,
     prompt = ChatPrompt([m.as_dict() for m in body.messages],
                         [t.as_dict() for t in body.tools or []])
     return JSONResponse({"prompt": rendered_chat(tok, prompt, model).text}, headers=headers)
+
+
+@router.post("/chat/completions/input_tokens", responses=ERROR_RESPONSES)
+@router.post("/v1/chat/completions/input_tokens", include_in_schema=False)
+async def chat_input_tokens(body: ApplyTemplateRequest, request: Request,
+                            tenant: Tenant) -> JSONResponse:
+    """llama-server's token count of a chat request: the prompt tokens its ``messages``
+    (and ``tools``) run as, ``{"input_tokens": n}``; one request against the tenant's
+    request rate, charged before anything is tokenized."""
+    ctx = ctx_of(request)
+    headers = body_headers(request, body)
+    model = model_name(ctx, body.model)
+    spec_of_kind(ctx, model, "generative")
+    tok = tokenizer_of(ctx, model)
+    await ctx.quota.charge_call(tenant.id, "input_tokens")
+    prompt = ChatPrompt([m.as_dict() for m in body.messages],
+                        [t.as_dict() for t in body.tools or []])
+    n = await asyncio.to_thread(_chat_tokens, tok, prompt, model)
+    return JSONResponse({"input_tokens": n}, headers=headers)
+
+
+def _chat_tokens(tok: Tokenizer, prompt: ChatPrompt, model: str) -> int:
+    rendered = rendered_chat(tok, prompt, model)
+    check_prompt_length(tok, rendered.text, "messages", whole_context=True)
+    return len(chat_tokens(tok, rendered))
 
 
 def _model_file(spec: ModelSpec) -> str:
