@@ -65,6 +65,9 @@ def test_llama_server_flags_map_to_the_config(tmp_path: Path) -> None:
     assert config.server.web_ui is True
     assert serve_config([str(path), "--no-ui"]).server.web_ui is False
     assert serve_config([str(path), "--no-webui"]).server.web_ui is False
+    assert config.server.unknown_model == "refuse"
+    assert serve_config([str(path), "--unknown-model", "default"]).server.unknown_model == (
+        "default")
 
 
 @pytest.mark.llm

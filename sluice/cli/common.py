@@ -37,6 +37,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             "cors_origins": split_values(cors) if cors else None,
             "slots_endpoint": False if getattr(args, "no_slots", False) else None,
             "web_ui": False if getattr(args, "no_ui", False) else None,
+            "unknown_model": getattr(args, "unknown_model", None),
             "slot_save_path": getattr(args, "slot_save_path", None),
         },
         "scheduling": {

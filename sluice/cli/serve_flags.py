@@ -141,6 +141,10 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-slots", action="store_true",
                    help="GET /slots and POST /slots/{id} answer 501 "
                         "(server.slots_endpoint = false)")
+    p.add_argument("--unknown-model", choices=["refuse", "default"],
+                   help="a request naming a model that is not served: refuse it (404, the "
+                        "default) or, on a one-model server, serve it with that model as "
+                        "llama-server does (server.unknown_model)")
     p.add_argument("--no-ui", "--no-webui", dest="no_ui", action="store_true",
                    help="no chat page at / (server.web_ui = false; 404 there)")
     p.add_argument("--props", action=_Refused,
