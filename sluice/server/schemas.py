@@ -329,6 +329,9 @@ class ChatCompletionRequest(_Sampling):
     turns thinking on or off (other keys are ignored)."""
     thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
     """sluice: thinking tokens before the end tag is written for the model."""
+    verbose: bool = False
+    """llama-server's: the answer (not a stream) also carries ``__verbose.prompt``, the
+    prompt as the model's chat template rendered it."""
 
     @field_validator("chat_template_kwargs")
     @classmethod

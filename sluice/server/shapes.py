@@ -189,6 +189,8 @@ class ChatShape(Shape):
         ``reasoning`` (both names: clients read one or the other), apart from ``content``."""
         self._held: dict[int, CallHold] = {}
         self._splits: dict[int, ThinkingSplit] = {}
+        self.verbose: dict[str, Any] | None = None
+        """Set when the request asked for llama-server's ``__verbose`` (the body has it)."""
 
     def _split_of(self, choice: int) -> ThinkingSplit | None:
         if self.thinking is None:
@@ -309,7 +311,10 @@ class ChatShape(Shape):
                             "logprobs": self._logprobs([e for e in events
                                                         if e.choice == c.index]),
                             "finish_reason": finish})
-        return self._with_usage(self._envelope(self.object_name, choices), final)
+        body = self._with_usage(self._envelope(self.object_name, choices), final)
+        if self.verbose is not None:
+            body["__verbose"] = self.verbose
+        return body
 
 
 def _call(call: ToolCall) -> dict[str, Any]:

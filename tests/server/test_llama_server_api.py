@@ -185,3 +185,17 @@ def test_chat_answers_carry_llama_servers_fields_beside_openais(live: LiveServer
     usage_chunk = chunks[-1]
     assert usage_chunk["choices"] == [] and usage_chunk["timings"]["predicted_n"] == 3
     assert usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+
+
+def test_verbose_answers_carry_the_rendered_prompt(live: LiveServer) -> None:
+    """llama-server's ``verbose``: the body's ``__verbose.prompt`` is the prompt the chat
+    template rendered (what ``/apply-template`` answers); without it, no ``__verbose``."""
+    with live.client() as c:
+        rendered = c.post("/apply-template", json={"model": BYTES, "messages": MSG}
+                          ).json()["prompt"]
+        body = c.post("/chat/completions", json={"model": BYTES, "messages": MSG,
+                                                 "max_tokens": 1, "verbose": True}).json()
+        assert body["__verbose"]["prompt"].endswith(rendered)
+        plain = c.post("/chat/completions", json={"model": BYTES, "messages": MSG,
+                                                  "max_tokens": 1}).json()
+        assert "__verbose" not in plain

@@ -71,6 +71,9 @@ async def chat_completions(
     shape = ChatShape(f"chatcmpl-{gen.request.request_id}", model,
                       tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names,
                       thinking=gen.thinking, request=gen.request)
+    if body.verbose:
+        shape.verbose = {"prompt": b"".join(tok.token_bytes(t) for t in gen.request.prompt_tokens
+                                            ).decode("utf-8", "replace")}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await run_generative(request, gen, shape, stream=body.stream,
                                 include_usage=include_usage, headers=headers,
