@@ -2,7 +2,9 @@
 and their translation into the serving core's terms.
 
 - ``prompt``: a string, token ids, or a mix of both (each string tokenized where it stands,
-  BOS first when the prompt starts with a string), one prompt per request;
+  BOS first when the prompt starts with a string), or ``{"prompt_string": text}``; a list
+  holding lists or such objects is several prompts (``MAX_PROMPTS`` at most), each run as
+  a request of its own and answered as a list, as llama-server does;
 - ``n_predict`` (also ``max_tokens``): left out, the model's ``default_max_tokens`` (else
   the server's); -1, until a stop or the end of the sequence's context; 0 is refused
   (sluice does not fill a cache without generating);
@@ -78,10 +80,46 @@ def _canonical_samplers(value: list[str] | str) -> list[str]:
     return names
 
 
+MAX_PROMPTS = 64
+"""The most prompts one ``/completion`` request may hold."""
+PROMPT_STRING_KEY = "prompt_string"
+"""llama-server's prompt object: ``{"prompt_string": text}`` (with ``multimodal_data`` for
+a multimodal model, which sluice does not serve)."""
+
+OnePrompt = str | list[int | str] | dict[str, str]
+
+
+def _one(v: Any) -> Any:
+    """One prompt as ``prompt`` gives it (text, token ids and texts, or a prompt object),
+    checked."""
+    if isinstance(v, dict):
+        if "multimodal_data" in v:
+            raise ValueError("multimodal prompts are not supported: the served models are "
+                             "text models")
+        if set(v) != {PROMPT_STRING_KEY} or not isinstance(v[PROMPT_STRING_KEY], str):
+            raise ValueError(f'a prompt object is {{"{PROMPT_STRING_KEY}": text}}')
+    elif isinstance(v, list):
+        if not v:
+            raise ValueError("prompt must not be empty")
+        if any(isinstance(p, bool) or not isinstance(p, int | str) for p in v):
+            raise ValueError("prompt items must be token ids or strings")
+    return v
+
+
+def _as_prompt(p: OnePrompt) -> TextPrompt | TokenPrompt | MixedPrompt:
+    if isinstance(p, dict):
+        return TextPrompt(p[PROMPT_STRING_KEY])
+    if isinstance(p, str):
+        return TextPrompt(p)
+    if all(isinstance(t, int) for t in p):
+        return TokenPrompt([int(t) for t in p])
+    return MixedPrompt(list(p), bos=isinstance(p[0], str))
+
+
 class NativeCompletionRequest(SamplingBody):
     """``POST /completion`` (and ``/completions``): llama-server's own completion body."""
 
-    prompt: str | list[int | str]
+    prompt: str | dict[str, str] | list[int | str] | list[OnePrompt]
     max_tokens: int | None = Field(
         default=None, ge=-1, le=1_000_000,
         validation_alias=AliasChoices("n_predict", "max_tokens", "max_completion_tokens"))
@@ -106,16 +144,12 @@ class NativeCompletionRequest(SamplingBody):
 
     @field_validator("prompt", mode="before")
     @classmethod
-    def _one_prompt(cls, v: Any) -> Any:
-        if isinstance(v, list):
-            if not v:
-                raise ValueError("prompt must not be empty")
-            if any(isinstance(p, list | dict) for p in v):
-                raise ValueError("one prompt per request: send several prompts as several "
-                                 "requests")
-            if any(isinstance(p, bool) or not isinstance(p, int | str) for p in v):
-                raise ValueError("prompt items must be token ids or strings")
-        return v
+    def _prompts(cls, v: Any) -> Any:
+        if isinstance(v, list) and any(isinstance(p, list | dict) for p in v):
+            if len(v) > MAX_PROMPTS:
+                raise ValueError(f"at most {MAX_PROMPTS} prompts in one request")
+            return [_one(p) for p in v]
+        return _one(v)
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -146,14 +180,22 @@ class NativeCompletionRequest(SamplingBody):
     def _random_seed(cls, v: int | None) -> int | None:
         return None if v == -1 else v  # llama.cpp's -1: a random seed
 
-    def prompt_of(self) -> TextPrompt | TokenPrompt | MixedPrompt:
-        """The core's prompt for ``prompt``."""
+    def several(self) -> bool:
+        """Whether ``prompt`` is several prompts (answered as a list)."""
+        return isinstance(self.prompt, list) and any(isinstance(p, list | dict)
+                                                     for p in self.prompt)
+
+    def prompts_of(self) -> list[TextPrompt | TokenPrompt | MixedPrompt]:
+        """The core's prompt for each of ``prompt``'s prompts (one unless ``several``)."""
         p = self.prompt
-        if isinstance(p, str):
-            return TextPrompt(p)
-        if all(isinstance(t, int) for t in p):
-            return TokenPrompt([int(t) for t in p])
-        return MixedPrompt(list(p), bos=isinstance(p[0], str))
+        if self.several():
+            assert isinstance(p, list)
+            return [_as_prompt(q) for q in p]  # type: ignore[arg-type]
+        return [_as_prompt(p)]  # type: ignore[arg-type]
+
+    def prompt_of(self) -> TextPrompt | TokenPrompt | MixedPrompt:
+        """The core's prompt for a ``prompt`` that is one prompt."""
+        return self.prompts_of()[0]
 
     def sampler_names(self) -> list[str]:
         return list(DEFAULT_SAMPLERS if self.samplers is None else self.samplers)

@@ -103,6 +103,31 @@ def test_prompt_as_token_ids_or_a_mix(live: LiveServer, prompt: list[Any],
         assert r.json()["tokens_evaluated"] == n_prompt
 
 
+def test_several_prompts_are_answered_as_a_list_in_order(live: LiveServer) -> None:
+    """A list holding prompts (token ids, text, ``{"prompt_string": text}``) runs each as
+    a request of its own, as llama-server does; one prompt object alone is one prompt."""
+    with live.client() as c:
+        alone = {p: c.post("/completion", json={"prompt": p, "n_predict": 3,
+                                                "temperature": 0}).json()
+                 for p in ("one two", "three")}
+        r = c.post("/completion", json={"prompt": [[5, 6, 7], "one two",
+                                                   {"prompt_string": "three"}],
+                                        "n_predict": 3, "temperature": 0})
+        assert r.status_code == 200, r.text
+        first, second, third = r.json()
+        assert first["tokens_evaluated"] == 3
+        assert second["content"] == alone["one two"]["content"]
+        assert third["content"] == alone["three"]["content"]
+        one = c.post("/completion", json={"prompt": {"prompt_string": "three"},
+                                          "n_predict": 3, "temperature": 0}).json()
+        assert one["content"] == alone["three"]["content"]
+        assert_llama_error(c.post("/completion", json={"prompt": [[5], [6]], "stream": True}),
+                           400, "invalid_request_error", "prompt")
+        assert_llama_error(c.post("/completion", json={"prompt": [[5], [10_000]]}),
+                           400, "invalid_request_error", "prompt")
+        served(c)
+
+
 def test_stream_sends_a_chunk_per_token_then_the_result(live: LiveServer) -> None:
     body = {"prompt": "hello", "n_predict": 5, "temperature": 0}
     with live.client() as c:
@@ -208,7 +233,9 @@ def test_grammar_constrains_a_native_completion(live: LiveServer) -> None:
     ({"prompt": "hi", "n_predict": 0}, "n_predict"),
     ({"prompt": "hi", "n_probs": 10_000}, "n_probs"),
     ({"prompt": "hi", "temperature": "hot"}, "temperature"),
-    ({"prompt": [[1, 2], [3]]}, "prompt"),
+    ({"prompt": [[1, 2], [3]], "stream": True}, "prompt"),
+    ({"prompt": [[1]] * 65}, "prompt"),
+    ({"prompt": {"prompt_string": "hi", "multimodal_data": ["x"]}}, "prompt"),
     ({"prompt": [1, True]}, "prompt"),
     ({"prompt": [10_000]}, "prompt"),
     ({"prompt": "hi", "samplers": ["mirostat_v9"]}, "samplers"),

@@ -9,6 +9,7 @@ sluice: ``sluice.server.llama_wire``; response bodies: ``sluice.server.llama_sha
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -93,8 +94,36 @@ async def completion(body: NativeCompletionRequest, request: Request,
                      tenant: Tenant) -> Response:
     """llama-server's completion: ``prompt`` (text, token ids or a mix), ``n_predict``,
     sampling, ``n_probs``; ``stream`` gives a ``data:`` chunk per token and a last one with
-    ``stop: true``."""
-    return await _complete(request, tenant, body)
+    ``stop: true``. Several prompts run as a request each and are answered as a list (not
+    streamed)."""
+    if not body.several():
+        return await _complete(request, tenant, body)
+    if body.stream:
+        raise bad_param("prompt", "several prompts in one request are answered as a list, "
+                                  "not streamed: send them as separate streamed requests")
+    return await _complete_many(request, tenant, body)
+
+
+async def _complete_many(request: Request, tenant: Tenant,
+                         body: NativeCompletionRequest) -> Response:
+    """Each of ``body``'s prompts as a request of its own (admitted one after another, run
+    at once); the answers as a list in the prompts' order. A refusal of any prompt is the
+    answer, and the others are cancelled."""
+    tasks = [asyncio.create_task(_complete(request, tenant, body, p))
+             for p in body.prompts_of()]
+    try:
+        answers = await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    failed = next((a for a in answers if a.status_code != 200), None)
+    if failed is not None:  # a client that went away (499)
+        return failed
+    headers = {k: v for k, v in answers[-1].headers.items()
+               if k not in ("content-length", "content-type")}
+    return JSONResponse([json.loads(bytes(a.body)) for a in answers], headers=headers)
 
 
 @router.post("/infill", responses={**ERROR_RESPONSES,
