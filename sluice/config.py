@@ -550,8 +550,9 @@ class ServerConfig(_Strict):
     model_aliases: dict[str, str] = Field(default_factory=dict)
     """More names for configured models (``--alias a,b`` gives a model both names)."""
     cors_origins: list[str] = Field(default_factory=list)
-    """Origins a browser may call from (CORS, llama-server's ``--cors-origins``; ``*``: any).
-    Empty (the default): no CORS headers, so browsers refuse cross-origin calls."""
+    """Origins a browser may call from (CORS, llama-server's ``--cors-origins``; ``*``: any;
+    ``localhost``: any origin on the loopback, ``http://localhost:3000``, ``http://[::1]``
+    ...). Empty (the default): no CORS headers, so browsers refuse cross-origin calls."""
     default_max_tokens: int = Field(default=256, ge=1)
     rerank_max_documents: int = Field(default=1000, ge=1, le=100_000)
     """The most documents one rerank request may hold (400 past it); each is a request of

@@ -122,7 +122,10 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     app.add_middleware(GuardMiddleware, max_body_bytes=config.server.max_body_bytes,
                        body_timeout_s=config.server.body_timeout_s)
     if config.server.cors_origins:  # off unless configured: browsers then refuse other origins
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.server.cors_origins),
+        origins = [o for o in config.server.cors_origins if o != LOCALHOST_ORIGINS]
+        app.add_middleware(CORSMiddleware, allow_origins=origins,
+                           allow_origin_regex=(LOCALHOST_ORIGIN_RE if LOCALHOST_ORIGINS
+                                               in config.server.cors_origins else None),
                            allow_methods=["*"], allow_headers=["*"],
                            expose_headers=["x-sluice-request-id", "retry-after"])
     # Added last, so outermost: it logs every answer, the guard's 413s included.
@@ -134,6 +137,12 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+LOCALHOST_ORIGINS = "localhost"
+"""``server.cors_origins`` keyword (llama-server's): any origin on this machine's loopback,
+``LOCALHOST_ORIGIN_RE``."""
+LOCALHOST_ORIGIN_RE = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 
 
 def _warm_tokenizer(runtime: Runtime, model_id: str) -> None:

@@ -103,6 +103,16 @@ def test_cors_is_off_unless_configured(live: LiveServer,
         r = c.options("/v1/chat/completions", headers={**preflight,
                                                        "origin": "http://other.test"})
         assert "access-control-allow-origin" not in r.headers
+    local = serve(config_with(models=[synth_chat(CHAT)], workers={"count": 1},
+                              server={"cors_origins": ["localhost"]}))
+    with local.client() as c:  # llama-server's keyword: any origin on the loopback
+        for origin in ("http://localhost", "http://localhost:8080", "http://127.0.0.1:3000",
+                       "https://[::1]:3000"):
+            r = c.options("/v1/chat/completions", headers={**preflight, "origin": origin})
+            assert r.headers["access-control-allow-origin"] == origin
+        for origin in ("http://localhost.evil.test", "http://notlocalhost", "http://a.test"):
+            r = c.options("/v1/chat/completions", headers={**preflight, "origin": origin})
+            assert "access-control-allow-origin" not in r.headers
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
