@@ -18,7 +18,9 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import PlainTextResponse, Response
 
 from sluice.backends.base import Backend
 from sluice.backends.registry import make_backends
@@ -123,7 +125,7 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
                        body_timeout_s=config.server.body_timeout_s)
     if config.server.cors_origins:  # off unless configured: browsers then refuse other origins
         origins = [o for o in config.server.cors_origins if o != LOCALHOST_ORIGINS]
-        app.add_middleware(CORSMiddleware, allow_origins=origins,
+        app.add_middleware(LlamaCors, allow_origins=origins,
                            allow_origin_regex=(LOCALHOST_ORIGIN_RE if LOCALHOST_ORIGINS
                                                in config.server.cors_origins else None),
                            allow_methods=["*"], allow_headers=["*"],
@@ -137,6 +139,17 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+class LlamaCors(CORSMiddleware):
+    """Starlette's CORS, but a preflight from an origin that is not allowed is answered 200
+    without CORS headers, as llama-server answers it, not 400: the browser refuses the call
+    either way."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        if not self.is_allowed_origin(origin=request_headers["origin"]):
+            return PlainTextResponse("", status_code=200)
+        return super().preflight_response(request_headers)
 
 
 LOCALHOST_ORIGINS = "localhost"

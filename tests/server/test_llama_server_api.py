@@ -112,7 +112,9 @@ def test_cors_is_off_unless_configured(live: LiveServer,
             assert r.headers["access-control-allow-origin"] == origin
         for origin in ("http://localhost.evil.test", "http://notlocalhost", "http://a.test"):
             r = c.options("/v1/chat/completions", headers={**preflight, "origin": origin})
-            assert "access-control-allow-origin" not in r.headers
+            # as llama-server: 200 without CORS headers (the browser refuses the call)
+            assert r.status_code == 200
+            assert not any(h.startswith("access-control-") for h in r.headers)
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
