@@ -364,6 +364,19 @@ def test_chat_input_tokens_counts_what_a_chat_request_runs(live: LiveServer) -> 
         served(c)
 
 
+def test_props_is_sleeping_while_the_model_is_unloaded(
+        serve: Callable[..., LiveServer]) -> None:
+    """``is_sleeping``: the model was unloaded after its keep-alive (llama-server's sleep
+    after ``--sleep-idle-seconds``); a request loads it again."""
+    sleepy = {**synth_chat(CHAT), "keep_alive": 0}
+    live = serve(config_with(models=[sleepy], workers={"count": 1}))
+    with live.client() as c:
+        assert c.post("/completion", json={"prompt": "hi", "n_predict": 1}).status_code == 200
+        wait_for(lambda: c.get("/props").json()["is_sleeping"])
+        assert c.get("/health").status_code == 200
+        assert c.post("/completion", json={"prompt": "hi", "n_predict": 1}).status_code == 200
+
+
 def test_props(live: LiveServer) -> None:
     with live.client() as c:
         props = c.get("/props").json()
@@ -373,6 +386,7 @@ def test_props(live: LiveServer) -> None:
         assert params["temperature"] == 0.8 and params["n_predict"] == 256
         assert props["chat_template"] == "synthetic" and props["modalities"]["vision"] is False
         assert props["endpoint_slots"] is True and props["build_info"].startswith("sluice")
+        assert props["is_sleeping"] is False
         assert c.get("/props", params={"model": SHORT}).json()[
             "default_generation_settings"]["n_ctx"] == 32
         assert_llama_error(c.post("/props", json={}), 501, "not_supported_error")

@@ -36,6 +36,7 @@ from sluice.server.core import (
 )
 from sluice.server.core.prompt import check_prompt_length
 from sluice.server.errors import APIError, bad_param
+from sluice.server.lifecycle import residency_state
 from sluice.server.llama_shapes import NativeShape, generation_settings
 from sluice.server.llama_wire import (
     DEFAULT_SAMPLERS,
@@ -197,7 +198,9 @@ def _model_file(spec: ModelSpec) -> str:
 async def get_props(request: Request, tenant: Tenant, model: str | None = None
                     ) -> JSONResponse:
     """llama-server's server properties for the default model (or ``?model=``): its
-    default generation settings, slots, file name, chat template's name."""
+    default generation settings, slots, file name, chat template's name; ``is_sleeping``:
+    the model is not loaded (unloaded after its keep-alive, llama-server's
+    ``--sleep-idle-seconds``; it loads again on the next request that runs it)."""
     ctx = ctx_of(request)
     name = model_name(ctx, model)
     spec = spec_of_kind(ctx, name, "generative")
@@ -220,7 +223,7 @@ async def get_props(request: Request, tenant: Tenant, model: str | None = None
         "chat_template": tok.chat_template or "",
         "chat_template_caps": {},
         "build_info": f"sluice-{sluice.__version__}",
-        "is_sleeping": False,
+        "is_sleeping": residency_state(ctx.runtime.snapshot(), name) != "loaded",
     })
 
 
