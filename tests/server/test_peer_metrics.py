@@ -3,6 +3,7 @@ llama-server's ``llamacpp:*`` names, from the same state as sluice's own gauges.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import httpx
@@ -71,6 +72,8 @@ def test_llama_server_counters_follow_the_requests(serve: Callable[..., LiveServ
         wait_for(lambda: c.get("/status.json").json()["live_requests"] == 0)
         s = scrape(c)
         types = types_of(c)
+        started = int(c.get("/metrics").headers["Process-Start-Time-Unix"])
+    assert time.time() - 3600 < started <= time.time()  # llama-server's header
     for name in LLAMA_COUNTERS:
         assert types[f"llamacpp:{name}"] == "counter", name
     for name in LLAMA_GAUGES:

@@ -3,6 +3,7 @@ chat page at ``/`` (a first try of the default model in a browser, as llama-serv
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -14,6 +15,9 @@ from sluice.server.health import liveness, readiness
 from sluice.server.pages import STATUS_PAGE, chat_page
 from sluice.server.routes.common import ctx_of
 from sluice.server.status import status_json
+
+PROCESS_START_UNIX = int(time.time())
+"""When this process started serving (Unix seconds; set when the routes are imported)."""
 
 router = APIRouter(tags=["operations"])
 
@@ -40,9 +44,12 @@ async def ready(request: Request) -> JSONResponse:
 @router.get("/metrics", response_class=Response,
             responses={401: {"description": "metrics key required"}})
 async def metrics(request: Request) -> Response:
-    """Prometheus text exposition (the metrics key, when ``server.metrics_key`` is set)."""
+    """Prometheus text exposition (the metrics key, when ``server.metrics_key`` is set);
+    ``Process-Start-Time-Unix``: when the server process started (llama-server's header,
+    which tells a scraper that counters restarted)."""
     ctx_of(request).auth.require_metrics(request)
-    return Response(generate_latest(ctx_of(request).registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(ctx_of(request).registry), media_type=CONTENT_TYPE_LATEST,
+                    headers={"Process-Start-Time-Unix": str(PROCESS_START_UNIX)})
 
 
 @router.get("/", response_class=HTMLResponse)
