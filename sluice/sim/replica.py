@@ -1,27 +1,23 @@
 """A simulated replica: the server runtime's control plane on the virtual clock.
 
 ``submit`` does what ``Runtime.try_submit`` does: the variant planner for a group request
-(``VariantTracker``, rejecting ``deadline_infeasible``), then ``AdmissionPolicy.decide``
-(queue capacity, a deadline already passed), then the scheduler queue. ``dispatch`` is
-the dispatcher thread: ``Dispatcher.next`` over the workers' views while some inbox has
-room; queued requests whose deadline passes expire. A worker reports every terminal
-state back through ``ended`` and frees capacity through ``capacity``. The fair-share
-charge of a dispatched request is corrected to the tokens it was served, as the server's
-``_settle_share`` does.
+(``VariantTracker``, rejecting ``deadline_infeasible``), then the control core's admission
+check (queue capacity, a deadline already passed), then its scheduler queue. ``dispatch``
+is the dispatcher thread: ``Dispatcher.next`` over the workers' views while some inbox
+has room; queued requests whose deadline passes expire. A worker reports every terminal
+state back through ``ended`` and frees capacity through ``capacity``. Admission, the
+queue, dispatch, the re-planning of queued requests and fair-share settlement are the
+server's own ``ControlCore`` (``sluice.policy.control_core``), driven on the virtual
+clock.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
 
-from sluice.policy.admission import AdmissionConfig, AdmissionPolicy
-from sluice.policy.dispatch import Dispatcher
-from sluice.policy.rates import RateMeter
-from sluice.policy.router import make_router
-from sluice.policy.scheduler import make_scheduler
+from sluice.policy.control_core import ControlCore, queue_cost, served_tokens
 from sluice.policy.types import QueueItem
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 from sluice.sim.clock import EventLoop
@@ -67,18 +63,21 @@ class SimReplica:
         self.config = config
         self.loop = loop
         self.on_end = on_end
-        self.admission = AdmissionPolicy(AdmissionConfig(queue_capacity=config.queue_capacity))
-        self.scheduler = make_scheduler(config.scheduler, bypass_threshold=config.bypass_threshold,
-                                        tenant_weights=config.tenant_weights)
-        self.dispatcher = Dispatcher(self.scheduler, make_router(config.router))
-        self.completions = RateMeter(window_s=10.0)
+        self.core = ControlCore(
+            scheduler=config.scheduler, bypass_threshold=config.bypass_threshold,
+            router=config.router, queue_capacity=config.queue_capacity,
+            tenant_weights=config.tenant_weights)
+        """The server runtime's control core (admission, queue, dispatch, re-planning,
+        fair-share settlement), on the virtual clock."""
+        self.scheduler = self.core.scheduler
+        self.dispatcher = self.core.dispatcher
+        self.completions = self.core.completions
         self.tracker = make_tracker(config)
         self._planned: dict[int, tuple[float, float]] = {}
         """Group requests planned and not yet admitted → (predicted finish, sojourn): the
         tracker measures its error as the server's does."""
         self.groups = {g.group_id: g for g in config.groups}
         self.live: dict[int, SimRequest] = {}
-        self.charged: dict[int, int] = {}
         self.workers = [SimWorker(i, config, loop, self, seed=replica_id * 100_003 + i)
                         for i in range(config.workers)]
         self.ongoing = 0
@@ -101,10 +100,7 @@ class SimReplica:
         self.ongoing += 1
         reason = self._plan(req, now)
         if reason is None:
-            rejection = self.admission.decide(
-                queue_depth=len(self.scheduler),
-                completions_per_s=self.completions.rate_per_s(now),
-                now=now, deadline_s=req.deadline_s)
+            rejection = self.core.admission_check(now, req.deadline_s)
             reason = None if rejection is None else rejection.reason
         if reason is not None:
             self._planned.pop(req.request_id, None)
@@ -118,10 +114,10 @@ class SimReplica:
             self.tracker.admitted(req.request_id, req.model, req.deadline_s, req.group,
                                   finish, sojourn, req.input_chars)
         generative = self.config.models[req.model].kind == "generative"
-        self.scheduler.push(QueueItem(
+        self.core.enqueue(QueueItem(
             request_id=req.request_id, model_id=req.model, arrival_s=req.arrival_s,
             tenant_id=req.tenant, priority=req.priority, deadline_s=req.deadline_s,
-            cost_tokens=req.n_prompt + req.max_tokens if generative else 1))
+            cost_tokens=queue_cost(generative, req.n_prompt, req.max_tokens)))
         if req.deadline_s is not None:
             self.loop.at(req.deadline_s, self._expire_queued, req)
         self.dispatch(now)
@@ -175,7 +171,7 @@ class SimReplica:
                 if d.worker_id is None or not workers[d.worker_id].offer(req, now):
                     self.dispatcher.put_back(d.item)
                     break
-                self.charged[req.request_id] = d.item.cost_tokens
+                self.core.dispatched(d)
         finally:
             self._dispatching = False
 
@@ -188,23 +184,18 @@ class SimReplica:
         worker forms next as the server's worker does between batches."""
         if self.tracker is None:
             return
-        for rid, variant in self.tracker.replan(now, self._movable):
-            req = self.live.get(rid)
-            if req is None:
-                continue
-            item = self.scheduler.remove(rid)
-            if item is None and not self._in_inbox(req):
-                continue
-            if variant is None:
-                if item is None:
+        moves = [(rid, v) for rid, v in self.tracker.replan(now, self._movable)
+                 if rid in self.live]
+        for step in self.core.replan(moves, lambda rid: self._in_inbox(self.live[rid])):
+            req = self.live[step.request_id]
+            if step.variant is None:
+                if step.in_inbox:
                     self.workers[req.worker].withdraw(req)
                 self.ended(req, "rejected", now, "deadline_infeasible")
                 continue
-            self.tracker.moved(rid, variant)
-            req.model = variant
+            self.tracker.moved(req.request_id, step.variant)
+            req.model = step.variant
             req.plan_reason = "replanned"
-            if item is not None:
-                self.scheduler.push(dataclasses.replace(item, model_id=variant))
 
     def _movable(self, request_id: int) -> bool:
         """Queued: in the scheduler, or waiting in a worker's inbox (the server's rule)."""
@@ -256,16 +247,11 @@ class SimReplica:
         if self.live.pop(req.request_id, None) is not None and self.tracker is not None:
             self.tracker.finished(req.request_id, req.model, now,
                                   ran=status in ("completed", "expired"))
-        charged = self.charged.pop(req.request_id, None)
-        if charged is not None:
-            served = 0
-            if req.started_s is not None:
-                generative = self.config.models[req.model].kind == "generative"
-                served = req.n_prompt + req.generated if generative else 1
-            if served != charged:
-                self.scheduler.on_served(req.tenant, served - charged)
-        if status == "completed":
-            self.completions.record(now)
+        started = req.started_s is not None  # (a refused group request names no model)
+        generative = started and self.config.models[req.model].kind == "generative"
+        self.core.settle(req.request_id, req.tenant,
+                         served_tokens(generative, started, req.n_prompt, req.generated),
+                         status == "completed", now)
         self.on_end(req)
 
     # -- reporting -------------------------------------------------------------------------

@@ -13,7 +13,9 @@ worker that dies or stalls is replaced by the ``Supervisor`` (``sluice.engine.su
 which ends the requests it held; ``health`` says whether every thread is doing its job.
 
 ``Runtime`` is composed of one mixin per concern, each in its own module over the state
-that ``state.RuntimeState`` declares (all of it guarded by one condition variable):
+that ``state.RuntimeState`` declares (all of it guarded by one condition variable); the queue,
+dispatch, re-planning and fair-share settlement are one ``ControlCore``
+(``sluice.policy.control_core``), which the simulator's replica drives too:
 ``factory`` (requests and the tokenizer cache), ``admission`` (submit, cancel, the variant
 choice at arrival), ``settlement`` (a finished request leaves the live set and its
 fair-share charge is corrected), ``deadlines`` (the heap of queued requests' start-by
@@ -43,11 +45,7 @@ from sluice.engine.runtime.lifecycle import Lifecycle, RuntimeHealth, RuntimeSna
 from sluice.engine.supervisor import Supervisor
 from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import PlannerObserver, VariantPlanner
-from sluice.policy.admission import AdmissionConfig, AdmissionPolicy
-from sluice.policy.dispatch import Dispatcher
-from sluice.policy.rates import RateMeter
-from sluice.policy.router import make_router
-from sluice.policy.scheduler import make_scheduler
+from sluice.policy.control_core import ControlCore
 
 MAX_SUPERVISOR_POLL_S = 0.25
 """The supervisor checks heartbeats at least this often (a death wakes it at once)."""
@@ -70,22 +68,19 @@ class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
         self.clock = clock
         self.observer = observer or Observer()
         self._cv = threading.Condition(threading.RLock())
-        self._admission = AdmissionPolicy(AdmissionConfig(queue_capacity=config.queue_capacity))
-        self._scheduler = make_scheduler(
-            config.scheduler,
-            bypass_threshold=config.bypass_threshold,
-            tenant_weights=config.tenant_weights,
-        )
-        self._router = make_router(config.router)
-        self._dispatcher = Dispatcher(self._scheduler, self._router)
+        self._core = ControlCore(
+            scheduler=config.scheduler, bypass_threshold=config.bypass_threshold,
+            router=config.router, queue_capacity=config.queue_capacity,
+            tenant_weights=config.tenant_weights)
+        self._scheduler = self._core.scheduler
+        self._dispatcher = self._core.dispatcher
+        self._router = self._dispatcher.router
         self._trace = (TraceWriter(config.trace_path, clock()) if config.trace_path is not None
                        else None)
         self._deadlines = []
         self._live = {}
         self._moving = set()
-        self._charged = {}
         self._ids = itertools.count(1)
-        self._completions = RateMeter(window_s=10.0)
         self._tokenizers = {}
         self.variants = VariantPlanner(config.groups, self.specs,
                                        [w.budget_bytes for w in config.workers], clock)

@@ -12,6 +12,7 @@ from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runtime.settlement import Settlement
 from sluice.engine.runtime.state import IDLE_POLL_S
 from sluice.policy.admission import Rejection, clamp_retry_after
+from sluice.policy.control_core import queue_cost
 from sluice.policy.types import QueueItem
 
 
@@ -115,7 +116,7 @@ class Admission(Settlement):
         if choice.variant is not None:
             return None
         best = min(choice.predictions, key=lambda p: p.sojourn_s)
-        limits = self._admission.config
+        limits = self._core.admission.config
         return Rejection(
             "deadline_infeasible",
             clamp_retry_after(choice.retry_after_s, limits.min_retry_after_s,
@@ -126,29 +127,16 @@ class Admission(Settlement):
         )
 
     def _admission_check(self, req: Request, now: float) -> Rejection | None:
-        return self._admission.decide(
-            queue_depth=self._queue_depth(),
-            completions_per_s=self._completions.rate_per_s(now),
-            now=now,
-            deadline_s=req.deadline_s,
-            draining=self._draining,
-        )
+        return self._core.admission_check(now, req.deadline_s, self._draining)
 
     def _enqueue(self, req: Request, now: float) -> None:
         self._live[req.request_id] = req
         req.mark_queued(now)
-        self._scheduler.push(
-            QueueItem(
-                request_id=req.request_id,
-                model_id=req.model_id,
-                arrival_s=req.arrival_s,
-                tenant_id=req.tenant_id,
-                priority=req.priority,
-                deadline_s=req.deadline_s,
-                cost_tokens=len(req.prompt_tokens) + req.params.max_tokens
-                if req.kind == "generative" else 1,
-            )
-        )
+        self._core.enqueue(QueueItem(
+            request_id=req.request_id, model_id=req.model_id, arrival_s=req.arrival_s,
+            tenant_id=req.tenant_id, priority=req.priority, deadline_s=req.deadline_s,
+            cost_tokens=queue_cost(req.kind == "generative", len(req.prompt_tokens),
+                                   req.params.max_tokens)))
         start_by = req.start_by_s
         if start_by is not None:
             heapq.heappush(self._deadlines, (start_by, req.request_id))

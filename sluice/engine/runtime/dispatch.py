@@ -5,7 +5,6 @@ room; then wait for a change or the next deadline."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 
@@ -58,32 +57,31 @@ class Dispatch(Deadlines):
         """Queued group requests whose predicted finish now misses their deadline move to
         a faster variant (keeping their place), or fail now with ``deadline_infeasible``
         instead of expiring in the queue. In the scheduler the move is made here; in a
-        worker's inbox the worker makes it on its thread, between batches. Under
-        ``self._cv``."""
+        worker's inbox the worker makes it on its thread, between batches. Which requests
+        move where is the control core's (``ControlCore.replan``). Under ``self._cv``."""
         if not self.variants.groups or not self._live:
             return
-        for req, variant in self.variants.replan(now, self._movable):
+        moves = self.variants.replan(now, self._movable)
+        requests = {req.request_id: req for req, _ in moves}
+        for step in self._core.replan(((r.request_id, v) for r, v in moves),
+                                      lambda rid: requests[rid].worker_id is not None):
+            req, variant = requests[step.request_id], step.variant
             group_id = self.variants.group_of(req.model_id)
             if variant is None:
-                if self._scheduler.remove(req.request_id) is None and req.worker_id is None:
-                    continue
                 self.observer.planned(group_id, None, "deadline_infeasible")
                 req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
                            error=f"deadline infeasible for group {group_id}: queued on "
                                  f"{req.model_id}, no variant can finish it in time now")
                 continue
-            item = self._scheduler.remove(req.request_id)
-            if item is not None:
+            if not step.in_inbox:
                 self.variants.moved(req, variant)
-                self._scheduler.push(dataclasses.replace(item, model_id=variant))
-            elif req.worker_id is not None:
+            else:
+                assert req.worker_id is not None
                 self._moving.add(req.request_id)
                 self.variants.moved(req, variant, apply=False)
                 done = self.workers[req.worker_id].retarget(
                     req, functools.partial(self.variants.apply_move, req, variant))
                 done.add_done_callback(functools.partial(self._moved, req.request_id))
-            else:
-                continue
             self.observer.planned(group_id, variant, "replanned")
 
     def _movable(self, request_id: int) -> bool:
@@ -116,7 +114,7 @@ class Dispatch(Deadlines):
                 self._dispatcher.put_back(d.item)
                 break
             req.route_reason = d.reason
-            self._charged[req.request_id] = d.item.cost_tokens
+            self._core.dispatched(d)
             moved = True
         if moved:
             self._cv.notify_all()  # submitters waiting for room

@@ -96,7 +96,7 @@ class Lifecycle(RuntimeState):
         with self._cv:
             depth = self._queue_depth()
             live = len(self._live)
-            rate = self._completions.rate_per_s(now)
+            rate = self._core.completions.rate_per_s(now)
         workers = list(self.workers)
         return RuntimeSnapshot(
             queue_depth=depth,
@@ -131,7 +131,7 @@ class Lifecycle(RuntimeState):
 
     def completions_per_s(self) -> float:
         with self._cv:
-            return self._completions.rate_per_s(self.clock())
+            return self._core.completions.rate_per_s(self.clock())
 
     def _new_worker(self, config: WorkerConfig) -> Worker:
         return Worker(config, self.specs, self._backends, self.clock, self._worker_observer,

@@ -8,11 +8,13 @@ from collections.abc import Callable
 
 from sluice.engine.request import Event, Final, Request, RequestStatus
 from sluice.engine.runtime.deadlines import Deadlines
+from sluice.policy.control_core import served_tokens
 
 
 class Settlement(Deadlines):
-    """The listener every admitted request gets (``_on_event``) and fair-share
-    settlement."""
+    """The listener every admitted request gets (``_on_event``): a final settles the
+    request in the control core (``ControlCore.settle``: its tenant's fair-share charge
+    corrected to the tokens it was served, none if it never ran)."""
 
     def _on_event(self, req: Request) -> Callable[[Event], None]:
         last_token_s: dict[int, float] = {}  # per choice
@@ -30,23 +32,12 @@ class Settlement(Deadlines):
             with self._cv:
                 self._live.pop(req.request_id, None)
                 self._purge_deadlines()
-                self._settle_share(req, event)
-                if event.status == RequestStatus.COMPLETED:
-                    self._completions.record(now)
+                self._core.settle(
+                    req.request_id, req.tenant_id,
+                    served_tokens(req.kind == "generative", req.times.started_s is not None,
+                                  event.prompt_tokens, event.completion_tokens),
+                    event.status == RequestStatus.COMPLETED, now)
                 self._cv.notify_all()
             self.observer.finished(req)
 
         return on_event
-
-    def _settle_share(self, req: Request, final: Final) -> None:
-        """Correct the fair-share charge of a dispatched request to the tokens it was really
-        served (none if it never ran). Under ``self._cv``."""
-        charged = self._charged.pop(req.request_id, None)
-        if charged is None:
-            return
-        served = 0
-        if req.times.started_s is not None:
-            served = (final.prompt_tokens + final.completion_tokens
-                      if req.kind == "generative" else 1)
-        if served != charged:
-            self._scheduler.on_served(req.tenant_id, served - charged)

@@ -18,9 +18,8 @@ from sluice.engine.supervisor import Supervisor
 from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import VariantPlanner
 from sluice.engine.worker import Worker
-from sluice.policy.admission import AdmissionPolicy
+from sluice.policy.control_core import ControlCore
 from sluice.policy.dispatch import Dispatcher
-from sluice.policy.rates import RateMeter
 from sluice.policy.router import Router
 from sluice.policy.scheduler import Scheduler
 
@@ -40,7 +39,9 @@ class RuntimeState:
     observer: Observer
     _cv: threading.Condition
     """Guards every mutable field below."""
-    _admission: AdmissionPolicy
+    _core: ControlCore
+    """Admission, the queue, dispatch, re-planning and fair-share settlement (shared with
+    the simulator's replica); the three below are its parts."""
     _scheduler: Scheduler
     """The queue: admitted requests not yet offered to a worker."""
     _router: Router
@@ -53,10 +54,7 @@ class RuntimeState:
     """Admitted requests not yet finished (queued, routed or running)."""
     _moving: set[int]
     """Requests in an inbox whose move to another variant the worker has yet to make."""
-    _charged: dict[int, int]
-    """Dispatched requests → the tokens their pop charged to their tenant's fair share."""
     _ids: Iterator[int]
-    _completions: RateMeter
     _tokenizers: dict[str, Tokenizer]
     variants: VariantPlanner
     _worker_observer: Any
