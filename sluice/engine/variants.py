@@ -67,13 +67,11 @@ class VariantPlanner:
         self._lock = threading.Lock()
         names = {v for g in groups for v in g.variants}
         self.tracker = VariantTracker(
-            [GroupPlan(g.group_id, g.variants, g.planner) for g in groups],
+            [GroupPlan(g.group_id, g.variants, g.planner, g.default_deadline_s)
+             for g in groups],
             {v: variant_info(specs[v], worker_budgets) for v in names},
             workers=max(1, len(worker_budgets)),
         )
-        self._planned_finish: dict[int, tuple[float, float]] = {}
-        """Group requests planned and not yet admitted → their predicted finish
-        (absolute) and sojourn."""
         self._queued: dict[int, Request] = {}
         """The tracker's pending requests, to notice when they start (lazily, at the next
         decision: the worker marks them running)."""
@@ -89,21 +87,17 @@ class VariantPlanner:
         it (or return a choice with ``variant=None``: reject). For a request naming a
         variant directly: record the prediction for it. ``None`` for other models."""
         name = req.model_id
-        group_id = name if name in self.groups else self.tracker.group_of.get(name)
-        if group_id is None:
+        if name not in self.groups and name not in self.tracker.group_of:
             return None
-        group = self.groups[group_id]
-        if req.deadline_s is None and group.default_deadline_s is not None:
-            req.deadline_s = req.arrival_s + group.default_deadline_s
         with self._lock:
             self._prune()
-            choice = self.tracker.plan(name, req.deadline_s, now, input_length(req))
-            if choice is not None and choice.variant is not None and name == group_id:
-                sojourn = choice.predicted_sojourn_s
-                self._planned_finish[req.request_id] = (now + sojourn, sojourn)
-        if choice is not None and name == group_id:
+            choice, req.deadline_s = self.tracker.plan_arrival(
+                req.request_id, name, req.deadline_s, req.arrival_s, now, input_length(req))
+        if choice is None:
+            return None
+        if name in self.groups:
             req.plan = choice
-        if choice is not None and choice.variant is not None:
+        if choice.variant is not None:
             req.model_id = choice.variant
             req.variant = choice.variant
             wait = choice.predicted_wait_s
@@ -130,9 +124,8 @@ class VariantPlanner:
     def admitted(self, req: Request, group_id: str | None = None) -> None:
         """``req`` entered the queue; ``group_id``: the group it named (re-plannable)."""
         with self._lock:
-            finish, sojourn = self._planned_finish.pop(req.request_id, (None, 0.0))
             self.tracker.admitted(req.request_id, req.model_id, req.deadline_s, group_id,
-                                  finish, sojourn, input_length(req))
+                                  length=input_length(req))
             if req.request_id in self.tracker.pending:
                 self._queued[req.request_id] = req
 
@@ -140,7 +133,6 @@ class VariantPlanner:
         ran = req.status in (RequestStatus.COMPLETED, RequestStatus.EXPIRED)
         with self._lock:
             self._queued.pop(req.request_id, None)
-            self._planned_finish.pop(req.request_id, None)
             self.tracker.finished(req.request_id, req.model_id, req.times.finished_s, ran)
 
     def replan(self, now: float, movable: Callable[[int], bool]

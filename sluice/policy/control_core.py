@@ -66,6 +66,9 @@ class ControlCore:
         self.completions = RateMeter(window_s=COMPLETIONS_WINDOW_S)
         self.charged: dict[int, int] = {}
         """Dispatched requests → the tokens their pop charged to their tenant's share."""
+        self.settlements: list[tuple[int, str, int, int]] | None = None
+        """When a list: every settlement of a dispatched request, as ``(request_id,
+        tenant, charged, served)``, so a simulator run and a server run can be compared."""
 
     def admission_check(self, now: float, deadline_s: float | None,
                         draining: bool = False) -> Rejection | None:
@@ -90,7 +93,11 @@ class ControlCore:
         if completed:
             self.completions.record(now)
         charged = self.charged.pop(request_id, None)
-        if charged is None or served == charged:
+        if charged is None:
+            return 0
+        if self.settlements is not None:
+            self.settlements.append((request_id, tenant_id, charged, served))
+        if served == charged:
             return 0
         self.scheduler.on_served(tenant_id, served - charged)
         return served - charged

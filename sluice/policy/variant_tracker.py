@@ -45,6 +45,8 @@ class GroupPlan:
     group_id: str
     variants: tuple[str, ...]
     planner: PlannerConfig = field(default_factory=PlannerConfig)
+    default_deadline_s: float | None = None
+    """Relative deadline for the group's requests that bring none (``plan_arrival``)."""
 
 
 class VariantTracker:
@@ -82,6 +84,13 @@ class VariantTracker:
         longest input in characters; 0: unknown)."""
         self.length_of: dict[int, int] = {}
         """Pending requests → their input's length in characters (when known)."""
+        self._planned: dict[int, tuple[float, float]] = {}
+        """Group requests planned (``plan_arrival``) and not yet admitted → their predicted
+        finish (absolute) and sojourn."""
+        self.decisions: list[tuple[int, str, str | None, float | None]] | None = None
+        """When a list: every ``plan_arrival`` of a group request as ``(request_id, group,
+        variant or None, deadline)`` and every ``moved`` as ``(request_id, "moved",
+        variant, None)``, so a simulator run and a server run can be compared."""
 
     def states(self, group: GroupPlan) -> list[VariantState]:
         top = group.planner.max_batch_size
@@ -141,6 +150,28 @@ class VariantTracker:
         self.last_choice[group_id] = choice
         return choice
 
+    def plan_arrival(self, request_id: int, name: str, deadline_s: float | None,
+                     arrival_s: float, now: float, length: int = 0
+                     ) -> tuple[VariantChoice | None, float | None]:
+        """``plan`` for an arriving request: its deadline is its group's default
+        (``GroupPlan.default_deadline_s`` after ``arrival_s``) when it brings none, and a
+        group request given a variant has its predicted finish kept for ``admitted``.
+        Returns the choice (``None``: not a group's model; ``variant=None``: reject it
+        ``deadline_infeasible``) and the request's deadline."""
+        group_id = name if name in self.groups else self.group_of.get(name)
+        if group_id is None:
+            return None, deadline_s
+        default = self.groups[group_id].default_deadline_s
+        if deadline_s is None and default is not None:
+            deadline_s = arrival_s + default
+        choice = self.plan(name, deadline_s, now, length)
+        if choice is not None and choice.variant is not None and name == group_id:
+            sojourn = choice.predicted_sojourn_s
+            self._planned[request_id] = (now + sojourn, sojourn)
+        if choice is not None and name == group_id and self.decisions is not None:
+            self.decisions.append((request_id, group_id, choice.variant, deadline_s))
+        return choice, deadline_s
+
     def arrival_state(self, now: float) -> dict[str, dict[str, object]]:
         """Per group, its arrival meter at ``now`` (``RateMeter.state``: what the low-load
         test reads next). A live server publishes it (``/status.json``: ``groups``) so
@@ -175,7 +206,11 @@ class VariantTracker:
         """A request for ``model_id`` entered the queue; ``group_id``: the group it named
         (then it may be re-planned); ``predicted_finish_s``: when the planner predicted
         it would finish (absolute) and ``predicted_sojourn_s`` after how long, to measure
-        the prediction's error at ``finished``; ``length``: its input in characters."""
+        the prediction's error at ``finished`` (by default what ``plan_arrival`` predicted);
+        ``length``: its input in characters."""
+        planned = self._planned.pop(request_id, None)
+        if predicted_finish_s is None and planned is not None:
+            predicted_finish_s, predicted_sojourn_s = planned
         if model_id in self.in_system:
             self.in_system[model_id] += 1
             self._counted[request_id] = model_id
@@ -197,8 +232,10 @@ class VariantTracker:
     def finished(self, request_id: int, model_id: str, now: float | None = None,
                  ran: bool = True) -> None:
         """The request ended at ``now``; ``ran``: it completed or expired (its end time
-        then bounds its finish, and the prediction's error is measured)."""
+        then bounds its finish, and the prediction's error is measured). Also for a
+        request planned and refused before admission."""
         self.started(request_id)
+        self._planned.pop(request_id, None)
         predicted = self._predicted.pop(request_id, None)
         if predicted is not None and now is not None and ran:
             group_id, finish_s, sojourn_s = predicted
@@ -240,6 +277,8 @@ class VariantTracker:
         entry = self.pending.get(request_id)
         if entry is None or entry[0] == variant:
             return
+        if self.decisions is not None:
+            self.decisions.append((request_id, "moved", variant, None))
         if request_id in self._counted:
             self.in_system[entry[0]] -= 1
             self.in_system[variant] += 1

@@ -39,12 +39,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sluice.policy.engine_line import (
+    EngineLine,
+    EngineShape,
+    late_start,
+    left_s,
+    running_entry,
+    step_budget,
+)
 from sluice.policy.slot_layout import MAX_SLOT_MOVES_PER_STEP
 from sluice.policy.slot_table import SlotTable
 from sluice.policy.speculation import DEFAULT_DRAFT_MAX_TOKENS, AcceptanceRate, DraftBudget
 from sluice.policy.step_cost import StepCost
 from sluice.policy.step_planner import (
-    TOKENS_ONLY,
     EngineConfig,
     RunningSeq,
     StepBudget,
@@ -57,7 +64,7 @@ from sluice.policy.step_planner import (
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.tpot_margin import TpotMargin
 from sluice.policy.ttft import LineEntry
-from sluice.policy.width import WidthPlan, arrival_due_s, engine_width, predict_engine_ttft
+from sluice.policy.width import WidthPlan
 from sluice.sim.request import SimRequest
 
 
@@ -130,49 +137,38 @@ class SimEngine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _line(self, now: float) -> tuple[list[LineEntry], list[int], list[LineEntry],
-                                         list[float | None]]:
+    def _line(self, now: float) -> EngineLine:
         """The engine as the width plan sees it (as ``ContinuousEngine._line``)."""
-        running = [LineEntry(max(0, s.req.n_prompt - s.n_fed),
-                             max(0, s.req.max_tokens - s.req.generated))
-                   for s in self.running.values()]
-        waiting = [LineEntry(r.n_prompt, r.max_tokens) for r in self.waiting]
-        lefts = [None if (due := r.first_token_due_s) is None else due - now
-                 for r in self.waiting]
-        return running, [s.n_fed for s in self.running.values()], waiting, lefts
+        return EngineLine(
+            [running_entry(s.req.n_prompt, s.n_fed, s.req.max_tokens, s.req.generated)
+             for s in self.running.values()],
+            [s.n_fed for s in self.running.values()],
+            [LineEntry(r.n_prompt, r.max_tokens) for r in self.waiting],
+            [left_s(r.first_token_due_s, now) for r in self.waiting])
+
+    def _shape(self) -> EngineShape:
+        return EngineShape(self.cost, self.tpot_target_s, self.n_seq_max, self.kv,
+                           self.tpot_margin.margin())
 
     def refusal(self, req: SimRequest, now: float) -> str | None:
         """Why ``req`` is refused on arrival here (as ``ContinuousEngine.add`` refuses): it
         can never fit, or its first token is predicted past its first-token deadline or
-        target at the width the engine would plan; else None."""
+        target at the width the engine would plan (the same ``late_start``); else None."""
         if self.kv.never_fits(req.n_prompt + req.max_tokens):
             return "context_length_exceeded"
-        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now,
-                            line_busy=self.has_work)
-        if due is not None:
-            running, held, waiting, lefts = self._line(now)
-            ttft = predict_engine_ttft(
-                self.cost, tpot_target_s=self.tpot_target_s, n_seq_max=self.n_seq_max,
-                kv=self.kv, running=running, held_tokens=held, waiting=waiting,
-                prompt_tokens=req.n_prompt, n=1, max_tokens=req.max_tokens,
-                margin=self.tpot_margin.margin(), waiting_ttft_left_s=lefts,
-                ttft_left_s=due - now)
-            if now + ttft.ttft_s > due:
-                return "deadline_infeasible"
-        return None
+        late = late_start(self._shape(), lambda: self._line(now), prompt_tokens=req.n_prompt,
+                          n=1, max_tokens=req.max_tokens, ttft_target_s=req.ttft_target_s,
+                          ttft_deadline_s=req.ttft_deadline_s, arrival_s=req.arrival_s,
+                          now=now, line_busy=self.has_work)
+        return None if late is None else "deadline_infeasible"
 
     def budget(self, now: float) -> StepBudget:
-        """The step budget of the next plan (as ``ContinuousEngine.budget``)."""
-        if self.tpot_target_s is None or self.config.mode != "continuous":
-            return TOKENS_ONLY
-        margin = self.tpot_margin.margin()
-        if not self.waiting:
-            return TpotBudget(self.cost, self.tpot_target_s, margin)
-        running, held, waiting, lefts = self._line(now)
-        self.width = engine_width(self.cost, tpot_target_s=self.tpot_target_s, margin=margin,
-                                  n_seq_max=self.n_seq_max, kv=self.kv, running=running,
-                                  held_tokens=held, waiting=waiting, ttft_left_s=lefts)
-        return TpotBudget(self.cost, self.tpot_target_s, margin, limit_s=self.width.step_limit_s)
+        """The step budget of the next plan (the engine's ``step_budget``)."""
+        budget, width = step_budget(self._shape(), self.config.mode == "continuous",
+                                    lambda: self._line(now), bool(self.waiting))
+        if width is not None:
+            self.width = width
+        return budget
 
     def expire(self, now: float) -> list[SimRequest]:
         """Requests past their deadline, or their first-token deadline with no token yet,

@@ -205,11 +205,15 @@ def simulate(config: SimConfig, arrivals: Iterable[Arrival], *, ttft_slo_s: floa
 
     ``progress(submitted, now)`` is called every 10,000 arrivals. Returns the report (a
     JSON-ready dict) and the fleet (for tests: its requests when ``keep_requests``, each
-    replica's ``dispatcher.decisions`` when ``record_decisions``)."""
+    replica's ``dispatcher.decisions``, ``core.settlements`` and ``tracker.decisions``
+    when ``record_decisions``)."""
     fleet = Fleet(config, ttft_slo_s=ttft_slo_s, keep_requests=keep_requests)
     if record_decisions:
         for replica in fleet.replicas:
             replica.dispatcher.decisions = []
+            replica.core.settlements = []
+            if replica.tracker is not None:
+                replica.tracker.decisions = []
     loop = fleet.loop
     source: Iterator[Arrival] = iter(arrivals)
     first_s: list[float] = []

@@ -44,7 +44,8 @@ def make_tracker(config: SimConfig) -> VariantTracker | None:
                 length_prior=cost.length_prior,
             )
     tracker = VariantTracker(
-        [GroupPlan(g.group_id, g.variants, g.planner) for g in config.groups], variants,
+        [GroupPlan(g.group_id, g.variants, g.planner, g.default_deadline_s)
+         for g in config.groups], variants,
         workers=config.workers)
     for v, estimator in tracker.service.items():  # a live server's: its planner's start
         if (estimate := config.models[v].cost.estimate) is not None:
@@ -73,9 +74,6 @@ class SimReplica:
         self.dispatcher = self.core.dispatcher
         self.completions = self.core.completions
         self.tracker = make_tracker(config)
-        self._planned: dict[int, tuple[float, float]] = {}
-        """Group requests planned and not yet admitted → (predicted finish, sojourn): the
-        tracker measures its error as the server's does."""
         self.groups = {g.group_id: g for g in config.groups}
         self.live: dict[int, SimRequest] = {}
         self.workers = [SimWorker(i, config, loop, self, seed=replica_id * 100_003 + i)
@@ -103,16 +101,16 @@ class SimReplica:
             rejection = self.core.admission_check(now, req.deadline_s)
             reason = None if rejection is None else rejection.reason
         if reason is not None:
-            self._planned.pop(req.request_id, None)
+            if self.tracker is not None:
+                self.tracker.finished(req.request_id, req.model, now, ran=False)
             self.ended(req, "rejected", now, reason)
             return False
         self.live[req.request_id] = req
         req.waiting_ahead = len(self.scheduler) + sum(w.view().queue_depth for w in self.workers)
         req.status = "queued"
         if self.tracker is not None:
-            finish, sojourn = self._planned.pop(req.request_id, (None, 0.0))
             self.tracker.admitted(req.request_id, req.model, req.deadline_s, req.group,
-                                  finish, sojourn, req.input_chars)
+                                  length=req.input_chars)
         generative = self.config.models[req.model].kind == "generative"
         self.core.enqueue(QueueItem(
             request_id=req.request_id, model_id=req.model, arrival_s=req.arrival_s,
@@ -128,22 +126,17 @@ class SimReplica:
         reason when no variant meets its deadline."""
         if self.tracker is None:
             return None
-        group = self.groups.get(req.model)
-        if group is not None and req.deadline_s is None and group.default_deadline_s:
-            req.deadline_s = req.arrival_s + group.default_deadline_s
-        choice = self.tracker.plan(req.model, req.deadline_s, now, req.input_chars)
-        if choice is None:
+        choice, req.deadline_s = self.tracker.plan_arrival(
+            req.request_id, req.model, req.deadline_s, req.arrival_s, now, req.input_chars)
+        if choice is None or req.model not in self.groups:
             return None
-        if req.model in self.groups:
-            req.group = req.model
-            if choice.variant is None:
-                return "deadline_infeasible"
-            req.model = choice.variant
-            req.plan_reason = choice.reason
-            req.plan_arrival = (choice.arrival_per_s, choice.arrival_stderr_per_s,
-                                choice.low_load_line_per_s)
-            sojourn = choice.predicted_sojourn_s
-            self._planned[req.request_id] = (now + sojourn, sojourn)
+        req.group = req.model
+        if choice.variant is None:
+            return "deadline_infeasible"
+        req.model = choice.variant
+        req.plan_reason = choice.reason
+        req.plan_arrival = (choice.arrival_per_s, choice.arrival_stderr_per_s,
+                            choice.low_load_line_per_s)
         return None
 
     # -- dispatch ----------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The server records its traffic; the simulator replays the trace and makes the same
 decisions: which worker each request went to (the ``Dispatcher`` log), where models were
-loaded, and how every request ended. Inside one model, the same arrivals make the same
+loaded, how every request ended and how each tenant's fair-share charge was settled (the
+``ControlCore`` log). On a hand-moved clock, the same arrivals into the runtime and into a
+simulated replica get the same variants, the same re-plans and the same rejections.
+Inside one model, the same arrivals make the same
 slot choices in the server's engine and the simulator's: which slot each request is
 admitted into, which prefixes are retained and handed out, and which sequences move."""
 
@@ -23,7 +26,9 @@ from sluice.engine.runtime import Runtime
 from sluice.policy.slot_table import SlotTable
 from sluice.policy.step_cost import StepCost
 from sluice.sim import SimConfig, read_trace, simulate
+from sluice.sim.clock import EventLoop
 from sluice.sim.engine import SimEngine
+from sluice.sim.replica import SimReplica
 from sluice.sim.request import SimRequest
 
 CHAT = {"load_s": 0.002, "n_seq_max": 4, "n_ctx_per_seq": 256, "step_fixed_s": 0.001,
@@ -31,10 +36,10 @@ CHAT = {"load_s": 0.002, "n_seq_max": 4, "n_ctx_per_seq": 256, "step_fixed_s": 0
 ONESHOT = {"load_s": 0.002, "batch_fixed_s": 0.001, "per_item_s": 0.0005}
 
 
-def config(tmp_path: Path, router: str) -> Config:
+def config(tmp_path: Path, router: str, scheduler: str = "fifo") -> Config:
     return Config.model_validate({
         "server": {"trace_file": str(tmp_path / "trace.jsonl")},
-        "scheduling": {"router": router, "queue_capacity": 64},
+        "scheduling": {"router": router, "scheduler": scheduler, "queue_capacity": 64},
         "workers": {"count": 2, "budget_bytes": 800_000_000, "inbox_capacity": 16},
         "batching": {"max_batch_size": 4, "max_wait_ms": 1},
         "models": [
@@ -52,12 +57,18 @@ MODELS = ["a", "chat", "b", "b", "a", "chat", "chat", "a", "b", "chat", "a", "a"
           "b", "a", "chat", "b", "a", "chat"]
 
 
+TENANTS = ["ann", "bob", "cy"]
+
+
 def run_server(cfg: Config, sequential: bool) -> tuple[list[tuple[int, int]], list[str],
-                                                       list[tuple[int, str]]]:
+                                                       list[tuple[int, str]],
+                                                       list[tuple[int, str, int, int]]]:
     """Submit ``MODELS`` (one at a time, each waiting for the last to end, or all at
-    once); returns the dispatcher's decisions, the end states, and the loads per worker."""
+    once); returns the dispatcher's decisions, the end states, the loads per worker and
+    the fair-share settlements."""
     rt = Runtime(cfg.runtime_config(), {"synthetic": SyntheticBackend()})
     rt._dispatcher.decisions = []
+    rt._core.settlements = []
     loads: list[tuple[int, str]] = []
     rt.observer.model_loaded = lambda w, m, _s: loads.append((w, m))  # type: ignore[method-assign]
     rt.start()
@@ -71,7 +82,7 @@ def run_server(cfg: Config, sequential: bool) -> tuple[list[tuple[int, int]], li
                 {"prompt_tokens": list(range(3, 3 + 8 + i)),
                  "params": SamplingParams(max_tokens=4 + i % 3, ignore_eos=True)}
                 if spec.kind == "generative" else {"input": f"text {i}"})
-            req = rt.new_request(model, **kwargs)
+            req = rt.new_request(model, tenant_id=TENANTS[i % len(TENANTS)], **kwargs)
 
             def on_event(event: Any, rid: int = req.request_id) -> None:
                 if isinstance(event, Final):
@@ -87,8 +98,9 @@ def run_server(cfg: Config, sequential: bool) -> tuple[list[tuple[int, int]], li
                 assert done.acquire(timeout=10)
     finally:
         rt.stop(drain_timeout_s=2.0)
-    assert rt._dispatcher.decisions is not None
-    return list(rt._dispatcher.decisions), [ends[i] for i in sorted(ends)], loads
+    assert rt._dispatcher.decisions is not None and rt._core.settlements is not None
+    return (list(rt._dispatcher.decisions), [ends[i] for i in sorted(ends)], loads,
+            sorted(rt._core.settlements))
 
 
 def per_worker(loads: list[tuple[int, str]]) -> dict[int, list[str]]:
@@ -98,16 +110,18 @@ def per_worker(loads: list[tuple[int, str]]) -> dict[int, list[str]]:
     return out
 
 
-@pytest.mark.parametrize(("router", "sequential"), [
-    ("residency_aware", True), ("least_loaded", True), ("round_robin", True),
-    ("round_robin", False),
+@pytest.mark.parametrize(("router", "sequential", "scheduler"), [
+    ("residency_aware", True, "fifo"), ("least_loaded", True, "fifo"),
+    ("round_robin", True, "fifo"), ("round_robin", False, "fifo"),
+    ("residency_aware", True, "wfq"),
 ])
 def test_replayed_trace_makes_the_same_decisions(tmp_path: Path, router: str,
-                                                 sequential: bool) -> None:
-    cfg = config(tmp_path, router)
-    decisions, ends, loads = run_server(cfg, sequential)
+                                                 sequential: bool, scheduler: str) -> None:
+    cfg = config(tmp_path, router, scheduler)
+    decisions, ends, loads, settlements = run_server(cfg, sequential)
     arrivals = list(read_trace(tmp_path / "trace.jsonl"))
     assert [a.model for a in arrivals] == MODELS
+    assert [a.tenant for a in arrivals] == [TENANTS[i % 3] for i in range(len(MODELS))]
     assert [a.input_chars for a in arrivals] == [  # one-shot inputs' lengths, none for LLM
         0 if m == "chat" else len(f"text {i}") for i, m in enumerate(MODELS)]
     assert all(a.time_s >= 0 for a in arrivals)
@@ -119,6 +133,14 @@ def test_replayed_trace_makes_the_same_decisions(tmp_path: Path, router: str,
     assert fleet.requests is not None
     assert [r.status for r in fleet.requests] == ends == ["completed"] * len(MODELS)
     assert per_worker(replica.loads) == per_worker(loads)
+    # every request was charged at its pop and settled at its end, alike on both sides: a
+    # generative one its prompt + max_tokens, then the prompt and the tokens it generated
+    assert replica.core.settlements is not None
+    assert sorted(replica.core.settlements) == settlements
+    assert len(settlements) == len(MODELS)
+    assert {(rid, tenant) for rid, tenant, _, _ in settlements} == {
+        (i + 1, TENANTS[i % 3]) for i in range(len(MODELS))}
+    assert {charged for _, _, charged, _ in settlements} > {1}  # generative costs too
     assert RequestStatus.COMPLETED.name.lower() == "completed"
     assert report["requests"] == len(MODELS)
 
@@ -207,3 +229,86 @@ def test_the_engine_and_the_simulator_make_the_same_slot_choices(config: EngineC
     assert eng.reused_prefix_tokens > eng.retained_prefix_tokens  # and copied from donors
     if not config.retain_prefixes or config.max_retained_slots is not None:
         assert eng.slot_moves > 0  # a running sequence moved down into a hole
+
+
+class HandClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def group_config() -> Config:
+    def variant(model_id: str, accuracy: float, ms: float) -> dict[str, Any]:
+        return {"id": model_id, "kind": "oneshot", "backend": "synthetic",
+                "memory_bytes": 10_000_000, "task": "classification",
+                "options": {"accuracy": accuracy, "load_s": 0.0,
+                            "service_ms": {"1": ms, "8": 8 * ms}}}
+
+    return Config.model_validate({
+        "workers": {"count": 1, "budget_bytes": 1_000_000_000, "inbox_capacity": 64},
+        "batching": {"max_batch_size": 8},
+        "models": [variant("big", 0.9, 30.0), variant("small", 0.8, 1.0)],
+        "groups": [{"id": "g", "variants": ["big", "small"], "default_deadline_ms": 125}],
+    })
+
+
+GROUP_ARRIVALS: list[tuple[float, str, float | None]] = [
+    # (seconds after the start, model, deadline in seconds or None: the group's default)
+    (0.0, "g", 0.125), (0.0, "g", None), (0.0, "g", 0.125),  # one 90 ms batch of big
+    (0.0, "g", 0.125),  # a fourth would make it 120 ms: small
+    (0.0, "big", 0.125),  # a variant named directly: planned alone, never moved
+    (0.0, "g", 0.001),  # no variant finishes in 1 ms: refused at once
+    (0.050, "g", 0.2),  # nothing ran: the big batch now ends late, two of it move
+    (0.1245, "g", 0.2),  # 0.5 ms left for the first four: they fail now
+]
+
+
+def test_the_runtime_and_a_simulated_replica_plan_and_replan_alike() -> None:
+    """The same group arrivals on one hand-moved clock into a ``Runtime`` (its threads not
+    started: nothing runs, requests stay in its scheduler) and a ``SimReplica`` (its event
+    loop not run: requests wait in its worker's inbox), each re-planning after every
+    arrival: the same variant and deadline for each arrival, the same moves, and every
+    request on the same model in the same state (queued, or refused
+    ``deadline_infeasible``) on both sides."""
+    cfg = group_config()
+    clock = HandClock()
+    rt = Runtime(cfg.runtime_config(), {"synthetic": SyntheticBackend()}, clock=clock)
+    rt.variants.tracker.decisions = []
+    sim_config = dataclasses.replace(SimConfig.from_config(cfg), preload=())
+    sim_ends: list[SimRequest] = []
+    replica = SimReplica(0, sim_config, EventLoop(), sim_ends.append)
+    assert replica.tracker is not None
+    replica.tracker.decisions = []
+    start = clock.now
+    served: list[Request] = []
+    simulated: list[SimRequest] = []
+    for rid, (at_s, model, deadline) in enumerate(GROUP_ARRIVALS, start=1):
+        clock.now = now = start + at_s
+        req = rt.new_request(model, input="x",
+                             deadline_s=None if deadline is None else now + deadline)
+        assert req.request_id == rid
+        rt.try_submit(req)
+        with rt._cv:
+            rt._replan_queued(now)
+        served.append(req)
+        s = SimRequest(rid, model, now, deadline_s=None if deadline is None
+                       else now + deadline, input_chars=1)
+        replica.submit(s, now)  # re-plans as its dispatcher pass does
+        simulated.append(s)
+    assert replica.tracker.decisions == rt.variants.tracker.decisions
+    decisions = rt.variants.tracker.decisions
+    assert [(rid, v) for rid, g, v, _ in decisions if g == "moved"] == [(1, "small"),
+                                                                       (2, "small")]
+    assert [(rid, v) for rid, g, v, _ in decisions if g == "g"] == [
+        (1, "big"), (2, "big"), (3, "big"), (4, "small"), (6, None), (7, "small"),
+        (8, "big")]
+    assert decisions[1][3] == pytest.approx(start + 0.125)  # the group's default deadline
+    status = {"queued": RequestStatus.QUEUED, "rejected": RequestStatus.REJECTED}
+    assert [(r.model_id, r.status, r.final.error_code if r.final else None)
+            for r in served] == [
+        (s.model, status[s.status], s.reason) for s in simulated]
+    assert [r.status for r in served].count(RequestStatus.REJECTED) == 5
+    assert all(s.worker == 0 for s in simulated if s.status == "queued")  # in the inbox
+    assert len(rt._scheduler) == 3  # the server's stayed in its scheduler

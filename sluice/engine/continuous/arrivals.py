@@ -11,9 +11,15 @@ from sluice.engine.request import (
     Request,
     RequestStatus,
 )
-from sluice.policy.admission import clamp_retry_after
+from sluice.policy.engine_line import (
+    EngineLine,
+    EngineShape,
+    LateStart,
+    late_start,
+    left_s,
+    running_entry,
+)
 from sluice.policy.ttft import LineEntry, TtftPrediction
-from sluice.policy.width import arrival_due_s, predict_engine_ttft
 
 DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
@@ -47,19 +53,17 @@ class Arrivals(Retirement):
             self._refuse(req, f"{n} choices of prompt + max_tokens ({need} tokens) exceed "
                               "the model's KV cache", "context_length_exceeded")
         elif (late := self._late_start(req, self._line_position(req))) is not None:
-            now = self._clock()
-            ttft, retry_s = late
-            due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now,
-                                line_busy=self.has_work)
-            left_s = (due or now) - now
+            now, ttft = self._clock(), late.ttft
+            left_s = late.due_s - now
             what = ("deadline" if req.ttft_deadline_s is not None
-                    and req.ttft_deadline_s == due else "target")
+                    and req.ttft_deadline_s == late.due_s else "target")
             req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
                        error=f"first-token {what} infeasible: predicted first token in "
                              f"{ttft.ttft_s:.3g} s (a slot frees in {ttft.start_wait_s:.3g} s "
                              f"at {ttft.concurrency} sequences, {ttft.decode_step_s * 1000:.0f}"
-                             f" ms a step), {left_s:.3g} s left; retry in {retry_s:.3g} s",
-                       retry_after_s=retry_s)
+                             f" ms a step), {left_s:.3g} s left; retry in "
+                             f"{late.retry_after_s:.3g} s",
+                       retry_after_s=late.retry_after_s)
             self._on_retire(req)
         else:
             self.waiting.insert(self._line_position(req), req)
@@ -80,14 +84,11 @@ class Arrivals(Retirement):
         req.finish(RequestStatus.FAILED, self._clock(), error=error, error_code=code)
         self._on_retire(req)
 
-    def _line(self, position: int | None = None) -> tuple[list[LineEntry], list[int],
-                                                          list[LineEntry], list[float | None]]:
+    def _line(self, position: int | None = None) -> EngineLine:
         """The engine as the width plan and the TTFT prediction see it: the running
-        sequences (and held fork slots), the KV positions they hold, the waiting line up
-        to ``position`` (all of it by default), and each waiting request's seconds until
-        its first token is due (None: no target or deadline)."""
-        running = [LineEntry(max(0, s.n_prompt - s.n_fed),
-                             max(0, s.req.params.max_tokens - s.generated))
+        sequences (and held fork slots), the KV positions they hold, and the waiting line
+        up to ``position`` (all of it by default)."""
+        running = [running_entry(s.n_prompt, s.n_fed, s.req.params.max_tokens, s.generated)
                    for s in self.running.values()]
         running += [LineEntry(0, g.req.params.max_tokens, len(g.fork_slots))
                     for g in self._groups.values() if g.fork_slots]
@@ -95,8 +96,13 @@ class Arrivals(Retirement):
         waiting = [LineEntry(len(r.prompt_tokens), r.params.max_tokens, max(1, r.params.n))
                    for r in ahead]
         now = self._clock()
-        lefts = [None if (due := r.first_token_due_s) is None else due - now for r in ahead]
-        return running, [s.n_fed for s in self.running.values()], waiting, lefts
+        return EngineLine(running, [s.n_fed for s in self.running.values()], waiting,
+                          [left_s(r.first_token_due_s, now) for r in ahead])
+
+    def _shape(self) -> EngineShape:
+        """The learned step-time model, the TPOT target, slots, KV and margin."""
+        return EngineShape(self.step_cost.current(), self.tpot_target_s,
+                           self.model.n_seq_max, self.kv, self.tpot_margin.margin())
 
     def predict_ttft(self, prompt_tokens: int, n: int = 1, position: int | None = None,
                      max_tokens: int = DEFAULT_NEW_TOKENS_GUESS,
@@ -106,30 +112,18 @@ class Arrivals(Retirement):
         sequences and the line ahead of it against the learned step-time model, at the
         width the engine would plan with it in line (``ttft_left_s``: seconds until its
         own first token is due)."""
-        running, held, waiting, lefts = self._line(position)
-        return predict_engine_ttft(
-            self.step_cost.current(), tpot_target_s=self.tpot_target_s,
-            n_seq_max=self.model.n_seq_max, kv=self.kv, running=running, held_tokens=held,
-            waiting=waiting, prompt_tokens=prompt_tokens, n=n, max_tokens=max_tokens,
-            margin=self.tpot_margin.margin(), waiting_ttft_left_s=lefts,
-            ttft_left_s=ttft_left_s)
+        return self._shape().predict_ttft(self._line(position), prompt_tokens, n, max_tokens,
+                                          ttft_left_s)
 
-    def _late_start(self, req: Request, position: int) -> tuple[TtftPrediction, float] | None:
-        """For a request whose first token is due (a target or a deadline) and predicted
-        late even at the widest width the engine would plan: the prediction and a
-        Retry-After (when the line ahead will have drained enough); else None."""
-        now = self._clock()
-        due = arrival_due_s(req.ttft_target_s, req.ttft_deadline_s, now,
-                                line_busy=self.has_work)
-        if due is None:
-            return None
-        ttft = self.predict_ttft(len(req.prompt_tokens), max(1, req.params.n), position,
-                                 req.params.max_tokens, due - now)
-        if now + ttft.ttft_s <= due:
-            return None
-        allowed_s = due - req.arrival_s
-        retry_s = clamp_retry_after(ttft.ttft_s - allowed_s, 1.0, 60.0)
-        return ttft, retry_s
+    def _late_start(self, req: Request, position: int) -> LateStart | None:
+        """For a request whose first token is due and predicted late even at the widest
+        width the engine would plan (``sluice.policy.engine_line.late_start``, as the
+        simulator's engine asks it): the prediction and a Retry-After; else None."""
+        return late_start(self._shape(), lambda: self._line(position),
+                          prompt_tokens=len(req.prompt_tokens), n=max(1, req.params.n),
+                          max_tokens=req.params.max_tokens, ttft_target_s=req.ttft_target_s,
+                          ttft_deadline_s=req.ttft_deadline_s, arrival_s=req.arrival_s,
+                          now=self._clock(), line_busy=self.has_work)
 
 
 def _urgency(req: Request) -> tuple[int, float]:

@@ -14,17 +14,16 @@ from sluice.engine.continuous.state import (
     _Batch,
     _waiting_view,
 )
+from sluice.policy.engine_line import step_budget
 from sluice.policy.speculation import DraftBudget
 from sluice.policy.step_cost import StepSample
 from sluice.policy.step_planner import (
-    TOKENS_ONLY,
     StepBudget,
     StepPlan,
     StepView,
     plan_step,
 )
 from sluice.policy.tpot_budget import TpotBudget
-from sluice.policy.width import engine_width
 
 
 class StepLoop(SlotMoves, Arrivals):
@@ -54,18 +53,11 @@ class StepLoop(SlotMoves, Arrivals):
         """The step budget for the next plan: the TPOT target against the step-time model
         learned so far, at the width ``sluice.policy.width`` plans for the waiting line,
         or the token budget alone when the model sets no target."""
-        if self.tpot_target_s is None or self.config.mode != "continuous":
-            return TOKENS_ONLY
-        cost = self.step_cost.current()
-        margin = self.tpot_margin.margin()
-        if not self.waiting:  # nothing to admit: the width decides nothing this step
-            return TpotBudget(cost, self.tpot_target_s, margin)
-        running, held, waiting, lefts = self._line()
-        self.width = engine_width(cost, tpot_target_s=self.tpot_target_s, margin=margin,
-                                  n_seq_max=self.model.n_seq_max, kv=self.kv,
-                                  running=running, held_tokens=held, waiting=waiting,
-                                  ttft_left_s=lefts)
-        return TpotBudget(cost, self.tpot_target_s, margin, limit_s=self.width.step_limit_s)
+        budget, width = step_budget(self._shape(), self.config.mode == "continuous",
+                                    self._line, bool(self.waiting))
+        if width is not None:
+            self.width = width
+        return budget
 
     def _draft_budget(self, budget: StepBudget) -> DraftBudget | None:
         """What drafting may spend in the next step: priced on the learned step-time model,
