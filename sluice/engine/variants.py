@@ -14,13 +14,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.backends.base import ModelSpec
 from sluice.engine.observer import Observer
 from sluice.engine.request import Request, RequestStatus
-from sluice.policy.planner import PlannerConfig, VariantChoice
+from sluice.policy.planner import VariantChoice
 from sluice.policy.service_estimator import LengthPrior
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 
@@ -28,16 +27,9 @@ DEFAULT_SERVICE_S = 0.02
 """Batch-1 service time assumed for a variant with no profile, until batches are seen."""
 
 
-@dataclass(frozen=True)
-class GroupSpec:
-    """A model group: variants of one task that a request may be served by."""
-
-    group_id: str
-    variants: tuple[str, ...]
-    """Model ids of the variants (their accuracy comes from ``options.accuracy``)."""
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    default_deadline_s: float | None = None
-    """Relative deadline for requests that bring none."""
+GroupSpec = GroupPlan
+"""A model group: variants of one task that a request may be served by (each variant's
+accuracy comes from ``options.accuracy``); the simulator's ``SimGroup`` is one too."""
 
 
 def service_profile(spec: ModelSpec) -> dict[int, float]:
@@ -67,8 +59,7 @@ class VariantPlanner:
         self._lock = threading.Lock()
         names = {v for g in groups for v in g.variants}
         self.tracker = VariantTracker(
-            [GroupPlan(g.group_id, g.variants, g.planner, g.default_deadline_s)
-             for g in groups],
+            list(groups),
             {v: variant_info(specs[v], worker_budgets) for v in names},
             workers=max(1, len(worker_budgets)),
         )

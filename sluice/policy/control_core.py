@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from sluice.policy.admission import AdmissionConfig, AdmissionPolicy, Rejection
 from sluice.policy.dispatch import Dispatch, Dispatcher
@@ -23,6 +24,33 @@ from sluice.policy.types import QueueItem
 
 COMPLETIONS_WINDOW_S = 10.0
 """The completion rate that admission weighs a deadline against is counted over this."""
+
+
+class QueueSettings(Protocol):
+    """What the core is built from: ``RuntimeConfig`` and ``SimConfig`` both hold it."""
+
+    @property
+    def scheduler(self) -> str: ...
+    @property
+    def bypass_threshold(self) -> int: ...
+    @property
+    def router(self) -> str: ...
+    @property
+    def queue_capacity(self) -> int: ...
+    @property
+    def tenant_weights(self) -> Mapping[str, float]: ...
+
+
+QUEUE_SETTINGS = ("scheduler", "bypass_threshold", "router", "queue_capacity",
+                  "tenant_weights")
+"""``QueueSettings``' fields."""
+
+
+def queue_settings(config: QueueSettings) -> dict[str, Any]:
+    """``config``'s queue settings by name (to build another config holding them)."""
+    out = {name: getattr(config, name) for name in QUEUE_SETTINGS}
+    out["tenant_weights"] = dict(config.tenant_weights)
+    return out
 
 
 def queue_cost(generative: bool, prompt_tokens: int, max_tokens: int) -> int:
@@ -57,12 +85,12 @@ class ControlCore:
     """Admission, the scheduler, the dispatcher, the completion rate and the fair-share
     charges of dispatched requests."""
 
-    def __init__(self, *, scheduler: str, bypass_threshold: int, router: str,
-                 queue_capacity: int, tenant_weights: Mapping[str, float]) -> None:
-        self.admission = AdmissionPolicy(AdmissionConfig(queue_capacity=queue_capacity))
-        self.scheduler = make_scheduler(scheduler, bypass_threshold=bypass_threshold,
-                                        tenant_weights=tenant_weights)
-        self.dispatcher = Dispatcher(self.scheduler, make_router(router))
+    def __init__(self, config: QueueSettings) -> None:
+        self.admission = AdmissionPolicy(AdmissionConfig(queue_capacity=config.queue_capacity))
+        self.scheduler = make_scheduler(config.scheduler,
+                                        bypass_threshold=config.bypass_threshold,
+                                        tenant_weights=config.tenant_weights)
+        self.dispatcher = Dispatcher(self.scheduler, make_router(config.router))
         self.completions = RateMeter(window_s=COMPLETIONS_WINDOW_S)
         self.charged: dict[int, int] = {}
         """Dispatched requests → the tokens their pop charged to their tenant's share."""

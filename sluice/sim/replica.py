@@ -19,7 +19,7 @@ from typing import Any
 
 from sluice.policy.control_core import ControlCore, queue_cost, served_tokens
 from sluice.policy.types import QueueItem
-from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
+from sluice.policy.variant_tracker import VariantInfo, VariantTracker
 from sluice.sim.clock import EventLoop
 from sluice.sim.request import SimRequest
 from sluice.sim.setup import SimConfig
@@ -44,8 +44,7 @@ def make_tracker(config: SimConfig) -> VariantTracker | None:
                 length_prior=cost.length_prior,
             )
     tracker = VariantTracker(
-        [GroupPlan(g.group_id, g.variants, g.planner, g.default_deadline_s)
-         for g in config.groups], variants,
+        list(config.groups), variants,
         workers=config.workers)
     for v, estimator in tracker.service.items():  # a live server's: its planner's start
         if (estimate := config.models[v].cost.estimate) is not None:
@@ -64,10 +63,7 @@ class SimReplica:
         self.config = config
         self.loop = loop
         self.on_end = on_end
-        self.core = ControlCore(
-            scheduler=config.scheduler, bypass_threshold=config.bypass_threshold,
-            router=config.router, queue_capacity=config.queue_capacity,
-            tenant_weights=config.tenant_weights)
+        self.core = ControlCore(config)
         """The server runtime's control core (admission, queue, dispatch, re-planning,
         fair-share settlement), on the virtual clock."""
         self.scheduler = self.core.scheduler

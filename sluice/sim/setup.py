@@ -13,10 +13,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sluice.policy.control_core import queue_settings
 from sluice.policy.keep_alive import STAY, KeepAlive, configured_keep_alive
-from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_planner import EngineConfig
+from sluice.policy.variant_tracker import GroupPlan
 from sluice.sim.costs import ModelCost, model_cost
 from sluice.sim.engine import SimDrafting
 
@@ -52,13 +53,10 @@ class SimModel:
 
 
 @dataclass(frozen=True)
-class SimGroup:
-    """A model group whose requests the variant planner routes to a variant."""
+class SimGroup(GroupPlan):
+    """A model group whose requests the variant planner routes to a variant (the server's
+    ``GroupPlan``, with the arrivals a simulation starts from)."""
 
-    group_id: str
-    variants: tuple[str, ...]
-    planner: PlannerConfig = field(default_factory=PlannerConfig)
-    default_deadline_s: float | None = None
     arrivals: Mapping[str, Any] | None = None
     """A live server's arrival meter for the group (``/status.json``:
     ``groups.<id>.arrivals``, ``RateMeter.state``), taken at the simulation's time 0:
@@ -81,6 +79,8 @@ class SimConfig:
     max_batch_size: int = 8
     max_wait_s: float = 0.005
     engine: EngineConfig = field(default_factory=EngineConfig)
+    # the queue's settings (``sluice.policy.control_core.QueueSettings``), as the
+    # runtime's: ``from_config`` takes them from its ``RuntimeConfig``
     scheduler: str = "fifo"
     bypass_threshold: int = 8
     router: str = "residency_aware"
@@ -158,11 +158,7 @@ class SimConfig:
             max_batch_size=worker.max_batch_size,
             max_wait_s=worker.max_wait_s,
             engine=worker.engine,
-            scheduler=rc.scheduler,
-            bypass_threshold=rc.bypass_threshold,
-            router=rc.router,
-            queue_capacity=rc.queue_capacity,
-            tenant_weights=dict(rc.tenant_weights),
+            **queue_settings(rc),
             tenant_limits={t.id: t.limits.quota_limits() for t in config.tenants
                            if not t.limits.quota_limits().unlimited},
             replica_router="affinity" if config.cluster.router == "affinity"

@@ -68,10 +68,7 @@ class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
         self.clock = clock
         self.observer = observer or Observer()
         self._cv = threading.Condition(threading.RLock())
-        self._core = ControlCore(
-            scheduler=config.scheduler, bypass_threshold=config.bypass_threshold,
-            router=config.router, queue_capacity=config.queue_capacity,
-            tenant_weights=config.tenant_weights)
+        self._core = ControlCore(config)
         self._scheduler = self._core.scheduler
         self._dispatcher = self._core.dispatcher
         self._router = self._dispatcher.router
