@@ -24,7 +24,8 @@ from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime
 from sluice.policy.slot_table import SlotTable
-from sluice.policy.step_cost import StepCost
+from sluice.policy.step_cost import OnlineStepCost, StepCost
+from sluice.policy.tpot_budget import TpotBudget
 from sluice.sim import SimConfig, read_trace, simulate
 from sluice.sim.clock import EventLoop
 from sluice.sim.engine import SimEngine
@@ -312,3 +313,55 @@ def test_the_runtime_and_a_simulated_replica_plan_and_replan_alike() -> None:
     assert [r.status for r in served].count(RequestStatus.REJECTED) == 5
     assert all(s.worker == 0 for s in simulated if s.status == "queued")  # in the inbox
     assert len(rt._scheduler) == 3  # the server's stayed in its scheduler
+
+
+def test_the_engine_and_the_simulator_refuse_and_budget_alike() -> None:
+    """The same arrivals with first-token targets into ``ContinuousEngine`` (its step-time
+    model held at the simulator's cost) and ``SimEngine``, before any step runs (every
+    other target just before or after the engine's predicted first token): the same
+    arrivals are refused ``deadline_infeasible`` (the rest join the line), and after
+    every arrival the next step's width and budget are the same on both sides."""
+    cost = StepCost(0.004, 0.002, 0.00005)
+    n_slots, n_ctx_per_seq, tpot = 4, 256, 0.010
+    config = EngineConfig(kv_block_tokens=8)
+    model = SyntheticGenerative(ModelSpec(
+        "chat", "generative", "synthetic", 1, speculation="off", tpot_target_s=tpot,
+        options={"speed_scale": 0.0, "n_seq_max": n_slots, "n_ctx_per_seq": n_ctx_per_seq,
+                 "vocab_size": 4096}))
+    now = 10.0
+    eng = ContinuousEngine(model, config, lambda: now, lambda _r: None)
+    eng.step_cost = OnlineStepCost(cost, min_samples=10**9)
+    sim = SimEngine(config, cost, n_ctx_total=n_slots * n_ctx_per_seq, n_seq_max=n_slots,
+                    tpot_target_s=tpot)
+    rng = random.Random(3)
+    refused_engine, refused_sim = [], []
+    for rid in range(1, 61):
+        n_prompt, max_tokens = rng.randint(8, 120), rng.randint(4, 100)
+        if rid % 2:
+            target = now + rng.uniform(0.02, 8.0)
+        else:  # 3 % either side of the engine's own prediction: a changed line shows
+            predicted = eng.predict_ttft(n_prompt, 1, None, max_tokens).ttft_s
+            target = now + predicted * rng.choice([0.97, 1.03])
+        req = Request(request_id=rid, model_id="chat", kind="generative", arrival_s=now,
+                      prompt_tokens=tuple(range(5, 5 + n_prompt)), ttft_target_s=target,
+                      params=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        req.mark_queued(now)
+        eng.add(req)
+        if req.status == RequestStatus.REJECTED:
+            assert req.final is not None and req.final.error_code == "deadline_infeasible"
+            refused_engine.append(rid)
+        s = SimRequest(rid, "chat", now, n_prompt=n_prompt, max_tokens=max_tokens)
+        s.ttft_target_s = target
+        if sim.refusal(s, now) is None:
+            sim.waiting.append(s)
+        else:
+            refused_sim.append(rid)
+        assert refused_engine == refused_sim, f"arrival {rid}"
+        eng.budget()
+        sim.budget(now)
+        assert eng.width == sim.width, f"arrival {rid}"  # the line's width, as both plan it
+    assert 10 <= len(refused_engine) <= 50  # some refused, some of the line kept
+    budget_engine, budget_sim = eng.budget(), sim.budget(now)
+    assert isinstance(budget_engine, TpotBudget) and isinstance(budget_sim, TpotBudget)
+    assert budget_engine.step_limit_s == budget_sim.step_limit_s
+    assert eng.width is not None and eng.width == sim.width
