@@ -1,10 +1,10 @@
-"""The asyncio bridge: a request's events, produced on worker threads, delivered to an
-event loop as an async stream.
+"""The asyncio bridge: a request's events, applied on the runtime's pump thread (or the
+thread that ended the request), delivered to an event loop as an async stream.
 
-Worker threads call a request's listeners; ``AsyncHandle`` is one such listener that
+Those threads call a request's listeners; ``AsyncHandle`` is one such listener that
 posts each event through its loop's ``_Mailbox`` (one per loop, shared by every handle
-on it), and the loop side reads them from an ``asyncio.Queue``. Nothing here blocks a
-worker thread: posting takes one short lock.
+on it), and the loop side reads them from an ``asyncio.Queue``. Nothing here blocks the
+posting thread: posting takes one short lock.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class Canceller(Protocol):
 
 
 class _Mailbox:
-    """Hands events from worker threads to one event loop, waking it once per burst.
+    """Hands events from the runtime's threads to one event loop, waking it once per burst.
 
     A decode step emits one token for every running sequence; posting each with its own
     ``call_soon_threadsafe`` wakes the loop once per token, and on a 2-core machine every

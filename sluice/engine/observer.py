@@ -1,7 +1,8 @@
 """What the runtime reports as it works. The server implements it with Prometheus and with
 the status page's decision log (``Observers`` joins them); the default does nothing. Called
-from worker and control threads: implementations must be thread-safe and cheap (they run
-between decode steps)."""
+from control-plane threads (the pump applies what the workers report, the dispatcher and
+the supervisor what they decide): implementations must be thread-safe and cheap (the pump
+applies tokens between them)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sluice.backends.base import OneShotModel
-from sluice.engine.observer import Observer
+from sluice.engine.messages import Batch, BatchDone, Send
 from sluice.engine.request import Request, RequestStatus, end_stopped
 from sluice.policy.batcher import decide_batch
 
@@ -24,23 +24,22 @@ class OneShotExecutor:
 
     def __init__(
         self,
-        worker_id: int,
         *,
         max_batch_size: int,
         max_wait_s: float,
         clock: Callable[[], float],
-        observer: Observer,
+        send: Send,
         on_start: Callable[[str, float], None],
         on_end: Callable[[str], None],
     ) -> None:
-        """``on_start(model_id, now)`` runs just before the backend call (the worker
+        """``send`` reports each batch (``Batch`` as it starts, ``BatchDone`` as it
+        completes); ``on_start(model_id, now)`` runs just before the backend call (the worker
         pins the model and publishes its state, which counts ``active_count``);
         ``on_end(model_id)`` runs after it, whatever happened (the worker unpins)."""
-        self.worker_id = worker_id
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self._clock = clock
-        self._observer = observer
+        self._send = send
         self._on_start = on_start
         self._on_end = on_end
         self.active_count = 0
@@ -83,7 +82,7 @@ class OneShotExecutor:
             r.batch_size = len(live)
         self.active_count = len(live)
         self._on_start(model_id, now)
-        self._observer.batch(self.worker_id, model_id, len(live))
+        self._send(Batch(model_id, len(live)))
         try:
             self._call(model, live, now)
         finally:
@@ -105,7 +104,7 @@ class OneShotExecutor:
                 )
             return
         done = self._clock()
-        self._observer.batch_done(self.worker_id, model_id, len(live), done - started_s)
+        self._send(BatchDone(model_id, len(live), done - started_s))
         for r, out in zip(live, outputs, strict=True):
             if r.deadline_s is not None and done >= r.deadline_s:  # never complete late
                 r.finish(RequestStatus.EXPIRED, done, error="deadline passed while running",

@@ -299,11 +299,14 @@ class Request:
         final.setdefault("finish_reason", FINISH_REASON[status])
         final.setdefault("prompt_tokens", len(self.prompt_tokens))
         final.setdefault("completion_tokens", self.completion_tokens)
-        event = Final(status=status, **final)
+        return self.end(Final(status=status, **final), now)
+
+    def end(self, event: Final, now: float) -> bool:
+        """``finish`` with the terminal event already made (one a worker sent)."""
         with self._lock:
             if self.status.is_terminal:
                 return False
-            self.status = status
+            self.status = event.status
             self.final = event
             self.times.finished_s = now
             listeners = tuple(self.listeners)

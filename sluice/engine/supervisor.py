@@ -192,7 +192,7 @@ class Supervisor:
         with self._lock:  # recovering from before the replacement is in place
             self._pending[index] = pending
         replacement = self._replace(index)
-        loads = [replacement.call(_loader(replacement, m)) for m in models]
+        loads = [replacement.load(m) for m in models]
         with self._lock:
             pending.loads = loads
         for fut in loads:
@@ -218,10 +218,6 @@ class Supervisor:
             self._observer.worker_recovered(p.record.worker_id, seconds)
             log.warning("worker %d replaced: serving again %.3f s after it failed",
                         p.record.worker_id, seconds)
-
-
-def _loader(worker: Worker, model_id: str) -> Callable[[], bool]:
-    return lambda: worker.load_now(model_id)
 
 
 __all__ = ["Recovery", "Supervisor", "WorkerStatus", "stalled", "worker_status"]

@@ -5,7 +5,8 @@ complete) and apply its choice to a request before admission.
 The decision is ``sluice.policy.planner.choose_variant`` and the measurements are
 ``sluice.policy.variant_tracker.VariantTracker`` (both pure, shared with the simulator);
 this module holds them behind a lock, applies a choice to a request, and is called by the
-runtime and by the workers (batch completions) through ``PlannerObserver``.
+runtime (its pump turns the workers' ``Batch`` and ``BatchDone`` messages into
+``batch_started`` and ``batch_done``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sluice.backends.base import ModelSpec
-from sluice.engine.observer import Observer
 from sluice.engine.request import Request, RequestStatus
 from sluice.policy.planner import VariantChoice
 from sluice.policy.service_estimator import LengthPrior
@@ -137,8 +137,8 @@ class VariantPlanner:
 
     def moved(self, req: Request, variant: str, apply: bool = True) -> None:
         """``req`` (queued) will run on ``variant``: the tracker plans with it from now
-        on; ``apply``: also rewrite the request (else ``apply_move`` does, later, on the
-        thread that owns it)."""
+        on; ``apply``: also rewrite the request (else ``apply_move`` does, once the worker
+        that holds it has made the move)."""
         with self._lock:
             self.tracker.moved(req.request_id, variant)
         if apply:
@@ -213,23 +213,3 @@ def length_prior(spec: ModelSpec) -> LengthPrior | None:
     mean_chars, var_chars}`` (lengths in characters); None without one."""
     raw = spec.options.get("length_prior")
     return LengthPrior.from_json(raw) if raw else None
-
-
-class PlannerObserver:
-    """Forwards every observer call to ``inner``; batch completions also reach the planner
-    (workers are given this, so the service-time estimates follow what really ran)."""
-
-    def __init__(self, inner: Observer, planner: VariantPlanner) -> None:
-        self._inner = inner
-        self._planner = planner
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def batch(self, worker_id: int, model_id: str, size: int) -> None:
-        self._planner.batch_started(worker_id, model_id, size)
-        self._inner.batch(worker_id, model_id, size)
-
-    def batch_done(self, worker_id: int, model_id: str, size: int, seconds: float) -> None:
-        self._planner.batch_done(model_id, size, seconds, worker_id)
-        self._inner.batch_done(worker_id, model_id, size, seconds)

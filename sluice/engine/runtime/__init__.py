@@ -18,7 +18,8 @@ dispatch, re-planning and fair-share settlement are one ``ControlCore``
 (``sluice.policy.control_core``), which the simulator's replica drives too:
 ``factory`` (requests and the tokenizer cache), ``admission`` (submit, cancel, the variant
 choice at arrival), ``settlement`` (a finished request leaves the live set and its
-fair-share charge is corrected), ``deadlines`` (the heap of queued requests' start-by
+fair-share charge is corrected), ``pump`` (the thread that applies the workers' messages),
+``deadlines`` (the heap of queued requests' start-by
 times), ``dispatch`` (the dispatcher thread: expire, replan, route), ``lifecycle``
 (start, drain, stop, health, snapshots, worker replacement), ``admin`` (load, unload,
 slots, engine calls) and ``async_api`` (the asyncio conveniences; ``AsyncHandle`` lives in
@@ -28,6 +29,7 @@ slots, engine calls) and ``async_api`` (the asyncio conveniences; ``AsyncHandle`
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -44,7 +46,7 @@ from sluice.engine.runtime.dispatch import Dispatch
 from sluice.engine.runtime.lifecycle import Lifecycle, RuntimeHealth, RuntimeSnapshot
 from sluice.engine.supervisor import Supervisor
 from sluice.engine.trace import TraceWriter
-from sluice.engine.variants import PlannerObserver, VariantPlanner
+from sluice.engine.variants import VariantPlanner
 from sluice.policy.control_core import ControlCore
 
 MAX_SUPERVISOR_POLL_S = 0.25
@@ -52,7 +54,7 @@ MAX_SUPERVISOR_POLL_S = 0.25
 
 
 class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
-    """Owns the queue, the dispatcher thread and the workers. Thread-safe."""
+    """Owns the queue, the dispatcher and pump threads and the workers. Thread-safe."""
 
     def __init__(
         self,
@@ -81,7 +83,9 @@ class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
         self._tokenizers = {}
         self.variants = VariantPlanner(config.groups, self.specs,
                                        [w.budget_bytes for w in config.workers], clock)
-        self._worker_observer = PlannerObserver(self.observer, self.variants)
+        self._outbox = queue.SimpleQueue()
+        self._pump = threading.Thread(target=self._pump_loop, name="sluice-pump", daemon=True)
+        self.pump_fault = None
         self._faults = {m: FaultInjector(plan) for m, plan in config.faults.items()}
         self._draining = False
         self._stopped = False

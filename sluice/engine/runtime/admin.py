@@ -27,9 +27,8 @@ class Admin(RuntimeState):
             if not fits:
                 raise RuntimeError(f"model {model_id} fits no worker's budget")
             target = min(fits, key=lambda v: (v.load, v.worker_id)).worker_id
-            worker = self.workers[target]
-            return [worker.call(lambda: worker.load_now(model_id)).result(timeout=600)]
-        futures = [w.call(functools.partial(w.unload_now, model_id)) for w in self.workers]
+            return [self.workers[target].load(model_id).result(timeout=600)]
+        futures = [w.unload(model_id) for w in self.workers]
         return [f.result(timeout=60) for f in futures]
 
     def erase_slot(self, model_id: str, worker_id: int, slot: int) -> int | None:

@@ -95,13 +95,13 @@ class Admission(Settlement):
             req = self._live.get(request_id)
             if req is None:
                 return False
-            req.cancel_requested = True
             if self._scheduler.remove(request_id) is not None:
+                req.cancel_requested = True
                 req.finish(RequestStatus.CANCELLED, self.clock(), error="cancelled by client")
                 return True
             worker_id = req.worker_id
-        if worker_id is not None:
-            self.workers[worker_id].wake()
+        if worker_id is not None:  # its worker ends it, and tells the pump
+            self.workers[worker_id].cancel(request_id)
         return True
 
     def _plan(self, req: Request, now: float) -> Rejection | None:

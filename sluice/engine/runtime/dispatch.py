@@ -5,7 +5,6 @@ room; then wait for a change or the next deadline."""
 
 from __future__ import annotations
 
-import functools
 import logging
 
 from sluice.engine.request import RequestStatus
@@ -57,8 +56,9 @@ class Dispatch(Deadlines):
         """Queued group requests whose predicted finish now misses their deadline move to
         a faster variant (keeping their place), or fail now with ``deadline_infeasible``
         instead of expiring in the queue. In the scheduler the move is made here; in a
-        worker's inbox the worker makes it on its thread, between batches. Which requests
-        move where is the control core's (``ControlCore.replan``). Under ``self._cv``."""
+        worker's inbox the worker makes it on its thread, between batches (``Retarget``;
+        its ``Moved`` answer, through the pump, completes it). Which requests move where is
+        the control core's (``ControlCore.replan``). Under ``self._cv``."""
         if not self.variants.groups or not self._live:
             return
         moves = self.variants.replan(now, self._movable)
@@ -72,6 +72,8 @@ class Dispatch(Deadlines):
                 req.finish(RequestStatus.REJECTED, now, error_code="deadline_infeasible",
                            error=f"deadline infeasible for group {group_id}: queued on "
                                  f"{req.model_id}, no variant can finish it in time now")
+                if req.worker_id is not None:  # its worker drops its item
+                    self.workers[req.worker_id].cancel(req.request_id)
                 continue
             if not step.in_inbox:
                 self.variants.moved(req, variant)
@@ -79,9 +81,7 @@ class Dispatch(Deadlines):
                 assert req.worker_id is not None
                 self._moving.add(req.request_id)
                 self.variants.moved(req, variant, apply=False)
-                done = self.workers[req.worker_id].retarget(
-                    req, functools.partial(self.variants.apply_move, req, variant))
-                done.add_done_callback(functools.partial(self._moved, req.request_id))
+                self.workers[req.worker_id].retarget(req.request_id, variant)
             self.observer.planned(group_id, variant, "replanned")
 
     def _movable(self, request_id: int) -> bool:
@@ -91,10 +91,6 @@ class Dispatch(Deadlines):
         req = self._live.get(request_id)
         return (req is not None and req.worker_id is not None
                 and req.status == RequestStatus.QUEUED and request_id not in self._moving)
-
-    def _moved(self, request_id: int, _: object) -> None:
-        with self._cv:
-            self._moving.discard(request_id)
 
     def _dispatch(self, now: float) -> bool:
         """Route queued requests while the queue is non-empty and some inbox has room (the

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sluice.engine.request import RequestStatus
-from sluice.engine.runtime.state import RuntimeState
+from sluice.engine.runtime.pump import Pump
 from sluice.engine.supervisor import Recovery, WorkerStatus
 from sluice.engine.worker import Worker, WorkerConfig, WorkerState
 
@@ -43,10 +43,12 @@ class RuntimeHealth:
         return all(s == "up" for s in self.workers)
 
 
-class Lifecycle(RuntimeState):
-    """Starting and stopping the threads, health, snapshots and worker replacement."""
+class Lifecycle(Pump):
+    """Starting and stopping the threads (the pump's among them), health, snapshots and
+    worker replacement."""
 
     def start(self) -> None:
+        self._pump.start()
         for w in self.workers:
             w.start()
         self._thread.start()
@@ -76,6 +78,7 @@ class Lifecycle(RuntimeState):
             w.stop()
         for w in self.workers:
             w.join(30.0)
+        self._stop_pump()
         self._thread.join(5.0)
         if self._trace is not None:
             self._trace.close()
@@ -120,6 +123,8 @@ class Lifecycle(RuntimeState):
             problem = f"dispatcher thread is dead ({self.dispatcher_fault or 'ended'})"
         elif not self.supervisor.alive:
             problem = "worker supervisor is dead"
+        elif self.pump_fault is not None or not self._pump.is_alive():
+            problem = f"message pump thread is dead ({self.pump_fault or 'ended'})"
         for i, status in enumerate(statuses):
             if not problem and status in ("dead", "stopped"):
                 problem = f"worker {i} is {status} and not being replaced"
@@ -134,15 +139,8 @@ class Lifecycle(RuntimeState):
             return self._core.completions.rate_per_s(self.clock())
 
     def _new_worker(self, config: WorkerConfig) -> Worker:
-        return Worker(config, self.specs, self._backends, self.clock, self._worker_observer,
-                      self._notify, faults=self._faults, on_death=self.supervisor.wake,
-                      busy_models=self.busy_models)
-
-    def busy_models(self) -> frozenset[str]:
-        """Models with a live request (queued, routed or running): their keep-alive does not
-        run out while it lives, so no admitted request waits on a model just unloaded."""
-        with self._cv:
-            return frozenset(r.model_id for r in self._live.values())
+        return Worker(config, self.specs, self._backends, self.clock, self._outbox,
+                      faults=self._faults, on_death=self.supervisor.wake)
 
     def _replace_worker(self, index: int) -> Worker:
         """A fresh worker in slot ``index`` (same id and limits), started (supervisor)."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 from sluice.backends.base import Backend, ModelSpec, Tokenizer
 from sluice.backends.faults import FaultInjector
@@ -17,7 +16,7 @@ from sluice.engine.runtime.config import RuntimeConfig
 from sluice.engine.supervisor import Supervisor
 from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import VariantPlanner
-from sluice.engine.worker import Worker
+from sluice.engine.worker import Outbox, Worker
 from sluice.policy.control_core import ControlCore
 from sluice.policy.dispatch import Dispatcher
 from sluice.policy.router import Router
@@ -57,7 +56,11 @@ class RuntimeState:
     _ids: Iterator[int]
     _tokenizers: dict[str, Tokenizer]
     variants: VariantPlanner
-    _worker_observer: Any
+    _outbox: Outbox
+    """Every worker's outbound messages, for the pump (``pump``)."""
+    _pump: threading.Thread
+    pump_fault: str | None
+    """Set if the pump thread failed (``/health`` then fails)."""
     _faults: dict[str, FaultInjector]
     _draining: bool
     _stopped: bool

@@ -1,0 +1,101 @@
+"""``WorkerBase``: the fields every part of a worker reads, declared once, and the small
+helpers they share. Two sides touch them: the control plane (``control``: any thread) and
+the worker's own thread (``loop``, ``models``). What both touch is guarded by ``_cv`` and
+said so below; everything else belongs to one side."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from sluice.backends.base import Backend, GenerativeModel, ModelSpec, OneShotModel
+from sluice.backends.faults import FaultInjector
+from sluice.engine.continuous import ContinuousEngine
+from sluice.engine.messages import Done, Inbound, Outbound
+from sluice.engine.oneshot import OneShotExecutor
+from sluice.engine.request import Request
+from sluice.engine.work_item import WorkItem
+from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
+from sluice.policy.residency import Residency
+
+Outbox = queue.SimpleQueue[tuple[Any, Outbound]]
+"""The runtime's outbox: (the sending worker, one of its messages), in the order sent."""
+
+
+class WorkerBase:
+    """A worker's fields (``Worker.__init__`` sets them)."""
+
+    config: WorkerConfig
+    _specs: Mapping[str, ModelSpec]
+    _backends: Mapping[str, Backend]
+    _clock: Callable[[], float]
+    _outbox: Outbox
+    _faults: Mapping[str, FaultInjector]
+    _on_death: Callable[[], None]
+    _cv: threading.Condition
+    """Guards the fields marked "(lock)": the mailbox both sides use."""
+    _inbox: deque[tuple[WorkItem, float]]
+    """(lock) Items routed here and not yet in an engine or a batch, with when they came."""
+    _controls: deque[Inbound]
+    """(lock) Inbound messages for the thread's next loop."""
+    _calls: dict[int, Future[Any]]
+    """(lock) ``Load``, ``Unload`` and ``Call`` messages not yet answered, by call id."""
+    _call_ids: Callable[[], int]
+    _dirty: bool
+    """(lock) Something arrived since the thread last looked."""
+    _stopping: bool
+    """(lock) ``stop`` or ``abandon`` was called."""
+    _engine_waiting: int
+    """(lock) Items moved into engines and not yet running (raised on every move,
+    recomputed after every loop, so it never undercounts)."""
+    routed: dict[int, Request]
+    """The clients' requests whose items were given to this worker, by id (control side:
+    written at ``offer``, read and emptied by the runtime's pump; single dict operations,
+    atomic under the GIL)."""
+    abandoned: bool
+    fault: WorkerFault | None
+    heartbeat: Heartbeat
+    state: WorkerState
+    """The last snapshot the pump took from a ``State`` message (control side)."""
+    trace: list[tuple[str, tuple[int, ...]]] | None
+    """(lock) When a list, every inbox change is appended (tests replay it): ``("offer",
+    (id,))``, ``("leave", (id,))``, ``("engine", (id,))``, ``("batch", ids)``."""
+    # The worker thread's own:
+    _residency: Residency
+    _models: dict[str, OneShotModel | GenerativeModel]
+    _engines: dict[str, ContinuousEngine]
+    _failed: dict[str, str]
+    _loaded_at_s: dict[str, float]
+    _oneshot: OneShotExecutor
+    _running: dict[int, WorkItem]
+    """Items in an engine or a batch, by id (until their ``Done``)."""
+    _idle_asked_s: dict[str, float]
+    """Models asked about in ``IdleModels`` → when (asked again at most every
+    ``IDLE_POLL_S`` while the runtime says they are needed)."""
+    _thread: threading.Thread
+
+    def _send(self, message: Outbound) -> None:
+        self._outbox.put((self, message))
+
+    def _send_item(self, message: Outbound) -> None:
+        """What the worker's items send: their ``Done`` ends the worker's hold on them."""
+        if isinstance(message, Done):
+            self._running.pop(message.request_id, None)
+        self._outbox.put((self, message))
+
+    def _trace(self, what: str, *items: Request) -> None:
+        """Record an inbox change (lock held)."""
+        if self.trace is not None:
+            self.trace.append((what, tuple(r.request_id for r in items)))
+
+    def _queue_depth(self) -> int:
+        """(lock) Items waiting here: in the inbox or in an engine's line."""
+        return len(self._inbox) + self._engine_waiting
+
+    def _beat(self, activity: str, allowance_s: float) -> None:
+        """Stamp the heartbeat: ``activity`` begins now and may take ``allowance_s``."""
+        self.heartbeat = Heartbeat(self._clock(), allowance_s, activity)
