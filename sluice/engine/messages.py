@@ -34,9 +34,11 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Run:
     """Run ``item``: the worker owns it from now on (the control plane keeps its
-    ``Request`` and hears of the item only through outbound messages)."""
+    ``Request`` and hears of the item only through outbound messages). Sent into the
+    worker's bounded inbox at ``sent_s``, when its wait for batch company begins."""
 
     item: WorkItem
+    sent_s: float
 
 
 @dataclass(frozen=True, slots=True)

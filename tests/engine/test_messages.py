@@ -109,7 +109,8 @@ def test_the_worker_runs_its_own_copy_and_the_pump_applies_what_it_sent() -> Non
     with rt._cv:
         assert rt._dispatch(rt.clock())
     worker = rt.workers[0]
-    (item, _), = worker._inbox
+    (run,) = worker._inbox
+    item = run.item
     assert isinstance(item, WorkItem) and item is not req
     assert item.request_id == req.request_id and item.prompt_tokens == req.prompt_tokens
 

@@ -15,7 +15,7 @@ from typing import Any
 from sluice.backends.base import Backend, GenerativeModel, ModelSpec, OneShotModel
 from sluice.backends.faults import FaultInjector
 from sluice.engine.continuous import ContinuousEngine
-from sluice.engine.messages import Done, Inbound, Outbound
+from sluice.engine.messages import Done, Inbound, Outbound, Run
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request
 from sluice.engine.work_item import WorkItem
@@ -38,8 +38,8 @@ class WorkerBase:
     _on_death: Callable[[], None]
     _cv: threading.Condition
     """Guards the fields marked "(lock)": the mailbox both sides use."""
-    _inbox: deque[tuple[WorkItem, float]]
-    """(lock) Items routed here and not yet in an engine or a batch, with when they came."""
+    _inbox: deque[Run]
+    """(lock) ``Run`` messages whose items are not yet in an engine or a batch."""
     _controls: deque[Inbound]
     """(lock) Inbound messages for the thread's next loop."""
     _calls: dict[int, Future[Any]]

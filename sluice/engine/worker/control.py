@@ -18,6 +18,7 @@ from sluice.engine.messages import (
     Load,
     Reply,
     Retarget,
+    Run,
     Unload,
     UnloadIdle,
 )
@@ -43,7 +44,7 @@ class Control(WorkerBase):
             item = WorkItem.of(req)
             item.bind(self._send_item)
             self.routed[req.request_id] = req
-            self._inbox.append((item, self._clock()))
+            self._inbox.append(Run(item, self._clock()))
             self._trace("offer", req)
             self._dirty = True
             self._cv.notify()

@@ -24,6 +24,7 @@ from sluice.engine.messages import (
     Reply,
     Retarget,
     Room,
+    Run,
     Unload,
     UnloadIdle,
 )
@@ -94,7 +95,7 @@ class Loop(Models):
     def _waiting(self, request_id: int) -> WorkItem | None:
         """The item ``request_id`` if it waits in the inbox."""
         with self._cv:
-            return next((r for r, _ in self._inbox if r.request_id == request_id), None)
+            return next((m.item for m in self._inbox if m.item.request_id == request_id), None)
 
     def _loop_once(self) -> bool:
         now = self._clock()
@@ -130,7 +131,7 @@ class Loop(Models):
                 wake.append(w)
             wake.extend(t for t in (r.start_by_s for r in engine.waiting) if t is not None)
         with self._cv:
-            wake.extend(t for t in (r.start_by_s for r, _ in self._inbox) if t is not None)
+            wake.extend(t for t in (m.item.start_by_s for m in self._inbox) if t is not None)
             if not self._dirty and not self._stopping and not self._controls:
                 wait_s = max(0.0, min(wake) - now)
                 self._beat("idle", wait_s + self.config.watchdog_s)
@@ -139,19 +140,19 @@ class Loop(Models):
     def _sweep_inbox(self, now: float) -> None:
         """Cancelled and expired requests leave the inbox without running."""
         with self._cv:
-            if not any(is_stopped(r, now) for r, _ in self._inbox):
+            if not any(is_stopped(m.item, now) for m in self._inbox):
                 return
-            kept: deque[tuple[WorkItem, float]] = deque()
+            kept: deque[Run] = deque()
             gone: list[WorkItem] = []
-            for item in self._inbox:
-                if is_stopped(item[0], now):
-                    gone.append(item[0])
-                    self._trace("leave", item[0])
+            for message in self._inbox:
+                if is_stopped(message.item, now):
+                    gone.append(message.item)
+                    self._trace("leave", message.item)
                 else:
-                    kept.append(item)
+                    kept.append(message)
             self._inbox = kept
-        for gone_item in gone:
-            end_stopped(gone_item, now, "while queued at the worker")
+        for item in gone:
+            end_stopped(item, now, "while queued at the worker")
         self._send(Room())
 
     def _advance_inbox(self, now: float) -> bool:
@@ -162,7 +163,7 @@ class Loop(Models):
             with self._cv:
                 if not self._inbox:
                     return did
-                req, enqueued_s = self._inbox[0]
+                req, enqueued_s = self._inbox[0].item, self._inbox[0].sent_s
             spec = self._specs[req.model_id]
             readiness = self._ensure_resident(spec, now)
             if readiness == "wait":
@@ -182,12 +183,12 @@ class Loop(Models):
                 did = True
                 continue
             with self._cv:
-                model_ids = [r.model_id for r, _ in self._inbox]
+                model_ids = [m.item.model_id for m in self._inbox]
             take = self._oneshot.plan(model_ids, enqueued_s, now)
             if take == 0:
                 return did
             with self._cv:
-                batch = [self._inbox.popleft()[0] for _ in range(take)]
+                batch = [self._inbox.popleft().item for _ in range(take)]
                 self._trace("batch", *batch)
             self._send(Room())
             self._running.update((r.request_id, r) for r in batch)
@@ -210,7 +211,7 @@ class Loop(Models):
     def _shutdown(self) -> None:
         now = self._clock()
         with self._cv:
-            left = [r for r, _ in self._inbox]
+            left = [m.item for m in self._inbox]
             for r in left:
                 self._trace("leave", r)
             self._inbox.clear()

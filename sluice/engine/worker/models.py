@@ -59,7 +59,7 @@ class Models(WorkerBase):
     def _busy_here(self) -> set[str]:
         """Models with an item in this inbox or an engine."""
         with self._cv:
-            busy = {r.model_id for r, _ in self._inbox}
+            busy = {m.item.model_id for m in self._inbox}
         busy.update(m for m, e in self._engines.items() if e.has_work)
         return busy
 
@@ -190,10 +190,10 @@ class Models(WorkerBase):
 
     def _fail_model_requests(self, model_id: str, message: str, code: str) -> None:
         with self._cv:
-            mine = [r for r, _ in self._inbox if r.model_id == model_id]
+            mine = [m.item for m in self._inbox if m.item.model_id == model_id]
             for r in mine:
                 self._trace("leave", r)
-            self._inbox = deque(item for item in self._inbox if item[0].model_id != model_id)
+            self._inbox = deque(m for m in self._inbox if m.item.model_id != model_id)
         now = self._clock()
         for r in mine:
             r.finish(RequestStatus.FAILED, now, error=message, error_code=code)
