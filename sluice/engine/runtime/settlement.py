@@ -31,6 +31,7 @@ class Settlement(Deadlines):
             self.variants.finished(req)
             with self._cv:
                 self._live.pop(req.request_id, None)
+                self._moving.discard(req.request_id)  # a worker that died never answers
                 self._purge_deadlines()
                 self._core.settle(
                     req.request_id, req.tenant_id,
