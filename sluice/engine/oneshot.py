@@ -34,7 +34,8 @@ class OneShotExecutor:
     ) -> None:
         """``send`` reports each batch (``Batch`` as it starts, ``BatchDone`` as it
         completes); ``on_start(model_id, now)`` runs just before the backend call (the worker
-        pins the model and publishes its state, which counts ``active_count``);
+        pins the model, publishes its state, which counts ``active_count``, and sends what
+        it holds);
         ``on_end(model_id)`` runs after it, whatever happened (the worker unpins)."""
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
@@ -81,8 +82,8 @@ class OneShotExecutor:
         for r in live:
             r.batch_size = len(live)
         self.active_count = len(live)
-        self._on_start(model_id, now)
         self._send(Batch(model_id, len(live)))
+        self._on_start(model_id, now)
         try:
             self._call(model, live, now)
         finally:

@@ -116,15 +116,16 @@ def test_the_worker_runs_its_own_copy_and_the_pump_applies_what_it_sent() -> Non
 
     for _ in range(20):  # the worker's loop, until its copy has ended
         worker._loop_once()
+        worker._flush()
         if item.is_terminal:
             break
     assert item.status == RequestStatus.COMPLETED
     assert status(req) == RequestStatus.QUEUED and events == []  # nothing applied yet
     sent = []
     while not rt._outbox.empty():
-        _, message = rt._outbox.get()
-        sent.append(message)
-        rt._apply(worker, message)
+        _, messages = rt._outbox.get()
+        sent.extend(messages)
+        rt._apply_all(worker, messages)
     mine = [m for m in sent if isinstance(m, (Started, Token, Done))]
     assert isinstance(mine[0], Started) and isinstance(mine[-1], Done)
     assert sum(isinstance(m, Token) for m in mine) == 3
@@ -146,10 +147,9 @@ def test_a_cancel_reaches_an_inbox_request_as_a_message() -> None:
     assert rt.cancel(req.request_id)
     assert list(worker._controls) == [Cancel(req.request_id)]
     assert status(req) == RequestStatus.QUEUED and not req.cancel_requested
-    for message in list(worker._controls):
-        worker._controls.popleft()
-        worker._handle(message)
+    worker._handle_controls()
     worker._loop_once()
+    worker._flush()
     assert worker.inbox_depth() == 0
     rt.drain_outbox()
     assert req.status == RequestStatus.CANCELLED

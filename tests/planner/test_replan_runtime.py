@@ -93,9 +93,7 @@ def test_requests_in_a_worker_inbox_are_moved_by_that_worker() -> None:
     # The worker makes the moves on its own thread, between batches: not yet.
     assert [r.model_id for r in reqs] == ["big", "big", "big"]
     assert len(worker._controls) == 2
-    for message in list(worker._controls):  # what the worker thread handles next
-        worker._controls.popleft()
-        worker._handle(message)
+    worker._handle_controls()  # what the worker thread does next
     rt.drain_outbox()  # what the pump applies of its answers
     assert [r.model_id for r in reqs] == ["small", "small", "big"]
     assert not rt._moving

@@ -8,8 +8,10 @@ is answered from the live requests; ``Reply`` resolves an admin call's Future; `
 becomes the worker's published snapshot. A message from a replaced worker is applied
 like any other: the requests it names have ended, so it changes nothing.
 
-The thread blocks on the outbox (no polling), so a token reaches its listeners as soon
-as the pump takes it; it drains what else is waiting before it wakes the dispatcher once.
+A worker puts its messages on the outbox in runs (a step's tokens, a loop's state: see
+``Worker._flush``). The thread blocks on the outbox (no polling), so a token reaches its
+listeners as soon as its step ends; it drains what else is waiting before it wakes the
+dispatcher once.
 """
 
 from __future__ import annotations
@@ -44,20 +46,20 @@ class Pump(Settlement):
     def _pump_loop(self) -> None:
         try:
             while True:
-                worker, message = self._outbox.get()
+                worker, messages = self._outbox.get()
                 if worker is None:
                     return
-                room = self._apply(worker, message)
+                room = self._apply_all(worker, messages)
                 stop = False
                 while not stop:
                     try:
-                        worker, message = self._outbox.get_nowait()
+                        worker, messages = self._outbox.get_nowait()
                     except queue.Empty:
                         break
                     if worker is None:
                         stop = True
                     else:
-                        room = self._apply(worker, message) or room
+                        room = self._apply_all(worker, messages) or room
                 if room:
                     self._notify()
                 if stop:
@@ -68,7 +70,7 @@ class Pump(Settlement):
 
     def _stop_pump(self) -> None:
         """End the pump once it has applied everything already sent (workers stopped)."""
-        self._outbox.put((None, Room()))
+        self._outbox.put((None, ()))
         if self._pump.is_alive():
             self._pump.join(5.0)
 
@@ -77,13 +79,19 @@ class Pump(Settlement):
         room = False
         while True:
             try:
-                worker, message = self._outbox.get_nowait()
+                worker, messages = self._outbox.get_nowait()
             except queue.Empty:
                 break
             if worker is not None:
-                room = self._apply(worker, message) or room
+                room = self._apply_all(worker, messages) or room
         if room:
             self._notify()
+
+    def _apply_all(self, worker: Worker, messages: tuple[Outbound, ...]) -> bool:
+        room = False
+        for message in messages:
+            room = self._apply(worker, message) or room
+        return room
 
     def _apply(self, worker: Worker, message: Outbound) -> bool:
         """Apply one message; True if it may have made room for more work. A listener's

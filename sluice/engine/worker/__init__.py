@@ -86,6 +86,7 @@ class Worker(Control, Loop):
         self._engines = {}
         self._failed = {}
         self._loaded_at_s = {}
+        self._outgoing = []
         self._running = {}
         self._idle_asked_s = {}
         self._oneshot = OneShotExecutor(

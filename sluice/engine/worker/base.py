@@ -22,8 +22,8 @@ from sluice.engine.work_item import WorkItem
 from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
 from sluice.policy.residency import Residency
 
-Outbox = queue.SimpleQueue[tuple[Any, Outbound]]
-"""The runtime's outbox: (the sending worker, one of its messages), in the order sent."""
+Outbox = queue.SimpleQueue[tuple[Any, tuple[Outbound, ...]]]
+"""The runtime's outbox: (the sending worker, a run of its messages), in the order sent."""
 
 
 class WorkerBase:
@@ -71,6 +71,8 @@ class WorkerBase:
     _failed: dict[str, str]
     _loaded_at_s: dict[str, float]
     _oneshot: OneShotExecutor
+    _outgoing: list[Outbound]
+    """Messages sent since the last ``_flush``."""
     _running: dict[int, WorkItem]
     """Items in an engine or a batch, by id (until their ``Done``)."""
     _idle_asked_s: dict[str, float]
@@ -79,13 +81,22 @@ class WorkerBase:
     _thread: threading.Thread
 
     def _send(self, message: Outbound) -> None:
-        self._outbox.put((self, message))
+        """Queue ``message``; it leaves at the next ``_flush``."""
+        self._outgoing.append(message)
 
     def _send_item(self, message: Outbound) -> None:
         """What the worker's items send: their ``Done`` ends the worker's hold on them."""
         if isinstance(message, Done):
             self._running.pop(message.request_id, None)
-        self._outbox.put((self, message))
+        self._outgoing.append(message)
+
+    def _flush(self) -> None:
+        """Put what was sent on the outbox as one run: after every engine step, every loop
+        and every control message, and before anything long (a load, a one-shot batch),
+        so a step's tokens cost the pump one wake-up, not one each."""
+        if self._outgoing:
+            self._outbox.put((self, tuple(self._outgoing)))
+            self._outgoing.clear()
 
     def _trace(self, what: str, *items: Request) -> None:
         """Record an inbox change (lock held)."""

@@ -44,24 +44,34 @@ class Loop(Models):
         except BaseException as exc:  # a bug outside every barrier, or an injected kill
             self.fault = WorkerFault(f"died (its thread ended: {type(exc).__name__})",
                                      traceback.format_exc(), self._clock())
+            self._flush()
             self._on_death()
             return
         self._shutdown()
+        self._flush()
 
     def _serve(self) -> None:
         while True:
-            with self._cv:
-                controls = list(self._controls)
-                self._controls.clear()
-                stopping = self._stopping
-                self._dirty = False
-            for message in controls:
-                self._handle(message)
+            stopping = self._handle_controls()
             if stopping:
                 break
             did = self._loop_once()
+            self._flush()
             if not did:
                 self._sleep()
+
+    def _handle_controls(self) -> bool:
+        """Handle the control queue's messages and send their answers; True once the
+        worker is to stop."""
+        with self._cv:
+            controls = list(self._controls)
+            self._controls.clear()
+            stopping = self._stopping
+            self._dirty = False
+        for message in controls:
+            self._handle(message)
+            self._flush()
+        return stopping
 
     def _handle(self, message: Inbound) -> None:
         """Act on one inbound message (worker thread, between steps)."""
@@ -111,6 +121,7 @@ class Loop(Models):
                 stepped = engine.step()
                 if stepped:
                     self._send(Batch(engine.model.spec.model_id, engine.last_batch_size))
+                self._flush()
                 did = stepped or did
         did = self._unload_expired(self._clock()) or did
         self._publish()
@@ -204,6 +215,7 @@ class Loop(Models):
         """A one-shot batch is about to run: pin its model, show its members as active."""
         self._residency.acquire(model_id, now)
         self._publish()
+        self._flush()
 
     def _batch_ended(self, model_id: str) -> None:
         self._residency.release(model_id, self._clock())

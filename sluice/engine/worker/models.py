@@ -102,6 +102,7 @@ class Models(WorkerBase):
 
     def _load(self, spec: ModelSpec) -> None:
         """Load ``spec`` now (worker thread only); the caller made room."""
+        self._flush()
         t0 = self._clock()
         self._beat("load", self.config.load_watchdog_s)
         model = self._backends[spec.backend].load(spec)
