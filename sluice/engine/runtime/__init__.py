@@ -5,7 +5,8 @@ for room. The dispatcher thread pops ONE request at a time from the scheduler, a
 router for a worker, and offers it to that worker's bounded inbox. It pops only while
 some inbox has room; a request whose feasible workers are all full goes back into the
 scheduler (keeping its place, its fair-share charge refunded) until capacity frees up.
-Deadlines of queued requests are watched here; workers watch those they hold.
+Deadlines of queued requests are watched here; workers watch those they hold. What the
+workers report comes back as messages that one pump thread applies (``pump``).
 
 Every admitted request ends in exactly one terminal state: the request state machine
 guarantees "first terminal wins", and ``stop`` drains, then cancels whatever is left. A
