@@ -135,3 +135,25 @@ def test_a_long_text_input_is_served(client: openai.OpenAI) -> None:
         client.responses.create(model=MODEL, input=[{"role": "user", "content": "x"}] * 1025,
                                 max_output_tokens=2)
     assert "at most 1024 items" in str(info.value)
+
+
+def test_input_tokens_and_llama_servers_path_and_default_model(
+        client: openai.OpenAI, live: LiveServer) -> None:
+    """``/v1/responses/input_tokens`` counts what the request runs (its usage's
+    ``input_tokens``); ``/responses`` (llama-server's path) with no ``model`` serves the
+    default model."""
+    body = {"model": MODEL, "input": "hello there", "instructions": "be brief",
+            "max_output_tokens": 2}
+    whole = client.responses.create(**body)
+    assert whole.usage is not None
+    with live.client() as c:
+        for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+            r = c.post(path, json=body)
+            assert r.status_code == 200, r.text
+            assert r.json() == {"object": "response.input_tokens",
+                                "input_tokens": whole.usage.input_tokens}
+        r = c.post("/responses", json={"input": "hello there", "max_output_tokens": 2})
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == MODEL and r.json()["object"] == "response"
+        assert_error(c.post("/v1/responses/input_tokens", json={"model": "nope",
+                                                                "input": "x"}), 404)

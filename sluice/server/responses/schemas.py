@@ -149,7 +149,8 @@ class Reasoning(_Body):
 
 
 class ResponsesRequest(_Body):
-    model: str = Field(min_length=1, max_length=256)
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    """Left out: the default model (llama-server's ``model`` is optional)."""
     input: str | list[InputItem]
     """A user message's text (at most ``MAX_TEXT_CHARS``), or 1 to ``MAX_INPUT_ITEMS``
     items."""
