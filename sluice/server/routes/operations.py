@@ -48,8 +48,12 @@ async def metrics(request: Request) -> Response:
     ``Process-Start-Time-Unix``: when the server process started (llama-server's header,
     which tells a scraper that counters restarted)."""
     ctx_of(request).auth.require_metrics(request)
-    return Response(generate_latest(ctx_of(request).registry), media_type=CONTENT_TYPE_LATEST,
-                    headers={"Process-Start-Time-Unix": str(PROCESS_START_UNIX)})
+    response = Response(generate_latest(ctx_of(request).registry),
+                        media_type=CONTENT_TYPE_LATEST)
+    # the name as llama-server writes it (Starlette lowercases names given as headers=, and
+    # llama.cpp's suite reads this one case-sensitively)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(PROCESS_START_UNIX).encode()))
+    return response
 
 
 @router.get("/", response_class=HTMLResponse)
