@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import PlainTextResponse, Response
+from starlette.types import Message, Receive, Scope, Send
 
 from sluice.backends.base import Backend
 from sluice.backends.registry import make_backends
@@ -144,12 +145,30 @@ def create_app(config: Config, backends: Mapping[str, Backend] | None = None) ->
 class LlamaCors(CORSMiddleware):
     """Starlette's CORS, but a preflight from an origin that is not allowed is answered 200
     without CORS headers, as llama-server answers it, not 400: the browser refuses the call
-    either way."""
+    either way; and the CORS headers' names in llama-server's letter case
+    (``Access-Control-Allow-Origin``), which clients that read headers case-sensitively
+    (llama.cpp's own test suite) look for."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def cased(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [(_cors_case(k), v) for k, v in message["headers"]]
+            await send(message)
+
+        await super().__call__(scope, receive, cased)
 
     def preflight_response(self, request_headers: Headers) -> Response:
         if not self.is_allowed_origin(origin=request_headers["origin"]):
             return PlainTextResponse("", status_code=200)
         return super().preflight_response(request_headers)
+
+
+def _cors_case(name: bytes) -> bytes:
+    """``access-control-allow-origin`` → ``Access-Control-Allow-Origin``; other names as
+    they are."""
+    if not name.startswith(b"access-control-"):
+        return name
+    return b"-".join(part.capitalize() for part in name.split(b"-"))
 
 
 LOCALHOST_ORIGINS = "localhost"

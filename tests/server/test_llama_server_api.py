@@ -110,6 +110,8 @@ def test_cors_is_off_unless_configured(live: LiveServer,
                        "https://[::1]:3000"):
             r = c.options("/v1/chat/completions", headers={**preflight, "origin": origin})
             assert r.headers["access-control-allow-origin"] == origin
+            # in llama-server's letter case, which case-sensitive readers look for
+            assert dict(r.headers.raw)[b"Access-Control-Allow-Origin"] == origin.encode()
         for origin in ("http://localhost.evil.test", "http://notlocalhost", "http://a.test"):
             r = c.options("/v1/chat/completions", headers={**preflight, "origin": origin})
             # as llama-server: 200 without CORS headers (the browser refuses the call)
