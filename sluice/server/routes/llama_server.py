@@ -149,14 +149,7 @@ async def apply_template(body: ApplyTemplateRequest, request: Request,
                          tenant: Tenant) -> JSONResponse:
     """``messages`` (and ``tools``) rendered with the model's chat template, as a chat
     request's prompt is: ``{"prompt": text}``."""
-    ctx = ctx_of(request)
-    headers = body_headers(request, body)
-    model = model_name(ctx, body.model)
-    spec_of_kind(ctx, model, "generative")
-    tok = tokenizer_of(ctx, model)
-    await ctx.quota.charge_call(tenant.id, "apply-template")
-    prompt = ChatPrompt([m.as_dict() for m in body.messages],
-                        [t.as_dict() for t in body.tools or []])
+    headers, model, tok, prompt = await _charged_chat(request, body, tenant, "apply-template")
     return JSONResponse({"prompt": rendered_chat(tok, prompt, model).text}, headers=headers)
 
 
@@ -167,16 +160,24 @@ async def chat_input_tokens(body: ApplyTemplateRequest, request: Request,
     """llama-server's token count of a chat request: the prompt tokens its ``messages``
     (and ``tools``) run as, ``{"input_tokens": n}``; one request against the tenant's
     request rate, charged before anything is tokenized."""
+    headers, model, tok, prompt = await _charged_chat(request, body, tenant, "input_tokens")
+    n = await asyncio.to_thread(_chat_tokens, tok, prompt, model)
+    return JSONResponse({"input_tokens": n}, headers=headers)
+
+
+async def _charged_chat(request: Request, body: ApplyTemplateRequest, tenant: Tenant,
+                        call: str) -> tuple[dict[str, str], str, Tokenizer, ChatPrompt]:
+    """A chat body's response headers, model, tokenizer and prompt, after one ``call``
+    has been charged to the tenant's request rate (nothing is rendered before the charge)."""
     ctx = ctx_of(request)
     headers = body_headers(request, body)
     model = model_name(ctx, body.model)
     spec_of_kind(ctx, model, "generative")
     tok = tokenizer_of(ctx, model)
-    await ctx.quota.charge_call(tenant.id, "input_tokens")
+    await ctx.quota.charge_call(tenant.id, call)
     prompt = ChatPrompt([m.as_dict() for m in body.messages],
                         [t.as_dict() for t in body.tools or []])
-    n = await asyncio.to_thread(_chat_tokens, tok, prompt, model)
-    return JSONResponse({"input_tokens": n}, headers=headers)
+    return headers, model, tok, prompt
 
 
 def _chat_tokens(tok: Tokenizer, prompt: ChatPrompt, model: str) -> int:
