@@ -65,10 +65,12 @@ PEER = "llama-server"
 SLUICE = "sluice-continuous"
 
 
-def sluice_toml(model: str, gguf: Path, mode: str, prefix_reuse: bool = True) -> str:
+def sluice_toml(model: str, gguf: Path, mode: str, prefix_reuse: bool = True,
+                workers_extra: str = "") -> str:
     """sluice serving ``gguf`` as ``model`` with llama-server's settings: 8 slots over 8192
-    cells, 2 threads, batches of up to 512 tokens."""
-    return server_tables(model, 512, 256, budget_bytes=4_000_000_000) + f"""
+    cells, 2 threads, batches of up to 512 tokens; ``workers_extra`` is more TOML lines of
+    the ``[workers]`` table (``isolation = "process"``)."""
+    return server_tables(model, 512, 256, budget_bytes=4_000_000_000) + workers_extra + f"""
 [engine]
 mode = "{mode}"
 max_batch_tokens = 512
@@ -214,12 +216,26 @@ def prefix_reuse_rows(model: str, gguf: Path, quick: bool) -> list[dict[str, Any
     return out
 
 
+def _levels(text: str) -> list[int]:
+    """``"8,32"`` -> ``[8, 32]``: positive client counts."""
+    try:
+        levels = [int(part) for part in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of client counts: {text!r}") from exc
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"client counts must be >= 1: {text!r}")
+    return levels
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``python -m bench`` and ``sluice bench``."""
     parser.add_argument("--quick", action="store_true",
                         help="sluice and llama-server at 1 and 8 clients only (minutes)")
     parser.add_argument("--model", default=GEMMA, choices=sorted(BENCH_MODELS),
                         help=f"the packaged model to serve (default {GEMMA}, the reference)")
+    parser.add_argument("--clients", type=_levels, metavar="N,N,...",
+                        help="closed-loop client counts (default 1,8 with --quick, else "
+                             "1,2,4,8,16); the open loop's capacity is measured at 8")
     parser.add_argument("--out", type=Path, default=RESULTS / "llm_bench.json",
                         help="the JSON to write (the PNG goes beside it)")
 
@@ -255,7 +271,9 @@ def run(args: argparse.Namespace) -> int:
     systems[PEER] = (llama_server_cmd(server_bin, gguf, port, n_ctx=N_CTX, n_slots=N_SLOTS,
                                       threads=THREADS),
                      f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}")
-    levels = [1, 8] if args.quick else [1, 2, 4, 8, 16]
+    levels = args.clients or ([1, 8] if args.quick else [1, 2, 4, 8, 16])
+    if not args.quick and 8 not in levels:
+        levels = sorted({*levels, 8})  # the open loop's capacity is sluice's at 8 clients
     rows: list[dict[str, Any]] = []
     cap = None
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -348,3 +348,34 @@ def test_overload_levels_are_selectable_and_goals_say_by_how_much_they_miss() ->
     assert g["ttft_p95_within_1_5x"]["missed_by"] == 0.1
     assert g["tpot_p95_within_1x"]["met"]
     assert g["more_within_both"] == {"value": 40, "bound": 46, "met": False, "missed_by": 6}
+
+
+def test_ab_sides_parse_ref_and_worker_lines_and_the_summary_divides_medians() -> None:
+    import argparse
+
+    from bench.ab import parse_side, summary
+
+    side = parse_side('process=.+isolation="process"')
+    assert (side.label, side.ref, side.workers_extra) == ("process", ".", ('isolation="process"',))
+    assert parse_side("before=59601b8~1").workers_extra == ()
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_side("no-ref")
+    rows = [{"system": s, "concurrency": 8, "tokens_per_s": t, "tpot_p50_s": 0.1}
+            for s, t in (("a", 80.0), ("a", 90.0), ("a", 100.0), ("b", 72.0), ("b", 81.0),
+                         ("b", 99.0), ("llama-server", 75.0))]
+    by_side = {s["side"]: s for s in summary(rows, ["a", "b"], [8])}
+    assert by_side["a"]["tokens_per_s_median"] == 90.0
+    assert by_side["b"]["vs_first_side"] == pytest.approx(0.9)
+    assert by_side["a"]["vs_llama_server"] == pytest.approx(1.2)
+    assert by_side["b"]["tokens_per_s_rounds"] == [72.0, 81.0, 99.0]
+
+
+def test_llm_bench_client_levels_parse_and_refuse_nonsense() -> None:
+    import argparse
+
+    from bench.llm_bench import _levels
+
+    assert _levels("8,32") == [8, 32]
+    for bad in ("", "0,8", "eight"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _levels(bad)
