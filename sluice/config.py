@@ -50,10 +50,14 @@ class FaultsConfig(_Strict):
     hang_probability: float = Field(default=0.0, ge=0, le=1)
     hang_s: float = Field(default=3600.0, ge=0)
     seed: int = 0
+    kill_mode: Literal["raise", "abort", "segv", "sigkill"] = "raise"
+    """``raise``: a kill ends the worker's thread; ``abort``, ``segv``, ``sigkill``: it ends
+    the worker's process (``workers.isolation = "process"`` only)."""
 
     def plan(self) -> FaultPlan:
         return FaultPlan(frozenset(self.kill_on_calls), frozenset(self.hang_on_calls),
-                         self.kill_probability, self.hang_probability, self.hang_s, self.seed)
+                         self.kill_probability, self.hang_probability, self.hang_s, self.seed,
+                         self.kill_mode)
 
 
 class ReasoningConfig(_Strict):
@@ -321,6 +325,11 @@ class WorkersConfig(_Strict):
     load_watchdog_s: float = Field(default=600.0, gt=0)
     """The same allowance while a worker loads a model, runs a freshly loaded model's
     first step (llama.cpp sets up buffers there: seconds), or runs an admin call."""
+    isolation: Literal["thread", "process"] = "thread"
+    """``thread``: each worker is a thread of the server's process. ``process``: each
+    worker runs in a child process of its own (``sluice.engine.worker.process``), so a
+    crash in C code ends that worker's requests (500 ``worker_failed``) and a replacement
+    process loads its models while the server and its other workers go on."""
 
 
 class BatchingConfig(_Strict):
@@ -728,6 +737,12 @@ class Config(_Strict):
             if len(shapes) != 1 or any(kind != "oneshot" for kind, _ in shapes):
                 raise ValueError(f"groups[{g.id!r}].variants must be one-shot models of one "
                                  f"task, got {sorted(shapes)}")
+        for m in self.models:
+            if (m.faults is not None and m.faults.kill_mode != "raise"
+                    and self.workers.isolation != "process"):
+                raise ValueError(f"models[{m.id!r}].faults.kill_mode = "
+                                 f"{m.faults.kill_mode!r} ends a process: it needs "
+                                 f"workers.isolation = \"process\"")
         keys = [k for t in self.tenants for k in t.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("tenants: an API key is listed for more than one tenant")
@@ -776,6 +791,7 @@ class Config(_Strict):
             tenant_weights={t.id: t.weight for t in self.tenants},
             faults={m.id: m.faults.plan() for m in self.models if m.faults is not None},
             trace_path=self.server.trace_file,
+            isolation=self.workers.isolation,
             groups=tuple(
                 GroupSpec(
                     group_id=g.id,

@@ -2,9 +2,16 @@
 
 Inbound (control plane → worker, through the worker's mailbox): ``Run`` hands the worker
 a ``WorkItem`` it owns from then on; ``Cancel``, ``Retarget``, ``Load``, ``Unload`` and
-``UnloadIdle`` name requests and models by id. ``Call`` runs an admin or test function on
-the worker's thread between steps; it is the one message that holds code, and it serves
-inspection (slots, KV integrity), never a request's path.
+``UnloadIdle`` name requests and models by id. ``AdminCall`` runs one of the worker's
+admin methods by name (``ADMIN_METHODS``: a slot's erasure, a function on a model's
+engine, the KV integrity check) between steps. ``Call`` runs an arbitrary function on the
+worker's thread between steps; it is the one message that holds code (tests), so it exists
+only in thread mode: a worker process refuses it (a closure does not cross a process), and
+every admin path uses ``AdminCall``.
+
+Every message but ``Call`` pickles when its payload does (a ``WorkItem`` pickles as the
+fields it copies), which is what lets a worker run in a process of its own
+(``workers.isolation = "process"``, ``sluice.engine.worker.process``).
 
 Outbound (worker → control plane, onto the runtime's outbox, in the order sent): a
 request's ``Started``, ``Token`` and ``Done``; a step's or batch's ``Batch`` and
@@ -92,7 +99,27 @@ class Call:
     fn: Callable[[], Any]
 
 
-Inbound = Cancel | Retarget | Load | Unload | UnloadIdle | Call
+ADMIN_METHODS = frozenset({"erase_slot_now", "on_engine", "integrity"})
+"""The worker methods an ``AdminCall`` may name (``sluice.engine.worker.models``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdminCall:
+    """Run the worker's admin method ``method`` (one of ``ADMIN_METHODS``) with ``args``
+    on its thread between steps; answered with ``Reply``. It crosses to a worker process
+    when ``args`` pickle (``on_engine``'s function: a module-level one or a
+    ``functools.partial`` of one)."""
+
+    call_id: int
+    method: str
+    args: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.method not in ADMIN_METHODS:
+            raise ValueError(f"AdminCall: {self.method!r} is not one of {sorted(ADMIN_METHODS)}")
+
+
+Inbound = Cancel | Retarget | Load | Unload | UnloadIdle | Call | AdminCall
 """What goes through a worker's control queue (``Run`` goes through its bounded inbox)."""
 
 # -- outbound --------------------------------------------------------------------------
@@ -183,7 +210,7 @@ class Room:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """The answer to ``Load``, ``Unload`` or ``Call`` ``call_id``: ``result``, or the
+    """The answer to ``Load``, ``Unload``, ``Call`` or ``AdminCall`` ``call_id``: ``result``, or the
     exception it raised."""
 
     call_id: int

@@ -1,18 +1,20 @@
 """Worker supervision: notice a worker that died or stalls, end its requests, replace it.
 
 A worker is declared dead when its execution thread ended of an exception
-(``Worker.fault``), or when it holds work and its heartbeat is overdue (``stalled``: the
+(``Worker.fault``), when its process ended (process isolation: ``ProcessWorker.fault``,
+set the moment its pipe ends), or when it holds work and its heartbeat is overdue (``stalled``: the
 thread began a step, a batch or a load and has not come back within the allowance it
 stamped, ``workers.watchdog_s`` or ``workers.load_watchdog_s``). Then, in this order:
 
 1. the worker is abandoned: it refuses new work, and its thread, if it ever comes back,
-   ends and closes its models;
+   ends and closes its models (a stalled worker process is killed);
 2. every request it held ends at once in one terminal state (FAILED, ``worker_failed``,
    the cause in the message);
 3. its traceback (or, for a stall, where its thread is stuck) is logged once;
-4. a new worker with the same id and limits takes its place and loads the models the dead
-   one held. Until those loads end the worker is ``recovering``: ``sluice_worker_up`` is
-   0 and ``/ready`` is 503. Requests routed to it meanwhile wait in its inbox.
+4. a new worker with the same id and limits takes its place (with process isolation a new
+   worker process, which boots first) and loads the models the dead one held. Until it
+   serves and those loads end the worker is ``recovering``: ``sluice_worker_up`` is 0 and
+   ``/ready`` is 503. Requests routed to it meanwhile wait in its inbox.
 
 The supervisor is one thread that sleeps between checks (a dying worker wakes it at once),
 so it costs the decode loop nothing measurable. ``stalled`` and ``worker_status`` are plain
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sluice.engine.observer import Observer
-from sluice.engine.worker import Heartbeat, Worker
+from sluice.engine.worker import Heartbeat
+from sluice.engine.worker.process import AnyWorker
 
 log = logging.getLogger("sluice.supervisor")
 
@@ -80,7 +83,8 @@ class _Pending:
     died_s: float
     record: Recovery
     loads: list[Future[object]] | None = None
-    """The replacement's loads (None until it is in place)."""
+    """The replacement's loads (None until it is in place), after its ``ready`` (a worker
+    process boots first)."""
 
 
 class Supervisor:
@@ -88,8 +92,8 @@ class Supervisor:
 
     def __init__(
         self,
-        workers: Callable[[], Sequence[Worker]],
-        replace: Callable[[int], Worker],
+        workers: Callable[[], Sequence[AnyWorker]],
+        replace: Callable[[int], AnyWorker],
         end_held: Callable[[int, str], int],
         clock: Callable[[], float],
         observer: Observer,
@@ -173,7 +177,7 @@ class Supervisor:
                                 f"its thread is stuck here:\n{stack}")
         self._note_recovered()
 
-    def _take_over(self, index: int, worker: Worker, cause: str, died_s: float,
+    def _take_over(self, index: int, worker: AnyWorker, cause: str, died_s: float,
                    detail: str) -> None:
         worker_id = worker.config.worker_id
         worker.abandon(f"worker {worker_id} failed: {cause}")
@@ -192,7 +196,7 @@ class Supervisor:
         with self._lock:  # recovering from before the replacement is in place
             self._pending[index] = pending
         replacement = self._replace(index)
-        loads = [replacement.load(m) for m in models]
+        loads = [replacement.ready(), *(replacement.load(m) for m in models)]
         with self._lock:
             pending.loads = loads
         for fut in loads:
@@ -207,7 +211,8 @@ class Supervisor:
                 del self._pending[p.index]
         for p in done:
             seconds = now - p.died_s
-            failed_loads = [m for m, f in zip(p.record.models, p.loads or (), strict=True)
+            model_loads = (p.loads or [])[1:]  # after the replacement's ready
+            failed_loads = [m for m, f in zip(p.record.models, model_loads, strict=True)
                             if f.exception() is not None]
             if failed_loads:
                 log.error("worker %d replacement could not load %s", p.record.worker_id,

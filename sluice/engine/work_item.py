@@ -13,9 +13,26 @@ reaches the item only as a message to the worker.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sluice.engine.messages import Done, Send, Started, Token
 from sluice.engine.request import Event, Final, Request, RequestStatus
+
+
+def _copied(req: Request) -> dict[str, Any]:
+    """The fields of ``req`` that running it needs."""
+    return {name: getattr(req, name) for name in _COPIED}
+
+
+_COPIED = ("request_id", "model_id", "kind", "arrival_s", "prompt_tokens", "input", "params",
+           "tenant_id", "priority", "deadline_s", "ttft_deadline_s", "ttft_target_s",
+           "keep_alive", "worker_id")
+
+
+def _rebuild(fields: dict[str, Any], queued_s: float | None) -> WorkItem:
+    item = WorkItem(**fields, status=RequestStatus.QUEUED)
+    item.times.queued_s = queued_s
+    return item
 
 
 def _unbound(_: object) -> None:
@@ -33,25 +50,12 @@ class WorkItem(Request):
     @classmethod
     def of(cls, req: Request) -> WorkItem:
         """What running ``req`` needs, as a new item (queued since ``req`` was)."""
-        item = cls(
-            request_id=req.request_id,
-            model_id=req.model_id,
-            kind=req.kind,
-            arrival_s=req.arrival_s,
-            prompt_tokens=req.prompt_tokens,
-            input=req.input,
-            params=req.params,
-            tenant_id=req.tenant_id,
-            priority=req.priority,
-            deadline_s=req.deadline_s,
-            ttft_deadline_s=req.ttft_deadline_s,
-            ttft_target_s=req.ttft_target_s,
-            keep_alive=req.keep_alive,
-            worker_id=req.worker_id,
-            status=RequestStatus.QUEUED,
-        )
-        item.times.queued_s = req.times.queued_s
-        return item
+        return _rebuild(_copied(req), req.times.queued_s)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """An item pickles (to a worker process) as the fields ``of`` copies, unbound: the
+        process's worker binds it (``Worker.accept``). Only a fresh item crosses."""
+        return (_rebuild, (_copied(self), self.times.queued_s))
 
     def bind(self, send: Send) -> None:
         """Send this item's transitions with ``send`` (the worker that owns it)."""

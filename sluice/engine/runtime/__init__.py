@@ -48,6 +48,7 @@ from sluice.engine.runtime.lifecycle import Lifecycle, RuntimeHealth, RuntimeSna
 from sluice.engine.supervisor import Supervisor
 from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import VariantPlanner
+from sluice.engine.worker.process import CONTEXT as PROCESS_CONTEXT
 from sluice.policy.control_core import ControlCore
 
 MAX_SUPERVISOR_POLL_S = 0.25
@@ -87,7 +88,12 @@ class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
         self._outbox = queue.SimpleQueue()
         self._pump = threading.Thread(target=self._pump_loop, name="sluice-pump", daemon=True)
         self.pump_fault = None
-        self._faults = {m: FaultInjector(plan) for m, plan in config.faults.items()}
+        if config.isolation == "process" and clock is not time.monotonic:
+            raise ValueError("isolation = 'process' needs the clock time.monotonic (the one "
+                             "clock the worker processes share)")
+        self._faults = {m: (FaultInjector.shared(plan, PROCESS_CONTEXT)
+                            if config.isolation == "process" else FaultInjector(plan))
+                        for m, plan in config.faults.items()}
         self._draining = False
         self._stopped = False
         self.dispatcher_fault = None

@@ -3,7 +3,6 @@ retained prefix, run a function on a model's engine between two steps."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -35,15 +34,14 @@ class Admin(RuntimeState):
         """Forget the retained prefix in slot ``slot`` of ``model_id`` on worker
         ``worker_id`` (``Worker.erase_slot_now``, on its thread): the tokens it held, or
         ``None`` while a request uses the slot. Blocks: call it off the event loop."""
-        worker = self.workers[worker_id]
-        erase = functools.partial(worker.erase_slot_now, model_id, slot)
-        result: int | None = worker.call(erase).result(timeout=60)
+        result: int | None = self.workers[worker_id].ask(
+            "erase_slot_now", model_id, slot).result(timeout=60)
         return result
 
     def on_engine(self, model_id: str, worker_id: int,
                   fn: Callable[[ContinuousEngine], Any]) -> Future[Any]:
         """Run ``fn`` on ``model_id``'s engine on worker ``worker_id``, on that worker's
         thread between two steps (``Worker.on_engine``); the Future fails with
-        ``ValueError`` if the model is not resident there then."""
-        worker = self.workers[worker_id]
-        return worker.call(functools.partial(worker.on_engine, model_id, fn))
+        ``ValueError`` if the model is not resident there then. With process isolation
+        ``fn`` must pickle (a module-level function, or a ``functools.partial`` of one)."""
+        return self.workers[worker_id].ask("on_engine", model_id, fn)

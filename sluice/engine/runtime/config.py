@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from sluice.backends.base import ModelSpec
 from sluice.backends.faults import FaultPlan
@@ -32,6 +33,9 @@ class RuntimeConfig:
     trace_path: str | None = None
     """Record every submitted request's arrival here as JSONL (``sluice.engine.trace``,
     the simulator's trace format); ``None`` (default): no recording."""
+    isolation: Literal["thread", "process"] = "thread"
+    """Where each worker runs: a thread of this process (default) or a child process of
+    its own (``sluice.engine.worker.process``)."""
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -41,6 +45,13 @@ class RuntimeConfig:
             raise ValueError(f"models: duplicate model ids in {ids}")
         if self.queue_capacity < 1:
             raise ValueError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
+        if self.isolation not in ("thread", "process"):
+            raise ValueError(f"workers.isolation must be thread or process, got "
+                             f"{self.isolation!r}")
+        for model_id, plan in self.faults.items():
+            if plan.kill_mode != "raise" and self.isolation != "process":
+                raise ValueError(f"faults of {model_id}: kill_mode {plan.kill_mode!r} ends a "
+                                 f"process and needs isolation = 'process'")
         biggest = max(w.budget_bytes for w in self.workers)
         for m in self.models:
             if m.memory_bytes > biggest:

@@ -10,6 +10,7 @@ from sluice.engine.request import RequestStatus
 from sluice.engine.runtime.pump import Pump
 from sluice.engine.supervisor import Recovery, WorkerStatus
 from sluice.engine.worker import Worker, WorkerConfig, WorkerState
+from sluice.engine.worker.process import AnyWorker, ProcessWorker
 
 
 @dataclass(frozen=True)
@@ -138,11 +139,13 @@ class Lifecycle(Pump):
         with self._cv:
             return self._core.completions.rate_per_s(self.clock())
 
-    def _new_worker(self, config: WorkerConfig) -> Worker:
-        return Worker(config, self.specs, self._backends, self.clock, self._outbox,
-                      faults=self._faults, on_death=self.supervisor.wake)
+    def _new_worker(self, config: WorkerConfig) -> AnyWorker:
+        """A worker of the configured isolation: a thread here, or a process's proxy."""
+        kind = ProcessWorker if self.config.isolation == "process" else Worker
+        return kind(config, self.specs, self._backends, self.clock, self._outbox,
+                    faults=self._faults, on_death=self.supervisor.wake)
 
-    def _replace_worker(self, index: int) -> Worker:
+    def _replace_worker(self, index: int) -> AnyWorker:
         """A fresh worker in slot ``index`` (same id and limits), started (supervisor)."""
         worker = self._new_worker(self.workers[index].config)
         with self._cv:

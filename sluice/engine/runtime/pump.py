@@ -34,7 +34,7 @@ from sluice.engine.messages import (
     Token,
 )
 from sluice.engine.runtime.settlement import Settlement
-from sluice.engine.worker import Worker
+from sluice.engine.worker.process import AnyWorker
 
 log = logging.getLogger("sluice.runtime")
 
@@ -87,13 +87,13 @@ class Pump(Settlement):
         if room:
             self._notify()
 
-    def _apply_all(self, worker: Worker, messages: tuple[Outbound, ...]) -> bool:
+    def _apply_all(self, worker: AnyWorker, messages: tuple[Outbound, ...]) -> bool:
         room = False
         for message in messages:
             room = self._apply(worker, message) or room
         return room
 
-    def _apply(self, worker: Worker, message: Outbound) -> bool:
+    def _apply(self, worker: AnyWorker, message: Outbound) -> bool:
         """Apply one message; True if it may have made room for more work. A listener's
         exception is logged and ends only its own message's effect."""
         try:
@@ -103,7 +103,7 @@ class Pump(Settlement):
                           worker.config.worker_id)
             return True
 
-    def _dispatch_message(self, worker: Worker, message: Outbound) -> bool:
+    def _dispatch_message(self, worker: AnyWorker, message: Outbound) -> bool:
         worker_id = worker.config.worker_id
         if isinstance(message, Token):
             req = worker.routed.get(message.request_id)
@@ -155,7 +155,7 @@ class Pump(Settlement):
         worker.answer(message)
         return True
 
-    def _moved(self, worker: Worker, message: Moved) -> None:
+    def _moved(self, worker: AnyWorker, message: Moved) -> None:
         """The worker answered a ``Retarget``: the request runs on the new variant now (if
         the move was made), and it may be moved again."""
         req = worker.routed.get(message.request_id)

@@ -16,7 +16,8 @@ from sluice.engine.runtime.config import RuntimeConfig
 from sluice.engine.supervisor import Supervisor
 from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import VariantPlanner
-from sluice.engine.worker import Outbox, Worker
+from sluice.engine.worker import Outbox
+from sluice.engine.worker.process import AnyWorker
 from sluice.policy.control_core import ControlCore
 from sluice.policy.dispatch import Dispatcher
 from sluice.policy.router import Router
@@ -67,7 +68,7 @@ class RuntimeState:
     dispatcher_fault: str | None
     """Set if the dispatcher thread failed (``/health`` then fails)."""
     supervisor: Supervisor
-    workers: list[Worker]
+    workers: list[AnyWorker]
     _thread: threading.Thread
     """The dispatcher thread."""
 

@@ -1,6 +1,6 @@
 """The control plane's side of a worker (any thread): put messages in its mailbox —
 ``offer`` (a ``Run`` into the bounded inbox), ``cancel``, ``retarget``, ``load``,
-``unload``, ``call`` — and read back what it published (``state``, ``heartbeat``,
+``unload``, ``ask`` (an ``AdminCall``), ``call`` — and read back what it published (``state``, ``heartbeat``,
 ``view``). ``stop``, ``abandon`` and ``close_models`` end it."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from sluice.engine.messages import (
+    AdminCall,
     Call,
     Cancel,
     Inbound,
@@ -49,6 +50,24 @@ class Control(WorkerBase):
             self._dirty = True
             self._cv.notify()
             return True
+
+    def ready(self) -> Future[Any]:
+        """Done once the worker serves: a thread worker at once (its thread starts with
+        ``start``); the interface ``process.ProcessWorker`` shares, whose process first
+        has to boot."""
+        fut: Future[Any] = Future()
+        fut.set_result(True)
+        return fut
+
+    def accept(self, run: Run) -> None:
+        """Put ``run`` in the inbox as sent: a worker process's side of ``offer``, whose
+        proxy in the control plane checked the inbox's room and keeps the ``Request``."""
+        run.item.bind(self._send_item)
+        with self._cv:
+            self._inbox.append(run)
+            self._trace("offer", run.item)
+            self._dirty = True
+            self._cv.notify()
 
     def wake(self) -> None:
         """Look at the inbox again soon (a clock moved, in tests)."""
@@ -90,6 +109,11 @@ class Control(WorkerBase):
         """Unload ``model_id`` if resident and idle (``Unload``): False if not resident;
         fails while it is in use."""
         return self._ask(lambda call_id: Unload(call_id, model_id))
+
+    def ask(self, method: str, *args: Any) -> Future[Any]:
+        """Run the admin method ``method`` (``messages.ADMIN_METHODS``) with ``args`` on the
+        worker thread between steps (``AdminCall``); its result comes back in a Future."""
+        return self._ask(lambda call_id: AdminCall(call_id, method, args))
 
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Run ``fn()`` on the worker thread between steps (``Call``; admin and tests);

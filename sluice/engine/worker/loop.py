@@ -15,6 +15,7 @@ from collections import deque
 
 from sluice.backends.base import OneShotModel
 from sluice.engine.messages import (
+    AdminCall,
     Batch,
     Call,
     Cancel,
@@ -94,6 +95,8 @@ class Loop(Models):
                     result: object = self.load_now(message.model_id)
                 elif isinstance(message, Unload):
                     result = self.unload_now(message.model_id)
+                elif isinstance(message, AdminCall):
+                    result = getattr(self, message.method)(*message.args)
                 else:
                     assert isinstance(message, Call)
                     result = message.fn()
