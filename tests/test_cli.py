@@ -54,6 +54,49 @@ def test_invalid_config_names_the_field(tmp_path: Path) -> None:
     assert "workers.inbox_capacity" in out.stderr
 
 
+def test_a_bad_isolation_or_a_process_kill_in_thread_mode_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SLOW_CHAT.replace("count = 1", 'count = 1\nisolation = "fork"'))
+    out = sluice("models", "-c", str(bad))
+    assert out.returncode == 2
+    assert "workers.isolation" in out.stderr and "'thread' or 'process'" in out.stderr
+    bad.write_text(SLOW_CHAT + 'faults = { kill_on_calls = [3], kill_mode = "abort" }\n')
+    out = sluice("models", "-c", str(bad))
+    assert out.returncode == 2
+    assert "kill_mode" in out.stderr and 'workers.isolation = "process"' in out.stderr
+
+
+def test_serve_with_worker_processes_answers_and_stops_them_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(SLOW_CHAT.replace("0.03", "0.001").replace(
+        "count = 1", 'count = 2\nisolation = "process"'))
+    port = free_port()
+    proc = start_serve(cfg, port)
+    try:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                       json={"model": "chat", "prompt": "hi", "max_tokens": 3}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        assert len(children) >= 2  # the two worker processes (and spawn's tracker)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        for pid in children:  # none is left behind
+            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(
+                f"/proc/{pid}/status").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
 def test_chat_streams_a_reply(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(SLOW_CHAT.replace("0.03", "0.001"))
