@@ -32,7 +32,6 @@ from typing import Any, Literal
 
 from sluice.backends.base import GenerativeModel, OneShotModel
 
-
 KillMode = Literal["raise", "abort", "segv", "sigkill"]
 PROCESS_KILL_MODES: frozenset[str] = frozenset({"abort", "segv", "sigkill"})
 """Kill modes that end the process: only with ``workers.isolation = "process"``."""

@@ -1,7 +1,7 @@
 """The control plane's side of a worker (any thread): put messages in its mailbox —
 ``offer`` (a ``Run`` into the bounded inbox), ``cancel``, ``retarget``, ``load``,
-``unload``, ``ask`` (an ``AdminCall``), ``call`` — and read back what it published (``state``, ``heartbeat``,
-``view``). ``stop``, ``abandon`` and ``close_models`` end it."""
+``unload``, ``ask`` (an ``AdminCall``), ``call`` — and read back what it published
+(``state``, ``heartbeat``, ``view``). ``stop``, ``abandon`` and ``close_models`` end it."""
 
 from __future__ import annotations
 
