@@ -154,3 +154,35 @@ def test_a_worker_process_killed_from_outside_is_replaced(
         threading.Thread(target=later, daemon=True).start()
 
     _kill_and_recover(live, sigkill_mid_burst, "SIGKILL")
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_process_that_hangs_is_killed_and_replaced(
+    serve: Callable[..., LiveServer],
+) -> None:
+    """The heartbeat crosses the pipe: a child stuck in ``forward`` is declared stalled
+    within the watchdog, its requests fail, and its process is killed (a stuck thread
+    could only be left behind)."""
+    faulty = synth_chat("faulty", step_fixed_s=0.01)
+    faulty["faults"] = {"hang_on_calls": [KILL_CALL], "hang_s": 60.0}
+    live = serve(config_with(models=[faulty, synth_chat("steady", step_fixed_s=0.01)],
+                             workers={"count": 2, "budget_bytes": 150_000_000,
+                                      "isolation": "process", "watchdog_s": 1.0}))
+    with live.client() as c:
+        for model in ("faulty", "steady"):
+            assert _complete(c, model, "warm", max_tokens=1).status_code == 200
+        pids = wait_for(lambda: len(_pids(live)) == 2 and _pids(live), timeout_s=10)
+    t0 = time.monotonic()
+    dead, ok = asyncio.run(_during_death(live))
+    assert time.monotonic() - t0 < 30  # ended by the watchdog, not by the 60 s hang
+    _assert_worker_failed(dead)
+    assert "stopped making progress" in dead[0].json()["error"]["message"]
+    assert ok.status_code == 200, ok.text
+    wait_for(lambda: not os.path.exists(f"/proc/{pids['faulty']}"), timeout_s=10)
+    with live.client() as c:
+        wait_for(lambda: c.get("/ready").status_code == 200, timeout_s=RECOVER_S,
+                 every_s=0.1)
+        assert _complete(c, "faulty", "after").status_code == 200
+        assert _pids(live)["steady"] == pids["steady"]
+        [recovery] = c.get("/status.json").json()["recoveries"]
+    assert recovery["cause"].startswith("stopped making progress"), recovery
