@@ -212,6 +212,9 @@ class ModelConfig(_Strict):
     draft_max: int = Field(default=16, ge=1, le=64)
     """Generative: the most tokens one sequence drafts in a step (llama-server's
     ``--draft-max``)."""
+    tags: list[str] = Field(default_factory=list, max_length=64)
+    """Labels the model list shows with the model (``/v1/models``' ``tags``, llama-server's
+    ``--tags``); nothing else reads them."""
 
     @field_validator("default_max_tokens")
     @classmethod
@@ -566,6 +569,10 @@ class ServerConfig(_Strict):
     rerank_max_documents: int = Field(default=1000, ge=1, le=100_000)
     """The most documents one rerank request may hold (400 past it); each is a request of
     its own to the reranker, batched with the others."""
+    verbose_answers: bool = False
+    """Every chat completion answer (not a stream) carries llama-server's ``__verbose``
+    (the prompt as rendered) unless the request sets ``verbose: false`` (llama-server's
+    ``--verbose``)."""
     web_ui: bool = True
     """Serve the chat page at ``/`` (off: 404 there, as llama-server's ``--no-ui``)."""
     slots_endpoint: bool = True

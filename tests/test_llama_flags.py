@@ -93,6 +93,23 @@ def test_flags_without_a_meaning_are_refused_by_name(args: list[str], message: s
 
 
 @pytest.mark.llm
+def test_alias_tags_and_verbose_flags() -> None:
+    """``--alias a,b,c`` names the model by the alphabetically first name, as llama-server
+    does (its aliases are a set); ``--served-model-name`` by the first, as vLLM does;
+    ``--tags`` label it; ``--verbose`` turns on ``__verbose`` answers."""
+    path = str(_gguf())
+    config = serve_config([path, "--alias", "tinyllama-2,fim,code", "--tags", "chat,fim",
+                           "--tags", "small", "--verbose"])
+    [model] = config.models
+    assert model.id == "code" and model.tags == ["chat", "fim", "small"]
+    assert config.server.model_aliases == {"tinyllama-2": "code", "fim": "code"}
+    assert config.server.verbose_answers
+    config = serve_config([path, "--served-model-name", "tinyllama-2,fim"])
+    assert config.models[0].id == "tinyllama-2" and not config.server.verbose_answers
+    assert config.models[0].tags == []
+
+
+@pytest.mark.llm
 def test_a_server_started_with_llama_server_flags_serves_them() -> None:
     """Template text given to ``--chat-template`` is the template (it was taken for a name,
     and the model failed to load); ``--n-predict`` is the limit of a request that names none;

@@ -45,6 +45,7 @@ def llama_flags_config(args: argparse.Namespace, config: Config) -> Config:
         seed=None if args.seed is None or args.seed < 0 else args.seed,
         n_predict=args.n_predict, embedding=args.embedding, pooling=args.pooling,
         api_keys=tuple(keys), aliases=tuple(args.alias or ()),
+        tags=tuple(split_values(args.tags or [])), verbose=args.verbose,
         keep_alive=args.keep_alive or os.environ.get("SLUICE_KEEP_ALIVE"),
         pins=tuple(args.pin or ()),
     )
@@ -67,6 +68,24 @@ class _Refused(argparse.Action):
         parser.error(f"{option_string}: {self.why}")
 
 
+class _Names(argparse.Action):
+    """``--alias`` / ``--served-model-name``, appended in order. llama-server names a
+    model by the alphabetically first of its ``--alias`` names (they are a set there);
+    vLLM by the first ``--served-model-name``: each value is stored with its model id
+    first."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        value = str(values)
+        if option_string == "--alias":
+            parts = [p.strip() for p in value.split(",")]
+            if all(parts):
+                first = min(parts)
+                value = ",".join([first, *(p for p in parts if p != first)])
+        items = list(getattr(namespace, self.dest, None) or [])
+        setattr(namespace, self.dest, [*items, value])
+
+
 class ConfigOrCtx(argparse.Action):
     """``-c``: a number is llama-server's ``--ctx-size``, anything else sluice's
     ``--config``."""
@@ -87,9 +106,16 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
                         "config's models)")
     p.add_argument("-m", "--model", action="append", metavar="PATH.gguf",
                    help="a GGUF file to serve (llama-server's -m; repeatable)")
-    p.add_argument("--alias", "--served-model-name", action="append", metavar="NAME[,NAME]",
-                   help="the model id clients use, one per file in order (default: the "
-                        "file's name); more names after commas are aliases of it")
+    p.add_argument("--alias", "--served-model-name", action=_Names, metavar="NAME[,NAME]",
+                   help="the names clients use, one per file in order (default: the "
+                        "file's name), more after commas: the model id is the "
+                        "alphabetically first --alias name (as llama-server has it) or the "
+                        "first --served-model-name (as vLLM has it), the others its aliases")
+    p.add_argument("--tags", action="append", metavar="TAG[,TAG]",
+                   help="labels /v1/models lists with every model (llama-server's --tags)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="chat answers carry llama-server's __verbose (the rendered prompt) "
+                        "unless a request says verbose: false (server.verbose_answers)")
     p.add_argument("--ctx-size", type=int, metavar="N",
                    help="KV cells per model, split over --parallel sequences (0 = the "
                         "model's trained context; default 8192); also -c N")

@@ -64,6 +64,10 @@ class LlamaFlags:
     """Every model's idle time before unloading (Ollama's forms)."""
     pins: tuple[str, ...] = ()
     """Model ids never unloaded nor evicted."""
+    tags: tuple[str, ...] = ()
+    """Labels the model list shows with every generative llamacpp model."""
+    verbose: bool = False
+    """Answers carry llama-server's ``__verbose`` (``server.verbose_answers``)."""
 
     def options(self) -> dict[str, Any]:
         """The llamacpp options these flags set (``--ctx-size 0`` is resolved per file)."""
@@ -186,6 +190,8 @@ def _model_flags(model: dict[str, Any], flags: LlamaFlags) -> None:
         model["sampling"] = {**(model.get("sampling") or {}), **sampling}
     if flags.n_predict is not None:
         model["default_max_tokens"] = flags.n_predict
+    if flags.tags:
+        model["tags"] = list(flags.tags)
     if flags.embedding:
         table = {**(model.get("embeddings") or {})}
         if flags.pooling is not None:
@@ -245,6 +251,8 @@ def apply_llama_flags(config: Config, files: Sequence[Path], flags: LlamaFlags) 
             m["keep_alive"] = keep_alive
         if m["id"] in flags.pins:
             m["pinned"] = True
+    if flags.verbose:
+        data["server"]["verbose_answers"] = True
     if flags.api_keys:
         tenants = data["tenants"]
         default = next((t for t in tenants if t["id"] == "default"), None)

@@ -16,7 +16,7 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import Protocol
 
-from sluice.engine.request import Event, Final, Request
+from sluice.engine.request import Event, Final, Request, TokenEvent
 
 
 class Canceller(Protocol):
@@ -95,7 +95,7 @@ class AsyncHandle:
     async def tokens(self) -> AsyncIterator[str]:
         """The generated text, piece by piece."""
         async for event in self.events():
-            if not isinstance(event, Final) and event.text:
+            if isinstance(event, TokenEvent) and event.text:
                 yield event.text
 
     async def result(self) -> Final:

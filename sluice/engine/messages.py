@@ -14,7 +14,7 @@ fields it copies), which is what lets a worker run in a process of its own
 (``workers.isolation = "process"``, ``sluice.engine.worker.process``).
 
 Outbound (worker → control plane, onto the runtime's outbox, in the order sent): a
-request's ``Started``, ``Token`` and ``Done``; a step's or batch's ``Batch`` and
+request's ``Started``, ``Token``, ``Progress`` and ``Done``; a step's or batch's ``Batch`` and
 ``BatchDone``; ``Moved`` (the answer to ``Retarget``); ``ModelEvent``; ``IdleModels``
 (asks which idle models no live request needs); ``Room`` (the inbox has room again);
 ``Reply`` (the answer to ``Load``, ``Unload`` or ``Call``); ``State`` (the worker's
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from sluice.engine.request import Final, TokenEvent
+from sluice.engine.request import Final, PromptProgress, TokenEvent
 
 if TYPE_CHECKING:
     from sluice.engine.work_item import WorkItem
@@ -144,6 +144,16 @@ class Token:
 
 
 @dataclass(frozen=True, slots=True)
+class Progress:
+    """How far the engine has computed the prompt of a request that asked
+    (``PromptProgress``); ``cached_prompt_tokens`` as in ``Token``."""
+
+    request_id: int
+    progress: PromptProgress
+    cached_prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Done:
     """Request ``request_id`` ended at ``time_s`` with ``final`` (its one terminal event
     from this worker)."""
@@ -225,7 +235,7 @@ class State:
     state: WorkerState
 
 
-Outbound = (Started | Token | Done | Batch | BatchDone | Moved | ModelEvent | IdleModels
+Outbound = (Started | Token | Progress | Done | Batch | BatchDone | Moved | ModelEvent | IdleModels
             | Room | Reply | State)
 Send = Callable[[Outbound], None]
 """Puts one outbound message on the runtime's outbox (the worker's sender bound in)."""

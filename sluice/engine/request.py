@@ -132,6 +132,21 @@ class TokenEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class PromptProgress:
+    """How far the engine has computed a request's prompt (llama-server's
+    ``prompt_progress``): ``processed`` of its ``total`` prompt tokens are in the KV cache,
+    ``cache`` of them reused rather than computed, at ``time_s``. Sent only for a request
+    that asks (``Request.report_progress``): once when it starts (``processed`` ==
+    ``cache``), then after every forward pass that feeds its prompt (the last has
+    ``processed`` == ``total``), before its first token."""
+
+    total: int
+    cache: int
+    processed: int
+    time_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class ChoiceFinal:
     index: int
     text: str
@@ -167,7 +182,7 @@ class Final:
     """The stop string that ended choice 0 (``None``: EOS, grammar, length, ...)."""
 
 
-Event = TokenEvent | Final
+Event = TokenEvent | PromptProgress | Final
 Listener = Callable[[Event], None]
 
 
@@ -214,6 +229,9 @@ class Request:
     keep_alive: KeepAlive | None = None
     """What its model does once idle after it (Ollama's ``keep_alive``); ``None``: the
     model's configured keep-alive."""
+    report_progress: bool = False
+    """Generative: its listeners also get ``PromptProgress`` events while the engine
+    computes its prompt."""
     listeners: list[Listener] = field(default_factory=list)
     # Decision record, filled as the request moves through the system.
     worker_id: int | None = None
@@ -290,6 +308,15 @@ class Request:
             listeners = tuple(self.listeners)
         for listener in listeners:
             listener(event)
+
+    def emit_progress(self, progress: PromptProgress) -> None:
+        """Deliver prompt progress to the listeners (only while running)."""
+        with self._lock:
+            if self.status != RequestStatus.RUNNING:
+                return
+            listeners = tuple(self.listeners)
+        for listener in listeners:
+            listener(progress)
 
     def finish(self, status: RequestStatus, now: float, **final: Any) -> bool:
         """Move to a terminal state. The first call wins and returns True; later calls

@@ -5,9 +5,9 @@ state the API reads); at routing it hands the worker a ``WorkItem``, a copy of w
 the request needs (``WorkItem.of``), in a ``Run`` message. From then on the item belongs to
 the worker's thread alone: the engines and the one-shot executor move it through its
 states as they would a ``Request`` (it is one, without listeners of its own), and each
-transition goes back as a message (``Started``, ``Token``, ``Done``) that the runtime's
-pump applies to the client's request. A cancel, a move to another variant or a shutdown
-reaches the item only as a message to the worker.
+transition goes back as a message (``Started``, ``Token``, ``Progress``, ``Done``) that
+the runtime's pump applies to the client's request. A cancel, a move to another variant
+or a shutdown reaches the item only as a message to the worker.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.engine.messages import Done, Send, Started, Token
-from sluice.engine.request import Event, Final, Request, RequestStatus
+from sluice.engine.messages import Done, Progress, Send, Started, Token
+from sluice.engine.request import Event, Final, PromptProgress, Request, RequestStatus
 
 
 def _copied(req: Request) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def _copied(req: Request) -> dict[str, Any]:
 
 _COPIED = ("request_id", "model_id", "kind", "arrival_s", "prompt_tokens", "input", "params",
            "tenant_id", "priority", "deadline_s", "ttft_deadline_s", "ttft_target_s",
-           "keep_alive", "worker_id")
+           "keep_alive", "report_progress", "worker_id")
 
 
 def _rebuild(fields: dict[str, Any], queued_s: float | None) -> WorkItem:
@@ -76,4 +76,7 @@ class WorkItem(Request):
         cached = None
         if self.cached_prompt_tokens != self._sent_cached:
             cached = self._sent_cached = self.cached_prompt_tokens
-        self._send(Token(self.request_id, event, cached))
+        if isinstance(event, PromptProgress):
+            self._send(Progress(self.request_id, event, cached))
+        else:
+            self._send(Token(self.request_id, event, cached))

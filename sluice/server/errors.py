@@ -54,6 +54,7 @@ class APIError(Exception):
         param: str | None = None,
         retry_after_s: float | None = None,
         headers: dict[str, str] | None = None,
+        fields: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -63,6 +64,8 @@ class APIError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
         self.headers = dict(headers or {})
+        self.fields = dict(fields or {})
+        """More members of the error object (``context_exceeded``'s counts)."""
 
     def all_headers(self) -> dict[str, str]:
         """The error's headers, ``Retry-After`` (whole seconds, at least 1) included."""
@@ -71,17 +74,32 @@ class APIError(Exception):
             headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
         return headers
 
-    def response(self) -> JSONResponse:
+    def response(self, type: str | None = None) -> JSONResponse:
+        """OpenAI's shape (``type``: another error type than the error's own)."""
         headers = self.all_headers()
         body = {
             "error": {
                 "message": self.message,
-                "type": self.type,
+                "type": type or self.type,
                 "param": self.param,
                 "code": self.code,
+                **self.fields,
             }
         }
         return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def context_exceeded(message: str, param: str, n_prompt_tokens: int, n_ctx: int) -> APIError:
+    """400 ``context_length_exceeded``: OpenAI's error, with llama-server's
+    ``n_prompt_tokens`` (the prompt's tokens; for one refused from its length before it
+    was tokenized, the fewest it can have) and ``n_ctx`` (the tokens one sequence holds, or
+    the whole context where that is what the prompt is measured against)."""
+    return APIError(400, message, param=param, code="context_length_exceeded",
+                    fields={"n_prompt_tokens": n_prompt_tokens, "n_ctx": n_ctx})
+
+
+LLAMA_CONTEXT_ERROR_TYPE = "exceed_context_size_error"
+"""llama-server's error type for a prompt past the context."""
 
 
 ANTHROPIC_STATUS: dict[int, tuple[int, str]] = {
@@ -131,12 +149,12 @@ def llama_server_error(err: APIError) -> dict[str, Any]:
     """``err`` as llama-server's native endpoints report it (a prompt past the context is
     its ``exceed_context_size_error``); the shape has no ``param``, so a message that does
     not name the field it blames starts with it."""
-    etype = ("exceed_context_size_error" if err.code == "context_length_exceeded"
+    etype = (LLAMA_CONTEXT_ERROR_TYPE if err.code == "context_length_exceeded"
              else LLAMA_SERVER_TYPES.get(err.status, err.type))
     message = err.message
     if err.param and err.param not in message:
         message = f"{err.param}: {message}"
-    return {"error": {"code": err.status, "message": message, "type": etype}}
+    return {"error": {"code": err.status, "message": message, "type": etype, **err.fields}}
 
 
 def _llama_server_response(err: APIError) -> JSONResponse:
@@ -156,11 +174,19 @@ ERROR_SHAPES: tuple[tuple[str, Callable[[APIError], JSONResponse]], ...] = (
 """Path prefixes whose API has its own error shape (every other path: OpenAI's)."""
 
 
+LLAMA_SERVER_OPENAI_PATHS = frozenset({"/chat/completions", "/responses", "/embeddings"})
+"""OpenAI's endpoints at llama-server's paths (no ``/v1``): OpenAI's error shape, with
+llama-server's error type for a prompt past the context (at ``/v1/...`` it is OpenAI's
+``invalid_request_error``; the ``code`` is ``context_length_exceeded`` on both)."""
+
+
 def error_response(err: APIError, path: str) -> JSONResponse:
     """``err`` in the shape of the API at ``path``."""
     for prefix, render in ERROR_SHAPES:
         if path == prefix or path.startswith(prefix + "/"):
             return render(err)
+    if err.code == "context_length_exceeded" and path in LLAMA_SERVER_OPENAI_PATHS:
+        return err.response(LLAMA_CONTEXT_ERROR_TYPE)
     return err.response()
 
 

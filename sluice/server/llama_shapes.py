@@ -5,8 +5,9 @@ stream chunks, its ``timings`` object, ``generation_settings`` and
 A stream is one ``data: {...}`` chunk per generated token (``content``: the text that
 became safe to show, ``tokens``: its id, ``stop: false``), then one last chunk with
 ``stop: true`` and the whole result but ``content`` (text held back to the end, if any) and
-``tokens`` (none); no ``[DONE]``, and an error mid-stream is ``data: {"error": {...}}`` in
-llama-server's error shape.
+``tokens`` (none); with ``return_progress``, chunks with ``prompt_progress`` and no text
+come first, while the prompt is computed; no ``[DONE]``, and an error mid-stream is
+``data: {"error": {...}}`` in llama-server's error shape.
 """
 
 from __future__ import annotations
@@ -15,10 +16,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from sluice.backends.base import Tokenizer
-from sluice.engine.request import Final, Request, SamplingParams, TokenEvent, TokenLogprob
+from sluice.engine.request import (
+    Final,
+    PromptProgress,
+    Request,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+)
 from sluice.server.errors import APIError, llama_server_error
 from sluice.server.llama_wire import LLAMA_DEFAULT_SEED
-from sluice.server.shapes import LOGPROB_FLOOR, Shape, timings
+from sluice.server.shapes import (
+    LOGPROB_FLOOR,
+    Shape,
+    progress_object,
+    progress_timings,
+    timings,
+)
 
 UNUSED_SAMPLER_SETTINGS: dict[str, Any] = {
     "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0,
@@ -98,6 +112,15 @@ class NativeShape(Shape):
             chunk["timings"] = timings(self.req, self._n_predicted, event.time_s)
         if self.n_probs and event.logprob is not None:
             chunk["completion_probabilities"] = [self._probs(event)]
+        return [chunk]
+
+    def on_progress(self, progress: PromptProgress) -> list[dict[str, Any]]:
+        """llama-server's progress chunk: no text yet, ``prompt_progress`` (and ``timings``
+        with ``timings_per_token``)."""
+        chunk: dict[str, Any] = {"content": "", "tokens": [], "stop": False, **self._counts(),
+                                 "prompt_progress": progress_object(progress, self.req)}
+        if self.timings_per_token:
+            chunk["timings"] = progress_timings(self.req, progress)
         return [chunk]
 
     def on_final(self, final: Final) -> list[dict[str, Any]]:

@@ -139,6 +139,8 @@ class NativeCompletionRequest(SamplingBody):
     samplers: list[str] | str | None = Field(default=None, max_length=64)
     timings_per_token: StrictBool = False
     """``timings`` in every streamed chunk, not only the last."""
+    return_progress: StrictBool = False
+    """A stream first carries ``prompt_progress`` chunks while the prompt is computed."""
     lora: list[Any] | None = Field(default=None, max_length=0)
     """No LoRA adapters are served: only an empty list."""
 

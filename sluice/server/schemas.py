@@ -159,12 +159,13 @@ class ChatMessage(_Body):
             raise ValueError("only assistant messages carry tool_calls")
         return self
 
-    def text(self) -> str:
+    def text(self, separator: str = "") -> str:
+        """The content as one string: its text parts joined by ``separator``."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text or "" for p in self.content)
+        return separator.join(p.text or "" for p in self.content)
 
     def as_dict(self) -> dict[str, Any]:
         """The message as chat templates take it (content joined into one string)."""
@@ -329,9 +330,20 @@ class ChatCompletionRequest(_Sampling):
     turns thinking on or off (other keys are ignored)."""
     thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
     """sluice: thinking tokens before the end tag is written for the model."""
-    verbose: bool = False
+    verbose: StrictBool | None = None
     """llama-server's: the answer (not a stream) also carries ``__verbose.prompt``, the
-    prompt as the model's chat template rendered it."""
+    prompt as the model's chat template rendered it; unset: ``server.verbose_answers``
+    (llama-server's ``--verbose``)."""
+    continue_final_message: StrictBool | None = None
+    """vLLM's (and llama-server's): continue the last message, an assistant turn, instead
+    of closing it (``core.prefill``); unset: continued when the last message is an
+    assistant's (llama-server's assistant prefill)."""
+    add_generation_prompt: StrictBool | None = None
+    """vLLM's (and llama-server's): open the assistant's turn after the messages; true
+    with ``continue_final_message`` true is refused (400)."""
+    return_progress: StrictBool = False
+    """llama-server's: a stream also carries ``prompt_progress`` chunks while the prompt
+    is computed (the engine reports each forward pass that feeds it)."""
 
     @field_validator("chat_template_kwargs")
     @classmethod

@@ -18,7 +18,7 @@ from typing import Any
 import sluice
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import ToolCall, parse_tool_calls
-from sluice.engine.request import Final, Request, TokenEvent, TokenLogprob
+from sluice.engine.request import Final, PromptProgress, Request, TokenEvent, TokenLogprob
 from sluice.server.core.output import (
     CallHold,
     ReasoningDelta,
@@ -96,6 +96,35 @@ def timings(req: Request, n_predicted: int, now_s: float) -> dict[str, float]:
     }
 
 
+def progress_timings(req: Request, progress: PromptProgress) -> dict[str, float]:
+    """``timings`` while the prompt is computed: the prompt tokens computed so far
+    (``prompt_n``, from none at the first report) and the time since the request started,
+    nothing predicted yet."""
+    prompt_n = progress.processed - progress.cache
+    started = req.times.started_s
+    prompt_ms = 0.0 if started is None else max(0.0, progress.time_s - started) * 1e3
+    return {
+        "cache_n": progress.cache,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": prompt_n * 1e3 / prompt_ms if prompt_ms > 0 else 0.0,
+        "predicted_n": 0,
+        "predicted_ms": 0.0,
+        "predicted_per_token_ms": 0.0,
+        "predicted_per_second": 0.0,
+    }
+
+
+def progress_object(progress: PromptProgress, req: Request | None) -> dict[str, int]:
+    """llama-server's ``prompt_progress``: ``total``, ``cache`` and ``processed`` prompt
+    tokens, and ``time_ms`` since the request started (whole milliseconds)."""
+    started = None if req is None else req.times.started_s
+    time_ms = 0 if started is None else max(0, int((progress.time_s - started) * 1e3))
+    return {"total": progress.total, "cache": progress.cache,
+            "processed": progress.processed, "time_ms": time_ms}
+
+
 class Shape:
     """How one endpoint renders a generative result. Subclasses render one choice's delta,
     end, and full body; this class tracks the stream per choice."""
@@ -148,6 +177,11 @@ class Shape:
     def on_final(self, final: Final) -> list[dict[str, Any]]:
         """The chunks that end each choice (after any held-back text)."""
         return [self.end(c.finish_reason, c.index) for c in choices_of(final)]
+
+    def on_progress(self, progress: PromptProgress) -> list[dict[str, Any]]:
+        """The chunks that report how far the prompt is computed (none: an endpoint without
+        llama-server's ``return_progress``)."""
+        return []
 
     def delta(self, text: str, first: bool, choice: int = 0) -> dict[str, Any]:
         raise NotImplementedError
@@ -254,6 +288,12 @@ class ChatShape(Shape):
             return []
         self._started.add(choice)
         return [self._chunk(choice, {"role": "assistant", "content": None})]
+
+    def on_progress(self, progress: PromptProgress) -> list[dict[str, Any]]:
+        """llama-server's progress chunk: a role delta carrying ``prompt_progress``."""
+        chunk = self._chunk(0, {"role": "assistant", "content": None})
+        chunk["prompt_progress"] = progress_object(progress, self.request)
+        return [chunk]
 
     def on_token(self, event: TokenEvent) -> list[dict[str, Any]]:
         held = self._held_of(event.choice)

@@ -14,7 +14,14 @@ import pytest
 
 from sluice.backends.base import FimTokens
 from sluice.server.llama_wire import InfillRequest, infill_pieces
-from tests.server.live import LiveServer, assert_error, config_with, synth_chat, wait_for
+from tests.server.live import (
+    LiveServer,
+    assert_error,
+    config_with,
+    error_keys,
+    synth_chat,
+    wait_for,
+)
 
 CHAT, BYTES, FIM, SHORT, PLAIN = "chat", "bytes", "fim", "short", "plain"
 LLAMA_ERROR_KEYS = {"code", "message", "type"}
@@ -35,7 +42,8 @@ def assert_llama_error(r: httpx.Response, status: int, etype: str,
     assert r.status_code == status, r.text
     assert r.headers.get("x-request-id")
     body = r.json()
-    assert set(body) == {"error"} and set(body["error"]) == LLAMA_ERROR_KEYS, body
+    assert set(body) == {"error"}, body
+    assert error_keys(body["error"]) == LLAMA_ERROR_KEYS, body
     err: dict[str, Any] = body["error"]
     assert err["code"] == status and err["type"] == etype and err["message"]
     if text is not None:

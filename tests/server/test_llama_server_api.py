@@ -213,3 +213,37 @@ def test_verbose_answers_carry_the_rendered_prompt(live: LiveServer) -> None:
         plain = c.post("/chat/completions", json={"model": BYTES, "messages": MSG,
                                                   "max_tokens": 1}).json()
         assert "__verbose" not in plain
+
+
+def test_models_list_aliases_and_tags(serve: Callable[..., LiveServer]) -> None:
+    """llama-server's ``/models`` entry: every name that serves the model (its id among
+    them) and its ``--tags``."""
+    live = serve(config_with(models=[{**synth_chat(CHAT), "tags": ["chat", "small"]},
+                                     synth_chat(BYTES)],
+                             workers={"count": 1}, server={"model_aliases": {"fim": CHAT}}))
+    with live.client() as c:
+        chat, plain = c.get("/models").json()["data"]
+    assert (chat["id"], chat["aliases"], chat["tags"]) == (CHAT, ["chat", "fim"],
+                                                           ["chat", "small"])
+    assert (plain["aliases"], plain["tags"]) == ([BYTES], [])
+
+
+@pytest.mark.parametrize(("path", "etype"), [
+    ("/chat/completions", "exceed_context_size_error"),
+    ("/v1/chat/completions", "invalid_request_error"),
+])
+def test_past_the_context_carries_llama_servers_counts(live: LiveServer, path: str,
+                                                       etype: str) -> None:
+    """OpenAI's error with llama-server's ``n_prompt_tokens`` and ``n_ctx`` (one sequence's
+    context); at llama-server's path its error type, at ``/v1`` OpenAI's. Refused from the
+    prompt's length before tokenizing (the fewest tokens it can have) and after (exact)."""
+    long_chat = [{"role": "user", "content": "What is the best book " * 400}]
+    with live.client() as c:
+        err = assert_error(c.post(path, json={"model": BYTES, "messages": long_chat}), 400,
+                           code="context_length_exceeded", type=etype, param="messages")
+        assert err["n_ctx"] == 512 and err["n_prompt_tokens"] >= 512
+        err = assert_error(c.post(path, json={"model": BYTES, "messages": MSG,
+                                              "max_tokens": 600}), 400,
+                           code="context_length_exceeded", type=etype, param="max_tokens")
+        served = c.post(path, json={"model": BYTES, "messages": MSG, "max_tokens": 1}).json()
+        assert (err["n_prompt_tokens"], err["n_ctx"]) == (served["usage"]["prompt_tokens"], 512)

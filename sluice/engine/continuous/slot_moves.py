@@ -134,6 +134,7 @@ class SlotMoves(TokenPath):
             group.live.append(seq)
             if adm.prefix is not None:
                 self._barrier(group, partial(self._reuse_prefix, seq, adm.prefix))
+            self._report_progress(seq, now)
         return set()
 
     def _reuse_prefix(self, seq: _Sequence, prefix: PrefixCopy) -> None:

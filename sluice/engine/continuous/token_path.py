@@ -1,7 +1,9 @@
 """The token path: a request's choice 0 is built when it starts (chooser, grammar,
 drafts); after each pass the prefills that ended fork into their held slots, every
 sequence with a logits row chooses and accepts its token (or its verified drafts), and
-a token streams out or ends its choice (stop, length, deadline)."""
+a token streams out or ends its choice (stop, length, deadline). A request that asks
+hears how far its prompt is computed when it starts and after each pass that feeds it
+(``PromptProgress``)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from sluice.engine.continuous.state import (
 )
 from sluice.engine.logprobs import prompt_token_logprobs
 from sluice.engine.request import (
+    PromptProgress,
     RequestStatus,
     SamplingParams,
     TokenEvent,
@@ -57,6 +60,15 @@ class TokenPath(Retirement):
                          TextStream(req.params.stop), thinking=thinking,
                          drafts=self._drafts(req.params, chooser, thinking, tokens))
 
+    def _report_progress(self, seq: _Sequence, now: float) -> None:
+        """Tell a request that asked how far its prompt is computed (``PromptProgress``):
+        choice 0 feeds the prompt for every choice."""
+        req = seq.req
+        if req.report_progress and seq.choice == 0 and not req.is_terminal:
+            req.emit_progress(PromptProgress(total=seq.n_prompt, cache=req.cached_prompt_tokens,
+                                             processed=min(seq.n_fed, seq.n_prompt),
+                                             time_s=now))
+
     def _drafts(self, params: SamplingParams, chooser: TokenChooser,
                 thinking: ThinkingBudget | None, tokens: list[int]) -> SequenceDrafts | None:
         """Drafting state over ``tokens`` for a sequence that may draft, else None."""
@@ -72,7 +84,10 @@ class TokenPath(Retirement):
         row = 0
         for chunk, seq, drafted in zip(batch.chunks, batch.owners, batch.drafted, strict=True):
             first_row, row = row, row + chunk.n_rows
+            fed_prompt = seq.prefilling
             seq.n_fed += len(chunk.tokens)
+            if fed_prompt:
+                self._report_progress(seq, now)
             if drafted:
                 if not seq.req.is_terminal:
                     verifies.append((seq, drafted, first_row, row))

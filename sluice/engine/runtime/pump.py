@@ -1,6 +1,6 @@
 """The pump: one control-plane thread that reads every worker's outbound messages
 (``sluice.engine.messages``) from the runtime's outbox, in the order each worker sent them,
-and applies them: a request's ``Started``, ``Token`` and ``Done`` move the client's
+and applies them: a request's ``Started``, ``Token``, ``Progress`` and ``Done`` move the client's
 ``Request`` (so its listeners — the API's stream, the settlement — run here, not on a
 decode thread); ``Batch`` and ``BatchDone`` reach the variant planner and the observer;
 ``ModelEvent`` the observer; ``Moved`` completes a move to another variant; ``IdleModels``
@@ -27,6 +27,7 @@ from sluice.engine.messages import (
     ModelEvent,
     Moved,
     Outbound,
+    Progress,
     Reply,
     Room,
     Started,
@@ -111,6 +112,13 @@ class Pump(Settlement):
                 if message.cached_prompt_tokens is not None:
                     req.cached_prompt_tokens = message.cached_prompt_tokens
                 req.emit_token(message.event)
+            return False
+        if isinstance(message, Progress):
+            req = worker.routed.get(message.request_id)
+            if req is not None:
+                if message.cached_prompt_tokens is not None:
+                    req.cached_prompt_tokens = message.cached_prompt_tokens
+                req.emit_progress(message.progress)
             return False
         if isinstance(message, Started):
             req = worker.routed.get(message.request_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sluice.engine.request import Event, Final, Request, RequestStatus
+from sluice.engine.request import Event, Final, Request, RequestStatus, TokenEvent
 from sluice.engine.runtime.deadlines import Deadlines
 from sluice.policy.control_core import served_tokens
 
@@ -21,7 +21,8 @@ class Settlement(Deadlines):
 
         def on_event(event: Event) -> None:
             if not isinstance(event, Final):
-                if event.token_id >= 0:  # not the text a retiring sequence flushes
+                # token_id < 0: the text a retiring sequence flushes
+                if isinstance(event, TokenEvent) and event.token_id >= 0:
                     previous = last_token_s.get(event.choice)
                     last_token_s[event.choice] = event.time_s
                     if previous is not None:

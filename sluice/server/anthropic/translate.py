@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.engine.request import PromptProgress
 from sluice.server.anthropic.schemas import (
     CountTokensRequest,
     MediaBlock,
@@ -193,6 +194,10 @@ class MessageRenderer:
                              done.completion_tokens)
 
     # -- streaming --------------------------------------------------------------------
+
+    def progress(self, progress: PromptProgress) -> list[bytes]:
+        """Nothing: Anthropic's stream has no prompt progress (no request asks for it)."""
+        return []
 
     def opening(self) -> list[bytes]:
         start = self._message([], None, None, 0)

@@ -266,11 +266,17 @@ def model_list(ctx: AppContext) -> list[dict[str, Any]]:
     """Configured models and groups, with where each model is resident (``/v1/models``,
     gRPC ``ListModels``), its ``state`` (``loaded``, ``unloaded`` or ``failed``), its
     ``keep_alive`` and ``expires_at`` (Unix seconds its keep-alive unloads it at if no
-    request comes first; ``None``: not by time, or not loaded) and, for generative models,
+    request comes first; ``None``: not by time, or not loaded), its ``aliases`` (every name
+    that serves it, its id among them, as llama-server lists its ``--alias`` names) and
+    ``tags`` (``models.tags``, llama-server's ``--tags``) and, for generative models,
     ``generative_entry``. Call it off the event loop: the first listing of a model reads its
     vocabulary."""
     snap = ctx.runtime.snapshot()
     loaded = {m.model_id: m for m in loaded_models(ctx.runtime)}
+    tags = {m.id: m.tags for m in ctx.config.models}
+    names: dict[str, list[str]] = {}
+    for alias, target in ctx.config.server.model_aliases.items():
+        names.setdefault(target, []).append(alias)
     data: list[dict[str, Any]] = []
     for spec in ctx.runtime.specs.values():
         resident_on = [w.worker_id for w in snap.workers if spec.model_id in w.resident]
@@ -291,6 +297,8 @@ def model_list(ctx: AppContext) -> list[dict[str, Any]]:
             "keep_alive": here.keep_alive if here else spec_keep_alive(spec).describe(),
             "expires_at": None if here is None or here.expires_at_unix is None
             else round(here.expires_at_unix, 3),
+            "aliases": sorted([spec.model_id, *names.get(spec.model_id, [])]),
+            "tags": list(tags.get(spec.model_id, [])),
             **(generative_entry(ctx, spec.model_id) if spec.kind == "generative" else {}),
         })
     for group_id, group in ctx.runtime.variants.groups.items():

@@ -3,7 +3,8 @@
 An adapter (OpenAI chat or completions, Anthropic Messages, OpenAI Responses, native
 ``/v1/infer``, gRPC) validates its wire body, builds a ``ServeRequest`` and calls
 ``open_generation``; what comes back is a ``Generation``: the admitted runtime request and
-its event stream (``TokenEvent`` per token, then exactly one ``Final``).
+its event stream (``TokenEvent`` per token, then exactly one ``Final``; ``PromptProgress``
+while the prompt is computed, for a request that asked).
 
 ``open_generation``'s order is the invariant every surface shares:
 
@@ -33,10 +34,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sluice.backends.base import Tokenizer
+from sluice.backends.chat import ChatPart
 from sluice.backends.chat import ChatPrompt as BackendChatPrompt
 from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
-from sluice.engine.request import Constraint, Final, RequestStatus, TokenEvent
+from sluice.engine.request import Constraint, Final, PromptProgress, RequestStatus, TokenEvent
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.runtime import Rejected
 from sluice.policy.keep_alive import KeepAlive
@@ -87,6 +89,10 @@ class ChatPrompt:
 
     messages: Sequence[Mapping[str, Any]]
     tools: Sequence[Mapping[str, Any]] = ()
+    continuation: str | None = None
+    """The text of a final assistant turn that continues (``core.prefill``): ``messages``
+    end before it, and it follows their rendering (generation prompt included) as plain
+    text, unclosed; ``None``: the prompt ends with the generation prompt."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,9 @@ class ServeRequest:
     refused."""
     thinking: ThinkingAsk | None = None
     """What the request asks of a model that thinks in tags (``None``: its defaults)."""
+    report_progress: bool = False
+    """Its events also hold ``PromptProgress`` while the prompt is computed
+    (llama-server's ``return_progress``)."""
     names: tuple[str, str] = ("messages", "max_tokens")
 
 
@@ -158,8 +167,9 @@ class Generation:
     thinking: ThinkingTags | None = None
     """The tags its output's thinking is split by (``None``: all answer)."""
 
-    def events(self) -> AsyncIterator[TokenEvent | Final]:
-        """Every ``TokenEvent`` as it is produced, then exactly one ``Final`` (last)."""
+    def events(self) -> AsyncIterator[TokenEvent | PromptProgress | Final]:
+        """Every ``TokenEvent`` as it is produced (with ``PromptProgress`` before them when
+        the request asked), then exactly one ``Final`` (last)."""
         return self.handle.events()
 
     def cancel(self) -> None:
@@ -211,14 +221,18 @@ class _Rendered:
 def rendered_chat(tok: Tokenizer, prompt: ChatPrompt, model: str,
                   param: str = "messages") -> BackendChatPrompt:
     """The conversation as the model's chat template renders it (every chat surface, and
-    llama-server's ``/apply-template``): 400 ``model_has_no_chat_template`` for a
-    completion model, 400 naming ``param`` when the template refuses the messages."""
+    llama-server's ``/apply-template``), a continued turn's text after it as plain text:
+    400 ``model_has_no_chat_template`` for a completion model, 400 naming ``param`` when
+    the template refuses the messages."""
     if tok.chat_template is None:
         raise no_chat_template(model)
     try:
-        return tok.apply_chat(list(prompt.messages), list(prompt.tools) or None)
+        rendered = tok.apply_chat(list(prompt.messages), list(prompt.tools) or None)
     except ValueError as exc:
         raise bad_param(param, f"Invalid messages: {public_text(str(exc))}") from None
+    if prompt.continuation:
+        rendered = BackendChatPrompt((*rendered.parts, ChatPart(prompt.continuation, True)))
+    return rendered
 
 
 def _render(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> _Rendered:
@@ -309,6 +323,7 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
             constraint=ask.constraint, **ask.sampling),
         tenant_id=tenant.id, priority=prio, deadline_s=deadline_s,
         ttft_deadline_s=ttft_s, ttft_target_s=target_s, keep_alive=ask.keep_alive)
+    req.report_progress = ask.report_progress
     access.note_admitted([req])
     reservation = await ctx.quota.admit([req], bounds=bounds)
     try:

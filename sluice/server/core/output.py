@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from sluice.backends.chat import parse_tool_calls
-from sluice.engine.request import Final, RequestStatus, TokenEvent
+from sluice.engine.request import Final, PromptProgress, RequestStatus, TokenEvent
 from sluice.server.core.generate import Generation, final_api_error
 from sluice.server.core.reasoning import ThinkingTags
 from sluice.server.errors import APIError
@@ -251,5 +251,7 @@ async def output_events(gen: Generation, splitter: OutputSplitter
             for out in splitter.finish(event):
                 yield out
             return
+        if isinstance(event, PromptProgress):
+            continue
         for out in splitter.push(event.text):
             yield out

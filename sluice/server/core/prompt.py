@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from sluice.backends.base import Tokenizer
 from sluice.backends.chat import ChatPrompt, chat_tokens
-from sluice.server.errors import APIError
+from sluice.server.errors import context_exceeded
 from sluice.server.quota import TokenBounds
 
 TOKENS_ADDED_PER_PIECE = 1
@@ -35,12 +35,9 @@ def check_prompt_length(tok: Tokenizer, text: str, param: str, *,
     room, where = ((tok.n_ctx_per_seq * tok.n_seq_max, "in all") if whole_context
                    else (tok.n_ctx_per_seq, "per sequence"))
     if least_tokens >= room:
-        raise APIError(
-            400,
+        raise context_exceeded(
             f"This model's context holds {room} tokens {where}; the prompt "
-            f"({n_bytes} bytes) has at least {least_tokens}.",
-            param=param, code="context_length_exceeded",
-        )
+            f"({n_bytes} bytes) has at least {least_tokens}.", param, least_tokens, room)
 
 
 def prompt_bounds(tok: Tokenizer, pieces: Sequence[str], param: str) -> TokenBounds:
@@ -125,13 +122,13 @@ def token_limit(tok: Tokenizer, n_prompt: int, asked: int | None, default_tokens
              if context == tok.n_ctx_per_seq else f"The context asked for holds {context} tokens")
     room = context - n_prompt
     if room <= 0:
-        raise APIError(400, f"{holds}; the prompt has {n_prompt}.", param=names[0],
-                       code="context_length_exceeded")
+        raise context_exceeded(f"{holds}; the prompt has {n_prompt}.", names[0], n_prompt,
+                               context)
     if asked is None:
         return min(default_tokens, room)
     if n_prompt + asked > context:
         if fit:
             return room
-        raise APIError(400, f"{holds}; the prompt ({n_prompt}) plus {names[1]} ({asked}) "
-                            f"exceeds it.", param=names[1], code="context_length_exceeded")
+        raise context_exceeded(f"{holds}; the prompt ({n_prompt}) plus {names[1]} ({asked}) "
+                               f"exceeds it.", names[1], n_prompt, context)
     return asked

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ValidationError
 
 from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
-from sluice.engine.request import Final, RequestStatus
+from sluice.engine.request import Final, RequestStatus, TokenEvent
 from sluice.engine.request import Request as RtRequest
 from sluice.server import access
 from sluice.server.context import AppContext
@@ -185,6 +185,8 @@ class InferenceService(pb_grpc.InferenceServicer):
                             usage=usage(event.prompt_tokens, event.completion_tokens),
                             decision=decision(req)))
                         return
+                    if not isinstance(event, TokenEvent):
+                        continue  # prompt progress (never asked for here)
                     yield pb.GenerateResponse(token=pb.Token(
                         index=event.index, token_id=event.token_id, text=event.text))
             finally:

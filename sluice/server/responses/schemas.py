@@ -173,6 +173,12 @@ class ResponsesRequest(_Body):
     conversation: str | dict[str, Any] | None = None
     background: StrictBool | None = None
     seed: int | None = None
+    # llama-server's extensions
+    return_progress: StrictBool = False
+    """A stream also carries ``response.in_progress`` events with ``prompt_progress`` while
+    the prompt is computed."""
+    timings_per_token: StrictBool = False
+    """Every streamed text delta carries llama-server's ``timings``."""
     # sluice extensions
     thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
     """Thinking tokens before the end tag is written for the model."""

@@ -5,17 +5,21 @@ or its typed event stream (``response.created``, ``response.in_progress``,
 ``response.output_item.added`` / ``.done``, ``response.content_part.added`` / ``.done``,
 ``response.output_text.delta`` / ``.done``, ``response.reasoning_text.delta`` / ``.done``,
 ``response.function_call_arguments.delta`` / ``.done``, then ``response.completed``,
-``response.incomplete`` (``max_output_tokens`` reached) or ``response.failed``)."""
+``response.incomplete`` (``max_output_tokens`` reached) or ``response.failed``). As in
+llama-server, a stream's closing event carries ``timings``, ``return_progress`` adds
+``response.in_progress`` events with ``prompt_progress`` while the prompt is computed, and
+``timings_per_token`` puts ``timings`` on every text delta."""
 
 from __future__ import annotations
 
 import json
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sluice.engine.request import Constraint
+from sluice.engine.request import Constraint, PromptProgress
+from sluice.engine.request import Request as RtRequest
 from sluice.server.core.output import (
     Done,
     Failed,
@@ -35,6 +39,7 @@ from sluice.server.responses.schemas import (
     ResponsesRequest,
 )
 from sluice.server.schemas import ResponseFormat
+from sluice.server.shapes import progress_object, progress_timings, timings
 
 STATEFUL_FIELDS = ("previous_response_id", "conversation", "background")
 
@@ -131,11 +136,18 @@ class ResponseRenderer:
     ``render`` per batch of output events); item ids are fixed when an item opens, so the
     added, done and completed forms of an item agree."""
 
-    def __init__(self, response_id: str, body: ResponsesRequest, model: str) -> None:
+    def __init__(self, response_id: str, body: ResponsesRequest, model: str,
+                 req: RtRequest | None = None, clock: Callable[[], float] | None = None
+                 ) -> None:
         self.response_id = response_id
         self.request = body
         self.model = model
         """The model that serves it (an alias resolved)."""
+        self.req = req
+        """The runtime request (with ``clock``, the runtime's): a stream's
+        ``response.completed`` carries llama-server's ``timings``, and with
+        ``timings_per_token`` so does every text delta."""
+        self.clock = clock
         self.created_at = int(time.time())
         self._seq = 0
         self._items: list[dict[str, Any]] = []
@@ -234,6 +246,27 @@ class ResponseRenderer:
         return [self._event("response.created", response=start),
                 self._event("response.in_progress", response=start)]
 
+    def progress(self, progress: PromptProgress) -> list[bytes]:
+        """llama-server's report of the prompt computed so far: a ``response.in_progress``
+        event with ``prompt_progress`` (and ``timings`` with ``timings_per_token``)."""
+        extra: dict[str, Any] = {"prompt_progress": progress_object(progress, self.req)}
+        if self.request.timings_per_token and self.req is not None:
+            extra["timings"] = progress_timings(self.req, progress)
+        return [self._event("response.in_progress", response=self._response("in_progress", []),
+                            **extra)]
+
+    def _timings(self, done: Done | None = None) -> dict[str, Any]:
+        """``timings`` for a text delta (with ``timings_per_token``) or the closing event
+        (``done``); none without the runtime request."""
+        if self.req is None or self.clock is None:
+            return {}
+        if done is not None:
+            return {"timings": timings(self.req, done.completion_tokens,
+                                       self.req.times.finished_s or self.clock())}
+        if not self.request.timings_per_token:
+            return {}
+        return {"timings": timings(self.req, self.req.completion_tokens, self.clock())}
+
     def _close_open(self) -> list[bytes]:
         if self._open is None:
             return []
@@ -277,7 +310,8 @@ class ResponseRenderer:
                 item["content"][0]["text"] += ev.text
                 name = ("response.reasoning_text.delta" if kind == "reasoning"
                         else "response.output_text.delta")
-                extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
+                extra: dict[str, Any] = ({} if kind == "reasoning"
+                                         else {"logprobs": [], **self._timings()})
                 out.append(self._event(name, item_id=item["id"],
                                        output_index=len(self._items) - 1, content_index=0,
                                        delta=ev.text, **extra))
@@ -300,7 +334,8 @@ class ResponseRenderer:
             else:
                 out += self._close_open()
                 kind, response = self._end(ev)
-                out.append(self._event(kind, response=response))
+                closing = self._timings(ev) if isinstance(ev, Done) else {}
+                out.append(self._event(kind, response=response, **closing))
         return out
 
 

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
 from sluice.config import TenantConfig
-from sluice.engine.request import Final, RequestStatus, TokenEvent
+from sluice.engine.request import Final, PromptProgress, RequestStatus, TokenEvent
 from sluice.engine.request import Request as RtRequest
 from sluice.policy.keep_alive import KeepAlive
 from sluice.server.context import AppContext
@@ -165,7 +165,9 @@ async def run_generative(
                     if shape.done_marker is not None:
                         yield sse(shape.done_marker)
                     return
-                for chunk in shape.on_token(event):
+                chunks = (shape.on_progress(event) if isinstance(event, PromptProgress)
+                          else shape.on_token(event))
+                for chunk in chunks:
                     yield sse(chunk)
                 event = await stream_events.__anext__()
         finally:
@@ -179,14 +181,17 @@ async def run_generative(
 
 class OutputRenderer(Protocol):
     """How an API renders the core's output events: one body for a completed request's
-    events (the last a ``Done``), or a stream (``opening``, then ``render`` per batch; a
-    ``Failed`` in the batch renders as the API's in-stream error)."""
+    events (the last a ``Done``), or a stream (``opening``, then ``render`` per batch, and
+    ``progress`` for each prompt progress report; a ``Failed`` in the batch renders as the
+    API's in-stream error)."""
 
     def body(self, events: Sequence[OutputEvent]) -> dict[str, Any]: ...
 
     def opening(self) -> list[bytes]: ...
 
     def render(self, events: Sequence[OutputEvent]) -> list[bytes]: ...
+
+    def progress(self, progress: PromptProgress) -> list[bytes]: ...
 
 
 async def run_output(request: Request, gen: Generation, splitter: OutputSplitter,
@@ -218,7 +223,7 @@ async def run_output(request: Request, gen: Generation, splitter: OutputSplitter
         raise _with_headers(final_api_error(first), req)
 
     async def body() -> AsyncIterator[bytes]:
-        event: TokenEvent | Final = first
+        event: TokenEvent | PromptProgress | Final = first
         try:
             for chunk in renderer.opening():
                 yield chunk
@@ -227,6 +232,11 @@ async def run_output(request: Request, gen: Generation, splitter: OutputSplitter
                     for chunk in renderer.render(splitter.finish(event)):
                         yield chunk
                     return
+                if isinstance(event, PromptProgress):
+                    for chunk in renderer.progress(event):
+                        yield chunk
+                    event = await raw.__anext__()
+                    continue
                 batch = splitter.push(event.text)
                 if batch:
                     for chunk in renderer.render(batch):

@@ -80,7 +80,8 @@ async def _complete(request: Request, tenant: Tenant, body: NativeCompletionRequ
         max_tokens=None if until_full else body.max_tokens,
         default_max_tokens=-1 if until_full else None,
         constraint=constraint, constraint_param=param, priority=body.priority,
-        deadline_ms=body.deadline_ms, names=("prompt", "n_predict")))
+        deadline_ms=body.deadline_ms, report_progress=body.stream and body.return_progress,
+        names=("prompt", "n_predict")))
     shape = NativeShape(gen.request, tok, model, stream=body.stream,
                         return_tokens=body.return_tokens, samplers=body.sampler_names(),
                         timings_per_token=body.timings_per_token)

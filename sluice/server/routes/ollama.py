@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 import sluice
 from sluice.backends.chat import parse_tool_calls
-from sluice.engine.request import Final, RequestStatus, TokenEvent
+from sluice.engine.request import Final, PromptProgress, RequestStatus, TokenEvent
 from sluice.server import ollama_wire as wire
 from sluice.server.core import (
     ChatPrompt,
@@ -231,7 +231,7 @@ async def _stream(request: Request, gen: Generation, model: str, field: str,
         return {"model": model, "created_at": wire.created_at(), field: content, "done": False}
 
     async def lines() -> AsyncIterator[bytes]:
-        event: TokenEvent | Final = first
+        event: TokenEvent | PromptProgress | Final = first
         try:
             while True:
                 if isinstance(event, Final):
@@ -240,7 +240,7 @@ async def _stream(request: Request, gen: Generation, model: str, field: str,
                     else:
                         yield _line({"error": final_api_error(event).message})
                     return
-                if event.text:
+                if isinstance(event, TokenEvent) and event.text:
                     yield _line(piece(event.text))
                 event = await events.__anext__()
         finally:

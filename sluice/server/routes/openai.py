@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ from sluice.server.core import (
     spec_of_kind,
     tokenizer_of,
 )
+from sluice.server.core.prefill import CONTENT_PART_SEPARATOR, continues_final
 from sluice.server.core.reasoning import ThinkingAsk
 from sluice.server.errors import bad_param, unknown_model
 from sluice.server.params import body_constraint, sampling_kwargs, tool_plan
@@ -59,25 +61,38 @@ async def chat_completions(
     constraint, param = ((plan.constraint, "tools") if plan.constraint is not None
                          else body_constraint(body))
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        model, ChatPrompt([m.as_dict() for m in body.messages], plan.tools),
+        model, chat_prompt(body, plan.tools),
         sampling=sampling_kwargs(body, tok),
         max_tokens=body.max_completion_tokens or body.max_tokens,
         constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms,
         thinking=ThinkingAsk.of(effort=body.reasoning_effort, enabled=body.enable_thinking(),
                                 budget_tokens=body.thinking_budget_tokens),
+        report_progress=body.stream and body.return_progress,
         names=("messages", "max_completion_tokens" if body.max_completion_tokens
                else "max_tokens")))
     shape = ChatShape(f"chatcmpl-{gen.request.request_id}", model,
                       tokens=TokenText(tok) if body.logprobs else None, tool_names=plan.names,
                       thinking=gen.thinking, request=gen.request)
-    if body.verbose:
+    if ctx.config.server.verbose_answers if body.verbose is None else body.verbose:
         shape.verbose = {"prompt": b"".join(tok.token_bytes(t) for t in gen.request.prompt_tokens
                                             ).decode("utf-8", "replace")}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     return await run_generative(request, gen, shape, stream=body.stream,
                                 include_usage=include_usage, headers=headers,
                                 keep_events=bool(body.logprobs))
+
+
+def chat_prompt(body: ChatCompletionRequest, tools: Sequence[Mapping[str, Any]]) -> ChatPrompt:
+    """The body's conversation with ``tools`` offered; a final assistant turn to continue
+    (``core.prefill``) becomes its continuation."""
+    messages = body.messages
+    if continues_final([m.as_dict() for m in messages[-2:]],
+                       continue_final_message=body.continue_final_message,
+                       add_generation_prompt=body.add_generation_prompt):
+        return ChatPrompt([m.as_dict() for m in messages[:-1]], tools,
+                          continuation=messages[-1].text(CONTENT_PART_SEPARATOR))
+    return ChatPrompt([m.as_dict() for m in messages], tools)
 
 
 @router.post("/v1/completions", responses=ERROR_RESPONSES)

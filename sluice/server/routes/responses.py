@@ -67,8 +67,10 @@ async def responses(body: ResponsesRequest, request: Request, tenant: Tenant) ->
         priority=body.priority, deadline_ms=body.deadline_ms,
         thinking=ThinkingAsk.of(effort=body.reasoning.effort if body.reasoning else None,
                                 budget_tokens=body.thinking_budget_tokens),
+        report_progress=body.stream and body.return_progress,
         names=("input", "max_output_tokens")))
-    renderer = ResponseRenderer(f"resp_{gen.request.request_id:024x}", body, model)
+    renderer = ResponseRenderer(f"resp_{gen.request.request_id:024x}", body, model,
+                                gen.request, ctx.runtime.clock)
     return await run_output(request, gen, OutputSplitter(plan.names, gen.thinking), renderer,
                             stream=body.stream, headers=headers)
 
