@@ -454,6 +454,23 @@ CASES = [
     Case("empty messages", chat({"messages": []}), 400, "invalid_value", "messages"),
     Case("unknown role", chat({"messages": [{"role": "robot", "content": "x"}]}), 400,
          "invalid_value", "messages.0.role"),
+    Case("continue_final_message and add_generation_prompt both true", chat(
+        {"messages": [MSG[0], {"role": "assistant", "content": "Hel"}],
+         "continue_final_message": True, "add_generation_prompt": True}), 400,
+        "invalid_value", "continue_final_message"),
+    Case("continue_final_message after a user turn", chat(
+        {"messages": [MSG[0]], "continue_final_message": True}), 400, "invalid_value",
+        "continue_final_message"),
+    Case("add_generation_prompt false with no turn to continue", chat(
+        {"add_generation_prompt": False}), 400, "invalid_value", "add_generation_prompt"),
+    Case("two assistant turns at the end", chat(
+        {"messages": [MSG[0], {"role": "assistant", "content": "a"},
+                      {"role": "assistant", "content": "b"}]}), 400, "invalid_value",
+        "messages"),
+    Case("continuing an assistant turn with tool calls", chat(
+        {"messages": [MSG[0], {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+        400, "invalid_value", "messages"),
     Case("prompt longer than the context", chat(
         {"messages": [{"role": "user", "content": "w " * 600}]}), 400,
         "context_length_exceeded", "messages"),

@@ -59,6 +59,9 @@ def test_continue_final_message_and_add_generation_prompt(live: LiveServer) -> N
     ({}, [USER, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
      "messages"),
     ({"continue_final_message": True}, [USER], "continue_final_message"),
+    ({"add_generation_prompt": False}, [USER], "add_generation_prompt"),
+    ({"continue_final_message": False, "add_generation_prompt": False},
+     [USER, {"role": "assistant", "content": "Hello"}], "add_generation_prompt"),
     ({}, [USER, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
      "messages"),
