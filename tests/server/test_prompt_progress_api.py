@@ -106,3 +106,16 @@ def test_no_progress_unless_a_stream_asks(live: LiveServer, body: dict[str, Any]
         with live.client() as c:
             r = c.post("/chat/completions", json=request)
         assert r.status_code == 200 and "prompt_progress" not in r.text
+
+
+def test_progress_crosses_from_a_worker_process(serve: Callable[..., LiveServer]) -> None:
+    """With ``workers.isolation = "process"`` the reports come over the worker's pipe as
+    its tokens do."""
+    live = serve(config_with(
+        models=[synth_chat("bytes", byte_tokens=True, vocab_size=300)],
+        workers={"count": 1, "isolation": "process"},
+        engine={"prefill_chunk_tokens": CHUNK_TOKENS, "max_batch_tokens": CHUNK_TOKENS}))
+    chunks = _stream(live, "/completion", {"prompt": prompt("process"), "n_predict": 2,
+                                           "stream": True, "return_progress": True})
+    _check_reports([c["prompt_progress"] for c in chunks if "prompt_progress" in c],
+                   chunks[-1]["tokens_evaluated"])
