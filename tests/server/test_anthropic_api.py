@@ -72,6 +72,25 @@ def test_create_and_count_tokens(client: anthropic.Anthropic) -> None:
     assert bare.input_tokens < counted.input_tokens  # the system prompt is in the prompt
 
 
+def test_a_last_assistant_turn_is_prefill(client: anthropic.Anthropic,
+                                          live: LiveServer) -> None:
+    """Anthropic's prefill: the answer goes on from a last assistant turn's text, the same
+    prompt as OpenAI chat's continued turn (and not the closed turn it rendered before);
+    ``count_tokens`` counts that prompt."""
+    turns: Any = [*HELLO, {"role": "assistant", "content": "The answer is"}]
+    msg = client.messages.create(model=BYTES, max_tokens=2, messages=turns, extra_body=GREEDY)
+    counted = client.messages.count_tokens(model=BYTES, messages=turns)
+    assert counted.input_tokens == msg.usage.input_tokens
+    body = {"model": BYTES, "messages": turns, "max_tokens": 1}
+    with live.client(headers={"authorization": f"Bearer {KEY}"}) as c:
+        chat = c.post("/v1/chat/completions", json={**body, "verbose": True}).json()
+        closed = c.post("/v1/chat/completions",
+                        json={**body, "continue_final_message": False}).json()
+    assert chat["__verbose"]["prompt"].endswith("assistant:The answer is")
+    assert msg.usage.input_tokens == chat["usage"]["prompt_tokens"]
+    assert msg.usage.input_tokens < closed["usage"]["prompt_tokens"]
+
+
 def test_stream_matches_create_and_follows_the_event_order(
     client: anthropic.Anthropic, live: LiveServer,
 ) -> None:

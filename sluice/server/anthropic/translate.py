@@ -7,7 +7,7 @@ a ``message`` object, or the stream of Anthropic's events (``message_start``,
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sluice.engine.request import PromptProgress
@@ -20,6 +20,7 @@ from sluice.server.anthropic.schemas import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from sluice.server.core.generate import ChatPrompt
 from sluice.server.core.output import (
     Done,
     Failed,
@@ -87,6 +88,17 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
         elif text:
             out.append({"role": "user", "content": "".join(text)})
     return out
+
+
+def chat_prompt(body: CountTokensRequest, tools: Sequence[Mapping[str, Any]]) -> ChatPrompt:
+    """The conversation with ``tools`` offered. A last assistant turn of text (no
+    ``tool_use``) is continued, as Anthropic's prefill: the response goes on from its
+    text (``core.prefill``)."""
+    messages = chat_messages(body)
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and not last.get("tool_calls"):
+        return ChatPrompt(messages[:-1], tools, continuation=last["content"])
+    return ChatPrompt(messages, tools)
 
 
 def tool_plan(body: CountTokensRequest) -> ToolPlan:

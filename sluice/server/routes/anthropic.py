@@ -18,21 +18,20 @@ from sluice.engine.request import Constraint
 from sluice.server.anthropic.schemas import CountTokensRequest, MessagesRequest
 from sluice.server.anthropic.translate import (
     MessageRenderer,
-    chat_messages,
+    chat_prompt,
     thinking_ask,
     tool_plan,
 )
 from sluice.server.core import (
-    ChatPrompt,
     ServeRequest,
     check_prompt_length,
     model_name,
     open_generation,
+    rendered_chat,
     spec_of_kind,
     tokenizer_of,
 )
 from sluice.server.core.output import OutputSplitter
-from sluice.server.errors import bad_param, public_text
 from sluice.server.params import sent_sampling
 from sluice.server.routes.common import (
     ERROR_RESPONSES,
@@ -63,7 +62,7 @@ async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> R
         constraint = Constraint("json_schema", spec=json.dumps(fmt.schema_))
         param = "output_config.format"
     gen = await open_generation(ctx, request.headers, tenant, ServeRequest(
-        model, ChatPrompt(chat_messages(body), plan.tools),
+        model, chat_prompt(body, plan.tools),
         sampling={**sent_sampling(body), "stop": tuple(body.stop_sequences or ())},
         max_tokens=body.max_tokens, constraint=constraint, constraint_param=param,
         priority=body.priority, deadline_ms=body.deadline_ms, thinking=thinking_ask(body)))
@@ -73,12 +72,8 @@ async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> R
                             stream=body.stream, headers=headers)
 
 
-def _count(tok: Tokenizer, body: CountTokensRequest) -> int:
-    plan = tool_plan(body)
-    try:
-        prompt = tok.apply_chat(chat_messages(body), plan.tools or None)
-    except ValueError as exc:
-        raise bad_param("messages", f"Invalid messages: {public_text(str(exc))}") from None
+def _count(tok: Tokenizer, body: CountTokensRequest, model: str) -> int:
+    prompt = rendered_chat(tok, chat_prompt(body, tool_plan(body).tools), model)
     check_prompt_length(tok, prompt.text, "messages", whole_context=True)
     return len(chat_tokens(tok, prompt))
 
@@ -95,5 +90,5 @@ async def count_tokens(body: CountTokensRequest, request: Request,
     spec_of_kind(ctx, model, "generative")
     tok = tokenizer_of(ctx, model)
     await ctx.quota.charge_call(tenant.id, "count_tokens")
-    n = await asyncio.to_thread(_count, tok, body)
+    n = await asyncio.to_thread(_count, tok, body, model)
     return JSONResponse({"input_tokens": n}, headers=headers)
