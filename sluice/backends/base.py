@@ -10,13 +10,13 @@ engine (not the backend) owns admission, sampling, stopping and retirement.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
-from sluice.backends.chat import ChatPrompt
+from sluice.backends.chat import ChatPrompt, RenderOptions
 
 ModelKind = Literal["oneshot", "generative"]
 
@@ -99,6 +99,22 @@ class ReasoningFormat:
     budget_tokens: int | None = None
     """Thinking tokens a request gets unless it asks for another budget (``None``: no
     limit but ``max_tokens``)."""
+
+
+def thinking_default(reasoning: ReasoningFormat | None) -> bool:
+    """What a chat template sees as ``enable_thinking`` when a request does not say: the
+    model's configured default, else true (as llama-server's ``--reasoning auto`` gives a
+    template that supports thinking; a template that does not read it is unchanged)."""
+    return True if reasoning is None else reasoning.enabled
+
+
+def resolved_options(spec: ModelSpec, options: RenderOptions | None) -> RenderOptions:
+    """``options`` (default: a generation prompt) with ``enable_thinking`` the model's
+    ``thinking_default`` where the request leaves it unset."""
+    options = options or RenderOptions()
+    if options.enable_thinking is not None:
+        return options
+    return replace(options, enable_thinking=thinking_default(spec.reasoning))
 
 
 class ModelLoadError(RuntimeError):
@@ -253,10 +269,13 @@ class Tokenizer(Protocol):
         ...
 
     def apply_chat(self, messages: Sequence[Mapping[str, Any]],
-                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+                   tools: Sequence[Mapping[str, Any]] | None = None,
+                   options: RenderOptions | None = None) -> ChatPrompt:
         """The conversation (OpenAI message shapes) with ``tools`` offered, as template
-        markup and plain user text; tokenize it with ``chat.chat_tokens``. ``ValueError``
-        (fit for a client) if the template refuses the messages."""
+        markup and plain user text; tokenize it with ``chat.chat_tokens``. ``options``:
+        the generation prompt and thinking switch (default: a generation prompt, the
+        model's ``thinking_default``). ``ValueError`` (fit for a client) if the template
+        refuses the messages."""
         ...
 
 

@@ -43,8 +43,9 @@ from sluice.backends.base import (
     RerankScore,
     TokenTable,
     rerank_pairs,
+    resolved_options,
 )
-from sluice.backends.chat import Capabilities, ChatPrompt, ChatTemplate
+from sluice.backends.chat import Capabilities, ChatPrompt, ChatTemplate, RenderOptions
 
 SPECIAL_TOKENS = 3
 """Ids 0..2 are reserved: 0 = end of sequence, 1 = begin of sequence, 2 = padding."""
@@ -195,22 +196,23 @@ class SyntheticTokenizer:
         return self.template.render_text(messages)
 
     def apply_chat(self, messages: Sequence[Mapping[str, Any]],
-                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
+                   tools: Sequence[Mapping[str, Any]] | None = None,
+                   options: RenderOptions | None = None) -> ChatPrompt:
         self._check_chat()
-        return self.template.apply(messages, tools)
+        return self.template.apply(messages, tools, resolved_options(self.spec, options))
 
     def _check_chat(self) -> None:
         if self.chat_template is None:
             raise NoChatTemplateError(f"{self.spec.model_id} is a completion model")
 
-    template = ChatTemplate("synthetic", lambda m, _t, _g: _render_turns(m),
+    template = ChatTemplate("synthetic", lambda m, _t, o: _render_turns(m, o.add_generation_prompt),
                             caps=Capabilities(system=True))
     """``role: content`` turns, then ``assistant:``; tools in the generic format."""
 
 
-def _render_turns(messages: Sequence[Mapping[str, Any]]) -> str:
+def _render_turns(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:
     turns = [f"{m['role']}: {m.get('content') or ''}" for m in messages]
-    return " ".join([*turns, "assistant:"])
+    return " ".join([*turns, "assistant:"] if add_generation_prompt else turns)
 
 
 class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):

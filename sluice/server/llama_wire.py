@@ -35,6 +35,7 @@ from sluice.server.schemas import (
     MAX_TOP_LOGPROBS,
     ChatMessage,
     SamplingBody,
+    TemplateKwargs,
     ToolDef,
     _Body,
 )
@@ -228,12 +229,15 @@ class InfillRequest(NativeCompletionRequest):
     input_extra: list[InfillExtra] = Field(default_factory=list, max_length=256)
 
 
-class ApplyTemplateRequest(_Body):
-    """``POST /apply-template``: chat turns (as ``/v1/chat/completions`` takes them)."""
+class ApplyTemplateRequest(TemplateKwargs):
+    """``POST /apply-template``: chat turns (as ``/v1/chat/completions`` takes them), and
+    what the template sees besides: ``add_generation_prompt`` (default true) and
+    ``chat_template_kwargs.enable_thinking`` (default: the model's)."""
 
     model: str | None = Field(default=None, min_length=1, max_length=256)
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     tools: list[ToolDef] | None = Field(default=None, max_length=128)
+    add_generation_prompt: StrictBool = True
 
 
 def refuse_idle_features(body: _Body) -> None:

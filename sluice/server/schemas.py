@@ -313,7 +313,26 @@ SamplingBody = _Sampling
 llama-server's ``/completion``)."""
 
 
-class ChatCompletionRequest(_Sampling):
+class TemplateKwargs(_Body):
+    """A chat body's ``chat_template_kwargs``."""
+
+    chat_template_kwargs: dict[str, Any] | None = None
+    """vLLM's and llama-server's template options: ``enable_thinking`` (true or false)
+    turns thinking on or off, and is what the template sees (other keys are ignored)."""
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _thinking_switch(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and not isinstance(v.get("enable_thinking", False), bool):
+            raise ValueError("enable_thinking must be true or false")
+        return v
+
+    def enable_thinking(self) -> bool | None:
+        value = (self.chat_template_kwargs or {}).get("enable_thinking")
+        return value if isinstance(value, bool) else None
+
+
+class ChatCompletionRequest(_Sampling, TemplateKwargs):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     logprobs: StrictBool | None = None
@@ -325,9 +344,6 @@ class ChatCompletionRequest(_Sampling):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     """For a model that thinks in tags: ``none`` turns thinking off; the others set its
     budget of thinking tokens (``core.reasoning.EFFORT_BUDGET_TOKENS``)."""
-    chat_template_kwargs: dict[str, Any] | None = None
-    """vLLM's and llama-server's template options: ``enable_thinking`` (true or false)
-    turns thinking on or off (other keys are ignored)."""
     thinking_budget_tokens: int | None = Field(default=None, ge=0, le=1_000_000)
     """sluice: thinking tokens before the end tag is written for the model."""
     verbose: StrictBool | None = None
@@ -344,17 +360,6 @@ class ChatCompletionRequest(_Sampling):
     return_progress: StrictBool = False
     """llama-server's: a stream also carries ``prompt_progress`` chunks while the prompt
     is computed (the engine reports each forward pass that feeds it)."""
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _thinking_switch(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is not None and not isinstance(v.get("enable_thinking", False), bool):
-            raise ValueError("enable_thinking must be true or false")
-        return v
-
-    def enable_thinking(self) -> bool | None:
-        value = (self.chat_template_kwargs or {}).get("enable_thinking")
-        return value if isinstance(value, bool) else None
 
     @field_validator("messages")
     @classmethod

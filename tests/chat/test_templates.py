@@ -10,6 +10,7 @@ from sluice.backends.chat import (
     Capabilities,
     ChatPart,
     ChatTemplate,
+    RenderOptions,
     gemma_template,
     jinja_template,
     probe,
@@ -164,15 +165,15 @@ def test_the_jinja_environment_is_sandboxed() -> None:
 
 
 def test_tojson_keeps_text_as_llama_server_does() -> None:
-    t = ChatTemplate("t", lambda m, _t, _g: jinja_template(
-        "{{ messages[0].content | tojson }}")._render(m, None, True), caps=Capabilities())
+    t = ChatTemplate("t", lambda m, _t, o: jinja_template(
+        "{{ messages[0].content | tojson }}")._render(m, None, o), caps=Capabilities())
     assert t.apply([{"role": "user", "content": "<é>"}]).text == '"<é>"'
 
 
 def test_probe_of_a_plain_render_function() -> None:
     """A format that prints any role shows tool results, but not tools or calls."""
 
-    def render(messages: list[dict[str, str]], tools: object, gen: bool) -> str:
+    def render(messages: list[dict[str, str]], tools: object, options: RenderOptions) -> str:
         return "".join(f"{m['role']}:{m['content']};" for m in messages)
 
     assert probe(render) == Capabilities(system=True, tool_responses=True)

@@ -343,6 +343,20 @@ def test_apply_template_renders_as_a_chat_request_does(live: LiveServer) -> None
         r = c.post("/apply-template", json={"messages": messages})
         assert r.status_code == 200, r.text
         assert r.json() == {"prompt": "system: be brief user: hi assistant:"}
+        closed = c.post("/apply-template", json={"messages": messages,
+                                                 "add_generation_prompt": False})
+        assert closed.status_code == 200 and closed.json() == {
+            "prompt": "system: be brief user: hi"}
+        counted = c.post("/chat/completions/input_tokens",
+                         json={"messages": messages, "add_generation_prompt": False})
+        assert counted.json()["input_tokens"] == len(c.post("/tokenize", json={
+            "content": "system: be brief user: hi", "add_special": True}).json()["tokens"])
+        ids = c.post("/tokenize", json={"messages": messages, "add_generation_prompt": False,
+                                        "add_special_tokens": True}).json()["tokens"]
+        assert len(ids) == counted.json()["input_tokens"]
+        assert_llama_error(c.post("/apply-template", json={
+            "messages": messages, "add_generation_prompt": "no"}), 400,
+            "invalid_request_error")
         n = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1}
                    ).json()["usage"]["prompt_tokens"]
         tokens = c.post("/tokenize", json={"content": r.json()["prompt"],

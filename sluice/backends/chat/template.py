@@ -1,7 +1,7 @@
 """``ChatTemplate``: a model's chat format plus what it cannot do natively, filled in with the
 generic tool format, and the marking that keeps user text plain (``prompt``).
 
-A template is a render function ``(messages, tools, add_generation_prompt) -> str`` and its
+A template is a render function ``(messages, tools, RenderOptions) -> str`` and its
 ``Capabilities``, found by rendering probe conversations (as llama.cpp's minja does): does the
 system message show, do tools, tool calls and tool results show, is content trimmed. What the
 template cannot show is rewritten before it renders: tools go into the system message in the
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sluice.backends.chat.prompt import ChatPrompt, mark, mark_json, split_marked
@@ -22,7 +22,22 @@ from sluice.backends.chat.tools import call_text, result_text, tool_preamble
 
 Message = Mapping[str, Any]
 Tools = Sequence[Mapping[str, Any]]
-Render = Callable[[Sequence[Message], Tools | None, bool], str]
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOptions:
+    """What a request sets for the template beyond its messages and tools (the variables
+    of the same names that HF transformers and llama-server give a Jinja template)."""
+
+    add_generation_prompt: bool = True
+    """End with the assistant turn's opening (false: the conversation as it stands)."""
+    enable_thinking: bool | None = None
+    """Whether the model thinks first (templates that read it open or close their
+    thinking block); ``None``: the model's default (``backends.base.thinking_default``;
+    true where the tokenizer does not resolve it)."""
+
+
+Render = Callable[[Sequence[Message], Tools | None, RenderOptions], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +63,15 @@ _PROBE_RESULT = {"role": "tool", "tool_call_id": "call_probe", "name": "sluice_p
                  "content": "sluice_probe_result"}
 
 
+_PROBE_OPTIONS = RenderOptions(enable_thinking=True)
+
+
 def probe(render: Render) -> Capabilities:
     """Render small conversations and look for each probe's text in the output."""
 
     def shows(messages: list[dict[str, Any]], tools: Tools | None, needle: str) -> str | None:
         try:
-            out = render(messages, tools, True)
+            out = render(messages, tools, _PROBE_OPTIONS)
         except ValueError:
             return None
         return out if needle in out else None
@@ -83,13 +101,17 @@ class ChatTemplate:
         self.caps = caps if caps is not None else probe(render)
 
     def apply(self, messages: Sequence[Message], tools: Tools | None = None,
-              add_generation_prompt: bool = True) -> ChatPrompt:
+              options: RenderOptions | None = None) -> ChatPrompt:
         """Render ``messages`` (OpenAI shapes: ``role``, ``content``, ``name``,
         ``tool_calls``, ``tool_call_id``; ``developer`` counts as ``system``) with ``tools``
-        offered. ``ValueError`` (a message fit for a client) if the template refuses them."""
+        offered and ``options`` (default: a generation prompt, thinking on).
+        ``ValueError`` (a message fit for a client) if the template refuses them."""
         prepared = self._prepare(messages, tools)
         native_tools = [_marked_tool(t) for t in tools] if tools and self.caps.tools else None
-        rendered = self._render(prepared, native_tools, add_generation_prompt)
+        options = options or RenderOptions()
+        if options.enable_thinking is None:
+            options = replace(options, enable_thinking=True)
+        rendered = self._render(prepared, native_tools, options)
         return split_marked(rendered, self.bos_text)
 
     def render_text(self, messages: Sequence[Message]) -> str:

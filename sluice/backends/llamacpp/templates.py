@@ -17,6 +17,7 @@ from typing import Any
 from sluice.backends.chat import (
     Capabilities,
     ChatTemplate,
+    RenderOptions,
     gemma_template,
     jinja_template,
     looks_like_jinja,
@@ -96,14 +97,16 @@ def _token_text(lib: Any, vocab: Any, which: str) -> str:
 def builtin_template(lib: Any, template: str) -> ChatTemplate:
     """llama.cpp's built-in renderer (no tools: they use the generic format)."""
 
-    def render(messages: Sequence[Mapping[str, Any]], _tools: Any, _gen: bool) -> str:
-        return render_builtin(lib, template, messages)
+    def render(messages: Sequence[Mapping[str, Any]], _tools: Any,
+               options: RenderOptions) -> str:
+        return render_builtin(lib, template, messages, options.add_generation_prompt)
 
-    render([{"role": "user", "content": "hi"}], None, True)  # ValueError if unknown
+    render([{"role": "user", "content": "hi"}], None, RenderOptions())  # ValueError if unknown
     return ChatTemplate(template[:40], render, caps=Capabilities(system=True))
 
 
-def render_builtin(lib: Any, template: str, messages: Sequence[Mapping[str, Any]]) -> str:
+def render_builtin(lib: Any, template: str, messages: Sequence[Mapping[str, Any]],
+                   add_generation_prompt: bool = True) -> str:
     """llama.cpp's built-in renderer: it recognises common templates by name or text."""
     encoded = [(str(m["role"]).encode(), str(m.get("content") or "").encode())
                for m in messages]
@@ -114,7 +117,8 @@ def render_builtin(lib: Any, template: str, messages: Sequence[Mapping[str, Any]
     size = 256 + sum(len(r) + len(c) for r, c in encoded) * 2
     for _ in range(2):
         buf = ctypes.create_string_buffer(size)
-        n = lib.llama_chat_apply_template(name, chat, len(encoded), True, buf, size)
+        n = lib.llama_chat_apply_template(name, chat, len(encoded), add_generation_prompt,
+                                          buf, size)
         if n < 0:
             raise ValueError(f"chat template {template[:60]!r} is not supported")
         if n <= size:

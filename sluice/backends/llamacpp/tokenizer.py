@@ -15,8 +15,9 @@ from sluice.backends.base import (
     ModelSpec,
     NoChatTemplateError,
     TokenTable,
+    resolved_options,
 )
-from sluice.backends.chat import ChatPrompt, ChatTemplate
+from sluice.backends.chat import ChatPrompt, ChatTemplate, RenderOptions
 from sluice.backends.llamacpp.metadata import gguf_sampling
 from sluice.backends.llamacpp.native import free_native, tokenize
 from sluice.backends.llamacpp.options import LlamaCppOptions, ctx_layout, resolve_model_path
@@ -156,8 +157,9 @@ class LlamaCppTokenizer:
         return self._chat().render_text(messages)
 
     def apply_chat(self, messages: Sequence[Mapping[str, Any]],
-                   tools: Sequence[Mapping[str, Any]] | None = None) -> ChatPrompt:
-        return self._chat().apply(messages, tools)
+                   tools: Sequence[Mapping[str, Any]] | None = None,
+                   options: RenderOptions | None = None) -> ChatPrompt:
+        return self._chat().apply(messages, tools, resolved_options(self.spec, options))
 
     def _chat(self) -> ChatTemplate:
         if self.template is None:

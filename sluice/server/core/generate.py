@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sluice.backends.base import Tokenizer
-from sluice.backends.chat import ChatPart
+from sluice.backends.chat import ChatPart, RenderOptions
 from sluice.backends.chat import ChatPrompt as BackendChatPrompt
 from sluice.config import TenantConfig
 from sluice.engine.bridge import AsyncHandle
@@ -93,6 +93,8 @@ class ChatPrompt:
     """The text of a final assistant turn that continues (``core.prefill``): ``messages``
     end before it, and it follows their rendering (generation prompt included) as plain
     text, unclosed; ``None``: the prompt ends with the generation prompt."""
+    add_generation_prompt: bool = True
+    """End with the assistant turn's opening (false: the conversation as it stands)."""
 
 
 @dataclass(frozen=True)
@@ -219,15 +221,18 @@ class _Rendered:
 
 
 def rendered_chat(tok: Tokenizer, prompt: ChatPrompt, model: str,
-                  param: str = "messages") -> BackendChatPrompt:
+                  param: str = "messages", *,
+                  enable_thinking: bool | None = None) -> BackendChatPrompt:
     """The conversation as the model's chat template renders it (every chat surface, and
-    llama-server's ``/apply-template``), a continued turn's text after it as plain text:
-    400 ``model_has_no_chat_template`` for a completion model, 400 naming ``param`` when
-    the template refuses the messages."""
+    llama-server's ``/apply-template``), the template seeing ``enable_thinking`` (``None``:
+    the model's default), a continued turn's text after it as plain text: 400
+    ``model_has_no_chat_template`` for a completion model, 400 naming ``param`` when the
+    template refuses the messages."""
     if tok.chat_template is None:
         raise no_chat_template(model)
+    options = RenderOptions(prompt.add_generation_prompt, enable_thinking)
     try:
-        rendered = tok.apply_chat(list(prompt.messages), list(prompt.tools) or None)
+        rendered = tok.apply_chat(list(prompt.messages), list(prompt.tools) or None, options)
     except ValueError as exc:
         raise bad_param(param, f"Invalid messages: {public_text(str(exc))}") from None
     if prompt.continuation:
@@ -253,7 +258,8 @@ def _render(ctx: AppContext, tok: Tokenizer, ask: ServeRequest) -> _Rendered:
         if ctx.config.server.log_content:
             access.note_prompt(prompt.text)
         return _Rendered(text=prompt.text)
-    rendered = rendered_chat(tok, prompt, ask.model, param)
+    rendered = rendered_chat(tok, prompt, ask.model, param,
+                             enable_thinking=ask.thinking.enabled if ask.thinking else None)
     if ctx.config.server.log_content:
         access.note_prompt(rendered.text)
     return _Rendered(chat=rendered)
@@ -331,7 +337,8 @@ async def open_generation(ctx: AppContext, headers: Mapping[str, str], tenant: T
         n_limit = token_limit(tok, len(tokens), ask.max_tokens, default, ask.names,
                               context_tokens=ask.context_tokens, fit=ask.fit_to_context)
         tags, limit = thinking_plan(spec, tok, ask.thinking,
-                                    constrained=ask.constraint is not None)
+                                    constrained=ask.constraint is not None,
+                                    prompt_text=rendered.chat.text if rendered.chat else None)
         req.prompt_tokens = tuple(tokens)
         req.params = replace(req.params, max_tokens=n_limit, thinking=limit)
         await ctx.quota.settle(reservation, [req])

@@ -49,16 +49,29 @@ class ThinkingAsk:
         return cls(enabled, budget_tokens)
 
 
+def opened_by(prompt_text: str | None, start: str, end: str, configured: bool) -> bool:
+    """Whether the output starts inside the thinking: the rendered chat prompt ends with the
+    start tag (a template that opens it, ``enable_thinking`` true), not with the end tag
+    (one that wrote an empty thinking block, ``enable_thinking`` false); else (a prompt that
+    ends otherwise, or no chat) the model's configured ``opened``."""
+    tail = (prompt_text or "").rstrip()
+    if tail.endswith(end):
+        return False
+    return True if tail.endswith(start) else configured
+
+
 def thinking_plan(spec: ModelSpec, tok: Tokenizer, ask: ThinkingAsk | None, *,
-                  constrained: bool) -> tuple[ThinkingTags | None, ThinkingLimit | None]:
+                  constrained: bool, prompt_text: str | None = None,
+                  ) -> tuple[ThinkingTags | None, ThinkingLimit | None]:
     """The tags to split by (``None``: the model does not think in tags) and the engine's
     budget (``None``: none). Thinking off is a budget of 0: the end tag comes at once.
     A constrained request (a forced tool call, a JSON schema) gets no budget: its grammar
-    decides every token."""
+    decides every token. ``prompt_text``: the rendered chat prompt (``opened_by``)."""
     fmt = spec.reasoning
     if fmt is None:
         return None, None
-    tags = ThinkingTags(fmt.start, fmt.end, fmt.opened)
+    opened = opened_by(prompt_text, fmt.start, fmt.end, fmt.opened)
+    tags = ThinkingTags(fmt.start, fmt.end, opened)
     enabled = fmt.enabled if ask is None or ask.enabled is None else ask.enabled
     budget = 0 if not enabled else (
         ask.budget_tokens if ask is not None and ask.budget_tokens is not None
@@ -66,4 +79,4 @@ def thinking_plan(spec: ModelSpec, tok: Tokenizer, ask: ThinkingAsk | None, *,
     if budget is None or constrained:
         return tags, None
     end_tokens = tuple(tok.tokenize(fmt.end + "\n\n", add_bos=False, special=True))
-    return tags, ThinkingLimit(fmt.start, fmt.end, end_tokens, budget, fmt.opened)
+    return tags, ThinkingLimit(fmt.start, fmt.end, end_tokens, budget, opened)

@@ -149,9 +149,11 @@ async def infill(body: InfillRequest, request: Request, tenant: Tenant) -> Respo
 async def apply_template(body: ApplyTemplateRequest, request: Request,
                          tenant: Tenant) -> JSONResponse:
     """``messages`` (and ``tools``) rendered with the model's chat template, as a chat
-    request's prompt is: ``{"prompt": text}``."""
+    request's prompt is (``add_generation_prompt`` and ``chat_template_kwargs``'s
+    ``enable_thinking`` as the template sees them): ``{"prompt": text}``."""
     headers, model, tok, prompt = await _charged_chat(request, body, tenant, "apply-template")
-    return JSONResponse({"prompt": rendered_chat(tok, prompt, model).text}, headers=headers)
+    rendered = rendered_chat(tok, prompt, model, enable_thinking=body.enable_thinking())
+    return JSONResponse({"prompt": rendered.text}, headers=headers)
 
 
 @router.post("/chat/completions/input_tokens", responses=ERROR_RESPONSES)
@@ -162,7 +164,7 @@ async def chat_input_tokens(body: ApplyTemplateRequest, request: Request,
     (and ``tools``) run as, ``{"input_tokens": n}``; one request against the tenant's
     request rate, charged before anything is tokenized."""
     headers, model, tok, prompt = await _charged_chat(request, body, tenant, "input_tokens")
-    n = await asyncio.to_thread(_chat_tokens, tok, prompt, model)
+    n = await asyncio.to_thread(_chat_tokens, tok, prompt, model, body.enable_thinking())
     return JSONResponse({"input_tokens": n}, headers=headers)
 
 
@@ -177,12 +179,14 @@ async def _charged_chat(request: Request, body: ApplyTemplateRequest, tenant: Te
     tok = tokenizer_of(ctx, model)
     await ctx.quota.charge_call(tenant.id, call)
     prompt = ChatPrompt([m.as_dict() for m in body.messages],
-                        [t.as_dict() for t in body.tools or []])
+                        [t.as_dict() for t in body.tools or []],
+                        add_generation_prompt=body.add_generation_prompt)
     return headers, model, tok, prompt
 
 
-def _chat_tokens(tok: Tokenizer, prompt: ChatPrompt, model: str) -> int:
-    rendered = rendered_chat(tok, prompt, model)
+def _chat_tokens(tok: Tokenizer, prompt: ChatPrompt, model: str,
+                 enable_thinking: bool | None) -> int:
+    rendered = rendered_chat(tok, prompt, model, enable_thinking=enable_thinking)
     check_prompt_length(tok, rendered.text, "messages", whole_context=True)
     return len(chat_tokens(tok, rendered))
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from sluice.backends.base import Tokenizer
-from sluice.backends.chat import chat_tokens
+from sluice.backends.chat import RenderOptions, chat_tokens
 from sluice.server.core import check_prompt_length, spec_of_kind, tokenizer_of
 from sluice.server.errors import APIError, bad_param, no_chat_template, public_text
 from sluice.server.routes.common import ERROR_RESPONSES, Tenant, body_headers, ctx_of
@@ -47,7 +47,8 @@ def _tokenize(tok: Tokenizer, body: TokenizeRequest) -> list[int]:
     by its length before it is tokenized."""
     if body.messages is not None:
         tools = [t.as_dict() for t in body.tools or []]
-        prompt = tok.apply_chat([m.as_dict() for m in body.messages], tools or None)
+        prompt = tok.apply_chat([m.as_dict() for m in body.messages], tools or None,
+                                RenderOptions(body.add_generation_prompt))
         check_prompt_length(tok, prompt.text, "messages", whole_context=True)
         ids = chat_tokens(tok, prompt)  # BOS first, as a chat request runs it
         return ids if body.add_special_tokens else ids[len(tok.tokenize("", add_bos=True)):]
