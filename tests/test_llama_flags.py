@@ -11,7 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sluice.backends.base import thinking_default
 from sluice.cli import serve_config
+from sluice.cli.serve_gguf import LlamaFlags
 from tests.procs import free_port, start_serve
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -70,6 +72,39 @@ def test_llama_server_flags_map_to_the_config(tmp_path: Path) -> None:
         "default")
 
 
+def test_reasoning_flags_set_each_models_reasoning_table() -> None:
+    """``--reasoning on|off`` sets the default a template sees as ``enable_thinking`` (over a
+    config's table, keeping its tags); ``auto`` leaves each model's own; a budget makes a
+    table only when it limits something."""
+    tags = {"start": "<t>", "end": "</t>"}
+    assert LlamaFlags(reasoning="on").reasoning_table(None) == {"enabled": True}
+    assert LlamaFlags(reasoning="off").reasoning_table(tags) == {**tags, "enabled": False}
+    assert LlamaFlags(reasoning="auto").reasoning_table(tags) == tags
+    assert LlamaFlags(reasoning="auto").reasoning_table(None) is None
+    assert LlamaFlags().reasoning_table(None) is None
+    assert LlamaFlags(reasoning_budget=-1).reasoning_table(None) is None
+    assert LlamaFlags(reasoning_budget=-1).reasoning_table({"budget_tokens": 9}) == {
+        "budget_tokens": None}
+    assert LlamaFlags(reasoning_budget=0).reasoning_table(None) == {"budget_tokens": 0}
+    assert LlamaFlags(reasoning="off", reasoning_budget=64).reasoning_table(None) == {
+        "enabled": False, "budget_tokens": 64}
+
+
+@pytest.mark.llm
+def test_reasoning_flags_reach_the_model_spec() -> None:
+    path = str(_gguf())
+    plain = serve_config([path]).models[0]
+    assert plain.reasoning is None and thinking_default(plain.spec().reasoning) is True
+    for value, enabled in (("off", False), ("0", False), ("on", True), ("enabled", True)):
+        spec = serve_config([path, "--reasoning", value, "--reasoning-format", "deepseek"]
+                            ).models[0].spec()
+        assert spec.reasoning is not None and spec.reasoning.enabled is enabled
+        assert thinking_default(spec.reasoning) is enabled
+    budget = serve_config([path, "-rea", "auto", "--reasoning-budget", "32"]).models[0]
+    assert budget.reasoning is not None and budget.reasoning.budget_tokens == 32
+    assert serve_config([path, "--reasoning", "auto"]).models[0].reasoning is None
+
+
 @pytest.mark.llm
 @pytest.mark.parametrize(("args", "message"), [
     (["--context-shift"], "--context-shift: sluice does not shift a full context"),
@@ -84,6 +119,12 @@ def test_llama_server_flags_map_to_the_config(tmp_path: Path) -> None:
     (["--alias", "a,,b"], "--alias 'a,,b': an empty name"),
     (["--host", "127.0.0.1,"], "server.host: an empty address"),
     (["--ubatch-size", "8"], "unrecognized arguments: --ubatch-size 8"),
+    (["--reasoning", "maybe"], "--reasoning: give on, off or auto, not 'maybe'"),
+    (["--reasoning-budget", "-2"], "--reasoning-budget -2: give -1 (no limit)"),
+    (["--reasoning-format", "none"], "--reasoning-format none: sluice returns a thinking "
+                                     "model's thinking apart"),
+    (["--reasoning-format", "deepseek-legacy"], "--reasoning-format deepseek-legacy: sluice "
+                                                "does not also leave the <think> tags"),
 ])
 def test_flags_without_a_meaning_are_refused_by_name(args: list[str], message: str) -> None:
     out = sluice("serve", str(_gguf()), "--port", "1", *args)

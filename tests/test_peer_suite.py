@@ -32,6 +32,10 @@ def test_sluice_gets_the_packaged_model_and_its_own_flag_names() -> None:
         assert kept in joined, kept
     for dropped in ("--offline", "--hf-repo", "--no-jinja", "-fa", "--sleep-idle-seconds"):
         assert dropped not in cmd, dropped
+    thinking = " ".join(sluice_argv("python", [*SUITE_ARGS, "--reasoning", "off",
+                                               "--reasoning-budget", "0",
+                                               "--reasoning-format", "deepseek"]))
+    assert "--reasoning off --reasoning-budget 0 --reasoning-format deepseek" in thinking
     assert cmd.count("--threads") == 1 and cmd[cmd.index("--threads") + 1] == "2"
 
 

@@ -25,8 +25,10 @@ sluice gets ``sluice serve`` with the flags it shares with llama-server passed a
 ``--ctx-size``, ``--parallel``, ``--batch-size``, ``--n-predict``, ``--embedding``,
 ``--pooling``, ``--api-key``, ``--slots`` / ``--no-slots``, ``--slot-save-path``,
 ``--cors-origins``, ``--no-ui``, ``--chat-template``, ``--chat-template-file``, ``--jinja``,
-``--metrics``, ``--cont-batching``, ``--kv-unified``, ``--n-gpu-layers``, ``--verbose``, and
-``--context-shift``, which sluice refuses by name), and maps:
+``--metrics``, ``--cont-batching``, ``--kv-unified``, ``--n-gpu-layers``, ``--verbose``,
+``--reasoning``, ``--reasoning-budget``, ``--reasoning-format`` (``none`` and
+``deepseek-legacy`` refused by name), and ``--context-shift``, which sluice refuses by
+name), and maps:
 
 - ``--sleep-idle-seconds N`` to ``--keep-alive Ns`` (sluice's idle unload);
 - ``--models-dir DIR`` to ``sluice serve DIR``;
@@ -38,7 +40,6 @@ with that setting (its default refuses an unknown name with 404).
 It drops, for sluice, the flags that only tune llama.cpp's kernels or llama-server's own
 parts: ``--no-jinja`` (sluice renders every template as Jinja), ``--ubatch-size``, ``-fa``,
 ``-ctk`` / ``-ctv``, ``--swa-full``, ``--cache-ram``, ``--no-cache-idle-slots``,
-``--reasoning-format``, ``--reasoning``,
 ``--models-max``, ``--no-models-autoload`` and ``--reranking`` (sluice reranks with an ONNX
 model from its config, not a flag). Any flag not named here reaches ``sluice serve`` as
 given, which refuses it.
@@ -57,7 +58,7 @@ served with SmolLM2, every other repository with Gemma 3 270M."""
 _MODEL_FLAGS = {"--hf-repo", "-hf", "-hfr", "--hf-file", "-hff", "--model-url", "-mu"}
 _SLUICE_DROP_VALUED = {"--ubatch-size", "-ub", "-fa", "--flash-attn", "-ctk",
                        "--cache-type-k", "-ctv", "--cache-type-v", "--cache-ram",
-                       "--reasoning-format", "--reasoning", "--models-max"}
+                       "--models-max"}
 _SLUICE_DROP = {"--no-jinja", "--swa-full", "--no-cache-idle-slots",
                 "--no-models-autoload", "--reranking", "--rerank", "--offline"}
 _THREADS = {"--threads", "-t", "--threads-batch", "-tb"}

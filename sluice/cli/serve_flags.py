@@ -27,6 +27,29 @@ REFUSED_POOLING = {
 }
 
 
+REFUSED_REASONING_FORMAT = {
+    "none": "sluice returns a thinking model's thinking apart from its answer "
+            "(reasoning_content) on every API; a model without a reasoning table returns "
+            "all of its output as content",
+    "deepseek-legacy": "sluice does not also leave the <think> tags in content; the "
+                       "thinking is in reasoning_content",
+}
+"""``--reasoning-format`` values whose meaning sluice does not have (``auto`` and
+``deepseek`` are what it does)."""
+
+REASONING_VALUES = {"on": "on", "enabled": "on", "true": "on", "1": "on",
+                    "off": "off", "disabled": "off", "false": "off", "0": "off",
+                    "auto": "auto", "-1": "auto"}
+"""``--reasoning``'s values as llama-server reads them (its truthy, falsy and auto words)."""
+
+
+def _reasoning(value: str) -> str:
+    try:
+        return REASONING_VALUES[value.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"give on, off or auto, not {value!r}") from None
+
+
 def llama_flags_config(args: argparse.Namespace, config: Config) -> Config:
     """``config`` with the model files and llama-server flags of ``args`` applied
     (``apply_llama_flags``); ``ValueError`` names a flag whose value is refused."""
@@ -36,6 +59,9 @@ def llama_flags_config(args: argparse.Namespace, config: Config) -> Config:
     keys = split_values(args.api_key or [])
     if os.environ.get("SLUICE_API_KEY"):
         keys.append(os.environ["SLUICE_API_KEY"])
+    if args.reasoning_format in REFUSED_REASONING_FORMAT:
+        raise ValueError(f"--reasoning-format {args.reasoning_format}: "
+                         f"{REFUSED_REASONING_FORMAT[args.reasoning_format]}")
     if args.pooling in REFUSED_POOLING:
         raise ValueError(f"--pooling {args.pooling}: {REFUSED_POOLING[args.pooling]}")
     flags = LlamaFlags(
@@ -48,6 +74,7 @@ def llama_flags_config(args: argparse.Namespace, config: Config) -> Config:
         tags=tuple(split_values(args.tags or [])), verbose=args.verbose,
         keep_alive=args.keep_alive or os.environ.get("SLUICE_KEEP_ALIVE"),
         pins=tuple(args.pin or ()),
+        reasoning=args.reasoning, reasoning_budget=args.reasoning_budget,
     )
     files = [Path(f) for f in [*args.model_files, *(args.model or [])]]
     return apply_llama_flags(config, files, flags)
@@ -137,6 +164,18 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat-template-file", metavar="PATH", help="a Jinja chat template file")
     p.add_argument("--jinja", action="store_true",
                    help="accepted: chat templates are always rendered as Jinja")
+    p.add_argument("-rea", "--reasoning", type=_reasoning, metavar="on|off|auto",
+                   help="thinking by default, or not, on every model (what its chat template "
+                        "sees as enable_thinking; a request's reasoning_effort or "
+                        "chat_template_kwargs.enable_thinking overrides it); auto, the "
+                        "default: each model's own (models.reasoning.enabled, else on)")
+    p.add_argument("--reasoning-budget", type=int, metavar="N",
+                   help="thinking tokens a request gets unless it asks (-1: no limit, the "
+                        "default; 0: the end tag at once); models.reasoning.budget_tokens")
+    p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none",
+                                                   "deepseek-legacy"],
+                   help="accepted as auto or deepseek: the thinking comes back apart from "
+                        "the answer (reasoning_content); none and deepseek-legacy are refused")
     p.add_argument("--temp", type=float, metavar="T",
                    help="the temperature of requests that send none ([models.sampling], over "
                         "the model file's own, as in llama-server)")

@@ -10,9 +10,10 @@ the workers' memory budget (the least recently used idle one is evicted to make 
 unless given), ``--pin NAME`` keeps one loaded for good. The llama.cpp flags
 (``--ctx-size``, ``--parallel``, ``--threads``, ``--batch-size``, ``--n-gpu-layers``,
 ``--chat-template``, ``--no-repack``, ``--kv-unified``), the sampling defaults (``--temp``,
-``--seed``: over the file's own recommendation, as in llama-server), ``--n-predict`` and
-``--embedding`` / ``--pooling`` apply to every generative llamacpp model, those of a config
-file included; ``--api-key`` requires that key (it belongs to the tenant ``default``).
+``--seed``: over the file's own recommendation, as in llama-server), ``--n-predict``,
+``--embedding`` / ``--pooling`` and ``--reasoning`` / ``--reasoning-budget`` apply to every
+generative llamacpp model, those of a config file included; ``--api-key`` requires that key
+(it belongs to the tenant ``default``).
 """
 
 from __future__ import annotations
@@ -62,6 +63,13 @@ class LlamaFlags:
     """One per file in order; each may name more names after commas (``a,b``)."""
     keep_alive: str | None = None
     """Every model's idle time before unloading (Ollama's forms)."""
+    reasoning: str | None = None
+    """``on`` / ``off``: every model thinks (in ``<think>`` tags unless its config names
+    others) by default, or not; ``auto`` or ``None``: each model's own default (a model
+    without a ``reasoning`` table: its template sees ``enable_thinking`` true)."""
+    reasoning_budget: int | None = None
+    """Thinking tokens a request gets unless it asks (``-1``: no limit; ``0``: the end tag
+    at once)."""
     pins: tuple[str, ...] = ()
     """Model ids never unloaded nor evicted."""
     tags: tuple[str, ...] = ()
@@ -84,6 +92,17 @@ class LlamaFlags:
         given = {k: v for k, v in pairs if v is not None}
         return {**given, "over_model_file": True} if given else {}
 
+    def reasoning_table(self, table: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A model's ``[models.reasoning]`` with these flags applied (``None``: it has none
+        and the flags set nothing)."""
+        out = dict(table) if table is not None else None
+        if self.reasoning in ("on", "off"):
+            out = {**(out or {}), "enabled": self.reasoning == "on"}
+        if self.reasoning_budget is not None and (out is not None or self.reasoning_budget >= 0):
+            budget = None if self.reasoning_budget == -1 else self.reasoning_budget
+            out = {**(out or {}), "budget_tokens": budget}
+        return out
+
     def names(self) -> list[tuple[str, list[str]]]:
         """Each ``--alias``: the model id, then its other names."""
         out = []
@@ -98,6 +117,11 @@ class LlamaFlags:
         """``ValueError`` naming the flag whose value cannot be served."""
         if self.pooling is not None and not self.embedding:
             raise ValueError(f"--pooling {self.pooling}: embeddings are off (add --embedding)")
+        if self.reasoning not in (None, "on", "off", "auto"):
+            raise ValueError(f"--reasoning {self.reasoning}: give on, off or auto")
+        if self.reasoning_budget is not None and self.reasoning_budget < -1:
+            raise ValueError(f"--reasoning-budget {self.reasoning_budget}: give -1 (no "
+                             "limit), 0 (the end tag at once) or a positive number")
         if self.n_predict is not None and (self.n_predict == 0 or self.n_predict < -1):
             raise ValueError(f"--n-predict {self.n_predict}: give -1 (until the context is "
                              "full) or a positive number")
@@ -192,6 +216,7 @@ def _model_flags(model: dict[str, Any], flags: LlamaFlags) -> None:
         model["default_max_tokens"] = flags.n_predict
     if flags.tags:
         model["tags"] = list(flags.tags)
+    model["reasoning"] = flags.reasoning_table(model.get("reasoning"))
     if flags.embedding:
         table = {**(model.get("embeddings") or {})}
         if flags.pooling is not None:
