@@ -88,17 +88,6 @@ CLASSES: dict[str, tuple[str, str]] = {
     "test_sleep.py::test_server_sleep_token_counting_wake": (
         "a", "deliberate: counting tokens needs only the tokenizer, so it does not load "
              "(wake) the model"),
-    "test_template.py::test_add_generation_prompt*": (
-        "a", "add_generation_prompt on /apply-template is not served (always true)"),
-    "test_template.py::test_date_inside_prompt[[]fireworks*": (
-        "a", "the firefunction-v2 template does not compile in sluice's Jinja: the start "
-             "stops"),
-    "test_template.py::test_date_inside_prompt[[]meta-llama*": (
-        "a", "templates get no strftime_now, so the Llama 3.3 template writes its default "
-             "date"),
-    "test_template.py::test_reasoning*": (
-        "a", "llama-server's --reasoning on|off|auto is not a sluice serve flag (the wrapper "
-             "drops it): templates render with sluice's thinking default"),
     "test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": (
         "b", "deliberate: a response cut by max_output_tokens ends with OpenAI's "
              "response.incomplete (status incomplete), where llama-server sends "
