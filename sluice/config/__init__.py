@@ -1,0 +1,73 @@
+"""One source of configuration: a TOML file parsed into validated pydantic models, with
+CLI flags and ``SLUICE_*`` environment variables applied over it (flags win).
+
+With no file, ``default_config()`` serves the packaged SmolLM2-135M-Instruct as
+``smollm2-135m-instruct`` (the default) and Gemma 3 270M as ``gemma-3-270m``.
+Validation errors name the bad field and value.
+"""
+
+from sluice.config.models import (
+    DEFAULT_KV_CELLS_PER_SEQ,
+    DEFAULT_RETAINED_SLOTS,
+    DEFAULT_SEQ_SLOTS,
+    DEFAULT_TPOT_TARGET_MS,
+    DEFAULT_TTFT_TARGET_MS,
+    EMBEDDING_SUFFIX,
+    SECRET_FIELD_WORDS,
+    BatchingConfig,
+    ClusterConfig,
+    Config,
+    ConstraintsConfig,
+    EmbeddingsConfig,
+    EngineSection,
+    FaultsConfig,
+    GroupConfig,
+    ModelConfig,
+    QuotaConfig,
+    ReasoningConfig,
+    SamplingConfig,
+    SchedulingConfig,
+    ServerConfig,
+    TenantConfig,
+    TenantLimits,
+    WorkersConfig,
+    default_config,
+    describe_errors,
+    hash_key,
+    load_config,
+    packaged_model,
+    with_overrides,
+)
+
+__all__ = [
+    "DEFAULT_KV_CELLS_PER_SEQ",
+    "DEFAULT_RETAINED_SLOTS",
+    "DEFAULT_SEQ_SLOTS",
+    "DEFAULT_TPOT_TARGET_MS",
+    "DEFAULT_TTFT_TARGET_MS",
+    "EMBEDDING_SUFFIX",
+    "SECRET_FIELD_WORDS",
+    "BatchingConfig",
+    "ClusterConfig",
+    "Config",
+    "ConstraintsConfig",
+    "EmbeddingsConfig",
+    "EngineSection",
+    "FaultsConfig",
+    "GroupConfig",
+    "ModelConfig",
+    "QuotaConfig",
+    "ReasoningConfig",
+    "SamplingConfig",
+    "SchedulingConfig",
+    "ServerConfig",
+    "TenantConfig",
+    "TenantLimits",
+    "WorkersConfig",
+    "default_config",
+    "describe_errors",
+    "hash_key",
+    "load_config",
+    "packaged_model",
+    "with_overrides",
+]
