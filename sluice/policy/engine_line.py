@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sluice.policy.admission import clamp_retry_after
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.step_cost import StepCost
-from sluice.policy.step_planner import TOKENS_ONLY, StepBudget
+from sluice.policy.step_data import TOKENS_ONLY, StepBudget
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.ttft import LineEntry, TtftPrediction
 from sluice.policy.width import WidthPlan, arrival_due_s, engine_width, predict_engine_ttft

@@ -34,20 +34,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.prefix_retention import retain_prefix, retains
 from sluice.policy.slot_layout import SlotMove, compaction_moves
-from sluice.policy.step_planner import (
-    Admission,
-    EngineConfig,
-    PrefixCopy,
-    RetainedSeq,
-    reserve_admission,
-    retain_prefix,
-    retains,
-)
+from sluice.policy.step_data import Admission, EngineConfig, PrefixCopy, RetainedSeq
 
 SlotKind = Literal["free", "retained", "running", "held"]
 
-__all__ = ["SlotEntry", "SlotKind", "SlotOps", "SlotTable"]
+__all__ = ["SlotEntry", "SlotKind", "SlotOps", "SlotTable", "reserve_admission"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,3 +280,23 @@ class SlotTable:
             raise RuntimeError(f"{len(self._retained)} slots retained, past {cap}")
         if set(self._tenant) - set(self._retained):
             raise RuntimeError("a tenant is recorded for a slot that retains nothing")
+
+
+def reserve_admission(kv: KVBlockAllocator, admission: Admission) -> tuple[int, ...]:
+    """Reserve an admission's KV blocks in each of its slots; returns ``slot``'s block
+    table. A plan made against ``kv.snapshot()`` always fits; a refusal means the plan is
+    stale (``RuntimeError``, with nothing reserved)."""
+    tables: list[tuple[int, ...]] = []
+    for slot in admission.slots:
+        table = kv.allocate(slot, admission.reserve_tokens)
+        if table is None:
+            for done in admission.slots[: len(tables)]:
+                kv.free(done)
+            need = kv.snapshot().blocks_needed(admission.reserve_tokens) * len(admission.slots)
+            raise RuntimeError(
+                f"stale plan: it admits request {admission.request_id} into slots "
+                f"{admission.slots} with {admission.reserve_tokens} tokens each ({need} "
+                f"blocks), but only {kv.free_blocks} blocks are free"
+            )
+        tables.append(table)
+    return tables[0]

@@ -1,7 +1,7 @@
 """A step budget from a latency target: how many sequences decode at once, and how long a
 prefill chunk may be, follow the predicted step time against the model's TPOT target.
 
-``TpotBudget`` is a ``StepBudget`` (``sluice.policy.step_planner``) built on the step-time
+``TpotBudget`` is a ``StepBudget`` (``sluice.policy.step_data``) built on the step-time
 model (``sluice.policy.step_cost``). Every running sequence gets one token per step, so
 its time per output token is the step time; the budget keeps the predicted step within
 ``margin × tpot_target_s``:
@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 
 from sluice.policy.step_cost import StepCost
-from sluice.policy.step_planner import StepLoad, WaitingSeq
+from sluice.policy.step_data import StepLoad, WaitingSeq
 from sluice.policy.tpot_margin import DEFAULT_MARGIN
 
 

@@ -51,16 +51,15 @@ from sluice.policy.slot_layout import MAX_SLOT_MOVES_PER_STEP
 from sluice.policy.slot_table import SlotTable
 from sluice.policy.speculation import DEFAULT_DRAFT_MAX_TOKENS, AcceptanceRate, DraftBudget
 from sluice.policy.step_cost import StepCost
-from sluice.policy.step_planner import (
+from sluice.policy.step_data import (
     EngineConfig,
     RunningSeq,
     StepBudget,
     StepPlan,
     StepView,
     WaitingSeq,
-    plan_step,
-    static_wakeup_s,
 )
+from sluice.policy.step_planner import plan_step, static_wakeup_s
 from sluice.policy.tpot_budget import TpotBudget
 from sluice.policy.tpot_margin import TpotMargin
 from sluice.policy.ttft import LineEntry

@@ -16,7 +16,7 @@ from typing import Any
 from sluice.policy.control_core import queue_settings
 from sluice.policy.keep_alive import STAY, KeepAlive, configured_keep_alive
 from sluice.policy.quota import QuotaLimits
-from sluice.policy.step_planner import EngineConfig
+from sluice.policy.step_data import EngineConfig
 from sluice.policy.variant_tracker import GroupPlan
 from sluice.sim.costs import ModelCost, model_cost
 from sluice.sim.engine import SimDrafting

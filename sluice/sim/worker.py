@@ -23,7 +23,7 @@ from typing import Protocol
 
 from sluice.policy.batcher import decide_batch
 from sluice.policy.residency import Residency
-from sluice.policy.step_planner import StepPlan
+from sluice.policy.step_data import StepPlan
 from sluice.policy.types import WorkerView
 from sluice.sim.clock import EventLoop
 from sluice.sim.engine import SimEngine

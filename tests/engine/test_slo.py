@@ -17,7 +17,7 @@ from sluice.backends.synthetic import SyntheticGenerative
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Request, RequestStatus, SamplingParams, TokenEvent
 from sluice.policy.step_cost import DEFAULT_STEP_COST, StepCost
-from sluice.policy.step_planner import TOKENS_ONLY
+from sluice.policy.step_data import TOKENS_ONLY
 from sluice.policy.tpot_budget import TpotBudget
 
 _ids = itertools.count(1)

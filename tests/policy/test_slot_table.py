@@ -6,14 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sluice.policy.slot_table import SlotOps, SlotTable
-from sluice.policy.step_planner import (
-    Admission,
-    EngineConfig,
-    PrefixCopy,
-    StepView,
-    WaitingSeq,
-    plan_step,
-)
+from sluice.policy.step_data import Admission, EngineConfig, PrefixCopy, StepView, WaitingSeq
+from sluice.policy.step_planner import plan_step
 
 
 def table(n_slots: int = 4, unified: bool = False, **config: object) -> SlotTable:

@@ -20,7 +20,8 @@ from sluice.policy.speculation import (
     draft_token_s,
 )
 from sluice.policy.step_cost import StepCost
-from sluice.policy.step_planner import EngineConfig, RunningSeq, StepView, plan_step
+from sluice.policy.step_data import EngineConfig, RunningSeq, StepView
+from sluice.policy.step_planner import plan_step
 
 COST = StepCost(base_s=0.010, per_decode_token_s=0.003, per_prefill_token_s=0.0005)
 

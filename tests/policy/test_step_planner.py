@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sluice.policy.kv_blocks import KVBlockAllocator, KVSnapshot
-from sluice.policy.step_planner import (
+from sluice.policy.prefix_retention import common_prefix_tokens
+from sluice.policy.slot_table import reserve_admission
+from sluice.policy.step_data import (
     Admission,
     EngineConfig,
     PlannedChunk,
@@ -21,11 +23,8 @@ from sluice.policy.step_planner import (
     StepPlan,
     StepView,
     WaitingSeq,
-    common_prefix_tokens,
-    plan_step,
-    reserve_admission,
-    static_wakeup_s,
 )
+from sluice.policy.step_planner import plan_step, static_wakeup_s
 
 
 def kv(free: int = 64, total: int = 64, block: int = 8, max_seq: int = 512) -> KVSnapshot:

@@ -10,14 +10,8 @@ from hypothesis import strategies as st
 
 from sluice.policy.kv_blocks import KVSnapshot
 from sluice.policy.step_cost import StepCost
-from sluice.policy.step_planner import (
-    EngineConfig,
-    RunningSeq,
-    StepLoad,
-    StepView,
-    WaitingSeq,
-    plan_step,
-)
+from sluice.policy.step_data import EngineConfig, RunningSeq, StepLoad, StepView, WaitingSeq
+from sluice.policy.step_planner import plan_step
 from sluice.policy.tpot_budget import TpotBudget
 
 # 10 ms + 4 ms per decoding sequence + 1 ms per prompt token (no context term): under a

@@ -13,7 +13,7 @@ from sluice.policy.keep_alive import PINNED, STAY, KeepAlive
 from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_cost import StepCost
-from sluice.policy.step_planner import EngineConfig
+from sluice.policy.step_data import EngineConfig
 from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 from sluice.sim import (
     Arrival,

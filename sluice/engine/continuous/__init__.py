@@ -69,7 +69,8 @@ from sluice.engine.step_times import StepTimes
 from sluice.engine.step_warmup import measure_step_cost
 from sluice.policy.slot_table import SlotTable
 from sluice.policy.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost
-from sluice.policy.step_planner import BatchingMode, EngineConfig, static_wakeup_s
+from sluice.policy.step_data import BatchingMode, EngineConfig
+from sluice.policy.step_planner import static_wakeup_s
 from sluice.policy.tpot_margin import TpotMargin
 
 STEP_COST_WINDOW = 192

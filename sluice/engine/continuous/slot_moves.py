@@ -16,10 +16,7 @@ from sluice.engine.continuous.state import (
 )
 from sluice.engine.continuous.token_path import TokenPath
 from sluice.policy.slot_layout import MAX_SLOT_MOVES_PER_STEP
-from sluice.policy.step_planner import (
-    Admission,
-    PrefixCopy,
-)
+from sluice.policy.step_data import Admission, PrefixCopy
 
 
 class SlotMoves(TokenPath):

@@ -30,11 +30,7 @@ from sluice.engine.thinking import ThinkingBudget
 from sluice.policy.kv_blocks import KVBlockAllocator
 from sluice.policy.slot_table import SlotTable
 from sluice.policy.step_cost import OnlineStepCost
-from sluice.policy.step_planner import (
-    EngineConfig,
-    RunningSeq,
-    WaitingSeq,
-)
+from sluice.policy.step_data import EngineConfig, RunningSeq, WaitingSeq
 from sluice.policy.tpot_margin import TpotMargin
 from sluice.policy.width import WidthPlan
 

@@ -17,12 +17,8 @@ from sluice.engine.continuous.state import (
 from sluice.policy.engine_line import step_budget
 from sluice.policy.speculation import DraftBudget
 from sluice.policy.step_cost import StepSample
-from sluice.policy.step_planner import (
-    StepBudget,
-    StepPlan,
-    StepView,
-    plan_step,
-)
+from sluice.policy.step_data import StepBudget, StepPlan, StepView
+from sluice.policy.step_planner import plan_step
 from sluice.policy.tpot_budget import TpotBudget
 
 

@@ -38,9 +38,7 @@ from sluice.engine.speculation import (
 )
 from sluice.engine.textstream import TextStream
 from sluice.engine.thinking import ThinkingBudget
-from sluice.policy.step_planner import (
-    Admission,
-)
+from sluice.policy.step_data import Admission
 
 
 class TokenPath(Retirement):
