@@ -355,8 +355,9 @@ class ChatCompletionRequest(_Sampling, TemplateKwargs):
     of closing it (``core.prefill``); unset: continued when the last message is an
     assistant's (llama-server's assistant prefill)."""
     add_generation_prompt: StrictBool | None = None
-    """vLLM's (and llama-server's): open the assistant's turn after the messages; true
-    with ``continue_final_message`` true is refused (400)."""
+    """vLLM's (and llama-server's): open the assistant's turn after the messages (false:
+    the conversation rendered as it stands, unless a final assistant turn is continued);
+    true with ``continue_final_message`` true is refused (400)."""
     return_progress: StrictBool = False
     """llama-server's: a stream also carries ``prompt_progress`` chunks while the prompt
     is computed (the engine reports each forward pass that feeds it)."""

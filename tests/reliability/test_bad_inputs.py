@@ -461,8 +461,6 @@ CASES = [
     Case("continue_final_message after a user turn", chat(
         {"messages": [MSG[0]], "continue_final_message": True}), 400, "invalid_value",
         "continue_final_message"),
-    Case("add_generation_prompt false with no turn to continue", chat(
-        {"add_generation_prompt": False}), 400, "invalid_value", "add_generation_prompt"),
     Case("two assistant turns at the end", chat(
         {"messages": [MSG[0], {"role": "assistant", "content": "a"},
                       {"role": "assistant", "content": "b"}]}), 400, "invalid_value",

@@ -1,7 +1,9 @@
 """Assistant prefill on chat completions, over HTTP against a real uvicorn server on the
 synthetic backend (whose template renders ``role: content`` turns, then ``assistant:``): a
 last assistant turn is continued, not closed (llama-server's prefill, vLLM's
-``continue_final_message``), the combinations llama-server refuses are 400s, and
+``continue_final_message``), ``add_generation_prompt`` false with no turn to continue
+renders the conversation without the assistant turn's opening, the combinations
+llama-server refuses are 400s, and
 ``__verbose`` shows the prompt as the model got it (per request, or for every answer with
 ``server.verbose_answers``, llama-server's ``--verbose``)."""
 
@@ -53,15 +55,25 @@ def test_continue_final_message_and_add_generation_prompt(live: LiveServer) -> N
     assert _prompt(live, [USER]).endswith("user: What is the best book assistant:")
 
 
+def test_add_generation_prompt_false_renders_the_conversation_as_it_stands(
+        live: LiveServer) -> None:
+    # llama-server and vLLM render the template without the assistant turn's opening
+    assert _prompt(live, [USER], add_generation_prompt=False).endswith(
+        "user: What is the best book")
+    turn = [USER, {"role": "assistant", "content": "Hello"}]
+    closed = _prompt(live, turn, continue_final_message=False, add_generation_prompt=False)
+    assert closed.endswith("user: What is the best book assistant: Hello")
+    # the same conversation with the generation prompt differs only by it
+    opened = _prompt(live, turn, continue_final_message=False)
+    assert opened == closed + " assistant:"
+
+
 @pytest.mark.parametrize(("fields", "messages", "param"), [
     ({"continue_final_message": True, "add_generation_prompt": True},
      [USER, {"role": "assistant", "content": "Hello"}], "continue_final_message"),
     ({}, [USER, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
      "messages"),
     ({"continue_final_message": True}, [USER], "continue_final_message"),
-    ({"add_generation_prompt": False}, [USER], "add_generation_prompt"),
-    ({"continue_final_message": False, "add_generation_prompt": False},
-     [USER, {"role": "assistant", "content": "Hello"}], "add_generation_prompt"),
     ({}, [USER, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
      "messages"),

@@ -19,10 +19,11 @@ Rules (each refusal a 400 naming the field):
 - ``continue_final_message`` unset: a last assistant message is continued unless the
   request sets ``add_generation_prompt`` true (then it is closed, as vLLM does); two
   assistant messages at the end are refused, as llama-server refuses them;
-- ``continue_final_message`` false: the last message is closed, whatever its role;
-- ``add_generation_prompt`` false with no turn to continue (the conversation rendered as it
-  stands) is refused: the chat templates are rendered here with their generation prompt,
-  and a prompt without it would not be what the client asked for.
+- ``continue_final_message`` false: the last message is closed, whatever its role.
+
+With no turn to continue, ``add_generation_prompt`` false renders the conversation as it
+stands, without the assistant turn's opening (``ChatPrompt.add_generation_prompt``), as
+llama-server and vLLM render it.
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ def continues_final(messages: Sequence[Mapping[str, Any]], *,
                             "assistant message")
     elif (continue_final_message is False or add_generation_prompt or last is None
           or last.get("role") != "assistant"):
-        if add_generation_prompt is False:
-            raise bad_param("add_generation_prompt",
-                            "add_generation_prompt false is served only to continue a final "
-                            "assistant message (continue_final_message)")
         return False
     elif len(messages) >= 2 and messages[-2].get("role") == "assistant":
         raise bad_param("messages",

@@ -85,14 +85,16 @@ async def chat_completions(
 
 def chat_prompt(body: ChatCompletionRequest, tools: Sequence[Mapping[str, Any]]) -> ChatPrompt:
     """The body's conversation with ``tools`` offered; a final assistant turn to continue
-    (``core.prefill``) becomes its continuation."""
+    (``core.prefill``) becomes its continuation, else ``add_generation_prompt`` false
+    leaves the assistant turn's opening out."""
     messages = body.messages
     if continues_final([m.as_dict() for m in messages[-2:]],
                        continue_final_message=body.continue_final_message,
                        add_generation_prompt=body.add_generation_prompt):
         return ChatPrompt([m.as_dict() for m in messages[:-1]], tools,
                           continuation=messages[-1].text(CONTENT_PART_SEPARATOR))
-    return ChatPrompt([m.as_dict() for m in messages], tools)
+    return ChatPrompt([m.as_dict() for m in messages], tools,
+                      add_generation_prompt=body.add_generation_prompt is not False)
 
 
 @router.post("/v1/completions", responses=ERROR_RESPONSES)
