@@ -42,10 +42,15 @@ def fleet_config(args: argparse.Namespace) -> SimConfig:
         costs, base = read_costs(Path(args.costs)), Path(args.costs).parent
     sim = SimConfig.from_config(config, costs, base)
     changes: dict[str, Any] = {k: v for k, v in {
-        "replicas": args.replicas, "workers": args.workers, "scheduler": args.scheduler,
-        "router": args.router, "replica_router": args.replica_router,
-        "max_batch_size": args.max_batch, "queue_capacity": args.queue_capacity,
+        "replicas": args.replicas, "workers": args.workers,
+        "replica_router": args.replica_router, "max_batch_size": args.max_batch,
     }.items() if v is not None}
+    queue = {k: v for k, v in {
+        "scheduler": args.scheduler, "router": args.router,
+        "queue_capacity": args.queue_capacity,
+    }.items() if v is not None}
+    if queue:
+        changes["queue"] = dataclasses.replace(sim.queue, **queue)
     if args.max_batch_tokens is not None:
         changes["engine"] = dataclasses.replace(sim.engine,
                                                 max_batch_tokens=args.max_batch_tokens)

@@ -46,7 +46,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "candidates": [dataclasses.asdict(c) for c in candidates],
     }
     if best.replicas is not None and spec is not None and slo.ttft_p95_s is not None:
-        shaped = dataclasses.replace(config, scheduler=best.scheduler,
+        shaped = dataclasses.replace(config,
+                                     queue=dataclasses.replace(config.queue,
+                                                               scheduler=best.scheduler),
                                      max_batch_size=best.max_batch_size,
                                      engine=dataclasses.replace(
                                          config.engine, max_batch_tokens=best.max_batch_tokens))

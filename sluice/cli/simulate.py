@@ -121,7 +121,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         report, fleet = simulate(config, _progress(arrivals, _expected(spec)), ttft_slo_s=slo)
     report["config"] = {"replicas": config.replicas, "workers": config.workers,
-                        "scheduler": config.scheduler, "router": config.router,
+                        "scheduler": config.queue.scheduler, "router": config.queue.router,
                         "max_batch_size": config.max_batch_size,
                         "workload": args.workload or args.trace, "seed": args.seed,
                         "clients": args.clients}

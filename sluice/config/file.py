@@ -21,6 +21,7 @@ from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
 from sluice.engine.variants import GroupSpec
 from sluice.engine.worker import WorkerConfig
+from sluice.policy.control_core import QueueConfig
 from sluice.policy.planner import PlannerConfig
 
 
@@ -120,11 +121,13 @@ class Config(_Strict):
         return RuntimeConfig(
             models=tuple(s for m in self.models for s in m.specs()),
             workers=workers,
-            scheduler=self.scheduling.scheduler,
-            bypass_threshold=self.scheduling.bypass_threshold,
-            router=self.scheduling.router,
-            queue_capacity=self.scheduling.queue_capacity,
-            tenant_weights={t.id: t.weight for t in self.tenants},
+            queue=QueueConfig(
+                scheduler=self.scheduling.scheduler,
+                bypass_threshold=self.scheduling.bypass_threshold,
+                router=self.scheduling.router,
+                queue_capacity=self.scheduling.queue_capacity,
+                tenant_weights={t.id: t.weight for t in self.tenants},
+            ),
             faults={m.id: m.faults.plan() for m in self.models if m.faults is not None},
             trace_path=self.server.trace_file,
             isolation=self.workers.isolation,

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
 
 from sluice.policy.admission import AdmissionConfig, AdmissionPolicy, Rejection
 from sluice.policy.dispatch import Dispatch, Dispatcher
@@ -26,31 +25,26 @@ COMPLETIONS_WINDOW_S = 10.0
 """The completion rate that admission weighs a deadline against is counted over this."""
 
 
-class QueueSettings(Protocol):
-    """What the core is built from: ``RuntimeConfig`` and ``SimConfig`` both hold it."""
+@dataclass(frozen=True)
+class QueueConfig:
+    """What the core is built from: the queue's settings. ``Config.runtime_config()`` makes
+    one from the file's ``[scheduling]`` and tenants' weights; the runtime
+    (``RuntimeConfig.queue``) and the simulator (``SimConfig.queue``) hold that one object,
+    so neither declares or copies these fields."""
 
-    @property
-    def scheduler(self) -> str: ...
-    @property
-    def bypass_threshold(self) -> int: ...
-    @property
-    def router(self) -> str: ...
-    @property
-    def queue_capacity(self) -> int: ...
-    @property
-    def tenant_weights(self) -> Mapping[str, float]: ...
+    scheduler: str = "fifo"
+    """``fifo``, ``workload_aware``, ``priority_edf`` or ``wfq``."""
+    bypass_threshold: int = 8
+    router: str = "residency_aware"
+    """``round_robin``, ``least_loaded`` or ``residency_aware``."""
+    queue_capacity: int = 64
+    """Requests queued at once (admitted, not yet in a worker's inbox)."""
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    """Fair-share weight by tenant (``wfq``)."""
 
-
-QUEUE_SETTINGS = ("scheduler", "bypass_threshold", "router", "queue_capacity",
-                  "tenant_weights")
-"""``QueueSettings``' fields."""
-
-
-def queue_settings(config: QueueSettings) -> dict[str, Any]:
-    """``config``'s queue settings by name (to build another config holding them)."""
-    out = {name: getattr(config, name) for name in QUEUE_SETTINGS}
-    out["tenant_weights"] = dict(config.tenant_weights)
-    return out
+    def __post_init__(self) -> None:
+        if self.queue_capacity < 1:
+            raise ValueError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
 
 
 def queue_cost(generative: bool, prompt_tokens: int, max_tokens: int) -> int:
@@ -85,7 +79,7 @@ class ControlCore:
     """Admission, the scheduler, the dispatcher, the completion rate and the fair-share
     charges of dispatched requests."""
 
-    def __init__(self, config: QueueSettings) -> None:
+    def __init__(self, config: QueueConfig) -> None:
         self.admission = AdmissionPolicy(AdmissionConfig(queue_capacity=config.queue_capacity))
         self.scheduler = make_scheduler(config.scheduler,
                                         bypass_threshold=config.bypass_threshold,

@@ -57,7 +57,8 @@ def _runtime(config: RuntimeConfig, backends: dict[str, Backend], batch: int,
     workers = tuple(replace(w, max_batch_size=batch, max_wait_s=5.0,
                             inbox_capacity=max(batch, w.inbox_capacity))
                     for w in config.workers[:1])
-    rt = Runtime(replace(config, workers=workers, groups=(), queue_capacity=max(64, batch * 2)),
+    rt = Runtime(replace(config, workers=workers, groups=(),
+                         queue=replace(config.queue, queue_capacity=max(64, batch * 2))),
                  backends, observer=observer)
     rt.start()
     return rt

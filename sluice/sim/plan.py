@@ -132,11 +132,12 @@ def plan(config: SimConfig, arrivals: Sequence[Arrival], slo: Slo, *,
          progress: Callable[[Candidate], None] | None = None) -> list[Candidate]:
     """Every combination, best first (fewest replicas, then lowest TTFT p95)."""
     out = []
-    for sched in schedulers or (config.scheduler,):
+    for sched in schedulers or (config.queue.scheduler,):
         for batch in max_batch_sizes or (config.max_batch_size,):
             for tokens in max_batch_tokens or (config.engine.max_batch_tokens,):
                 shaped = dataclasses.replace(
-                    config, scheduler=sched, max_batch_size=batch,
+                    config, queue=dataclasses.replace(config.queue, scheduler=sched),
+                    max_batch_size=batch,
                     engine=dataclasses.replace(config.engine, max_batch_tokens=tokens))
                 n, summary, misses, runs = fewest_replicas(shaped, arrivals, slo, max_replicas)
                 cand = Candidate(sched, batch, tokens, n, summary, misses, runs)
@@ -155,8 +156,9 @@ def waiting_target(config: SimConfig, spec: WorkloadSpec, replicas: int, ttft_p9
     docstring): the per-replica share of ``spec`` scaled by each of ``loads`` (around
     and past the replica's capacity, so that every backlog occurs), queue unbounded,
     ``requests`` arrivals each, the requests pooled by the backlog they found."""
-    one = dataclasses.replace(config, replicas=1, queue_capacity=1_000_000,
-                              replica_capacity=None)
+    one = dataclasses.replace(
+        config, replicas=1, queue=dataclasses.replace(config.queue, queue_capacity=1_000_000),
+        replica_capacity=None)
     by_waiting: dict[int, list[float]] = {}
     for i, load in enumerate(loads):
         share = dataclasses.replace(spec.scaled(load / replicas), deadline_s=None,

@@ -63,7 +63,7 @@ class SimReplica:
         self.config = config
         self.loop = loop
         self.on_end = on_end
-        self.core = ControlCore(config)
+        self.core = ControlCore(config.queue)
         """The server runtime's control core (admission, queue, dispatch, re-planning,
         fair-share settlement), on the virtual clock."""
         self.scheduler = self.core.scheduler

@@ -3,7 +3,8 @@
 ``SimConfig.from_config`` reads the same TOML configuration ``sluice serve`` does (the
 parsed ``sluice.config.Config``, taken by its attributes so this layer imports nothing
 above ``policy/``), plus cost files (``sluice.sim.costs``); overrides for replicas,
-workers, scheduler and batch size are ``dataclasses.replace`` on the result.
+workers, scheduler and batch size are ``dataclasses.replace`` on the result (the
+scheduler, router and queue capacity on its ``queue``, the runtime's own ``QueueConfig``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sluice.policy.control_core import queue_settings
+from sluice.policy.control_core import QueueConfig
 from sluice.policy.keep_alive import STAY, KeepAlive, configured_keep_alive
 from sluice.policy.quota import QuotaLimits
 from sluice.policy.step_data import EngineConfig
@@ -79,13 +80,10 @@ class SimConfig:
     max_batch_size: int = 8
     max_wait_s: float = 0.005
     engine: EngineConfig = field(default_factory=EngineConfig)
-    # the queue's settings (``sluice.policy.control_core.QueueSettings``), as the
-    # runtime's: ``from_config`` takes them from its ``RuntimeConfig``
-    scheduler: str = "fifo"
-    bypass_threshold: int = 8
-    router: str = "residency_aware"
-    queue_capacity: int = 64
-    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    """The queue's settings: ``from_config`` takes the runtime's own object
+    (``RuntimeConfig.queue``), so the replica's ``ControlCore`` is built from what the
+    server's is."""
     tenant_limits: Mapping[str, QuotaLimits] = field(default_factory=dict)
     """Tenant quotas, shared by every replica (one store: Redis modelled as exact)."""
     replica_router: str = "least_loaded"
@@ -97,8 +95,7 @@ class SimConfig:
     server loads its default model at start-up, before it is ready)."""
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "workers", "inbox_capacity", "max_batch_size",
-                     "queue_capacity"):
+        for name in ("replicas", "workers", "inbox_capacity", "max_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for m in self.preload:
@@ -120,7 +117,7 @@ class SimConfig:
     def capacity_per_replica(self) -> int:
         if self.replica_capacity is not None:
             return self.replica_capacity
-        return self.queue_capacity + self.workers * self.inbox_capacity
+        return self.queue.queue_capacity + self.workers * self.inbox_capacity
 
     @classmethod
     def from_config(cls, config: Any, costs: Mapping[str, Mapping[str, Any]] | None = None,
@@ -158,7 +155,7 @@ class SimConfig:
             max_batch_size=worker.max_batch_size,
             max_wait_s=worker.max_wait_s,
             engine=worker.engine,
-            **queue_settings(rc),
+            queue=rc.queue,
             tenant_limits={t.id: t.limits.quota_limits() for t in config.tenants
                            if not t.limits.quota_limits().unlimited},
             replica_router="affinity" if config.cluster.router == "affinity"

@@ -12,6 +12,7 @@ from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.worker import WorkerConfig
+from sluice.policy.control_core import QueueConfig
 
 MB = 1_000_000
 
@@ -53,9 +54,7 @@ def make_runtime(
             )
             for i in range(workers)
         ),
-        scheduler=scheduler,
-        router=router,
-        queue_capacity=queue,
+        queue=QueueConfig(scheduler=scheduler, router=router, queue_capacity=queue),
     )
     return Runtime(config, {"synthetic": SyntheticBackend()})
 

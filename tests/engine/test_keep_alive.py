@@ -15,6 +15,7 @@ from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.worker import ModelState, WorkerConfig
+from sluice.policy.control_core import QueueConfig
 from sluice.policy.keep_alive import PINNED, KeepAlive
 from tests.engine.conftest import MB, generative, oneshot
 from tests.engine.test_runtime import wait_for
@@ -53,7 +54,7 @@ def build(clock: JumpClock, backend: SyntheticBackend) -> Iterator[object]:
             models=tuple(models),
             workers=(WorkerConfig(worker_id=0, budget_bytes=budget_mb * MB,
                                   inbox_capacity=64),),
-            queue_capacity=256,
+            queue=QueueConfig(queue_capacity=256),
         )
         rt = Runtime(config, {"synthetic": backend}, clock=clock)
         rt.start()

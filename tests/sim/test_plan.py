@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from sluice.policy.control_core import QueueConfig
 from sluice.policy.step_cost import StepCost
 from sluice.sim import SimConfig, SimModel, generate, parse_spec, simulate
 from sluice.sim.costs import ModelCost
@@ -15,7 +16,8 @@ from sluice.sim.plan import Slo, fewest_replicas, parse_slo, plan, waiting_targe
 CHAT = SimModel("chat", "generative", 500_000_000, 1.0,
                 ModelCost(0.0, step=StepCost(0.02, 0.0005, 0.0001)), n_seq_max=8,
                 n_ctx_total=4096)
-CONFIG = SimConfig(models={"chat": CHAT}, queue_capacity=32, replica_router="least_loaded")
+CONFIG = SimConfig(models={"chat": CHAT}, queue=QueueConfig(queue_capacity=32),
+                   replica_router="least_loaded")
 SPEC = parse_spec("poisson:rate=60,duration=30,model=chat,prompt=20,output=16")
 
 

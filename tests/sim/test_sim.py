@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
+from sluice.policy.control_core import QueueConfig
 from sluice.policy.keep_alive import PINNED, STAY, KeepAlive
 from sluice.policy.planner import PlannerConfig
 from sluice.policy.quota import QuotaLimits
@@ -44,10 +45,15 @@ def chat(model_id: str = "chat", mb: int = 500, n_seq: int = 8, ctx_per_seq: int
                     n_seq_max=n_seq, n_ctx_total=ctx_per_seq * n_seq)
 
 
+QUEUE_FIELDS = {f.name for f in fields(QueueConfig)}
+
+
 def fleet_config(**kw: object) -> SimConfig:
     models = {m.model_id: m for m in (oneshot("a"), oneshot("b", 0.002, 0.0005), chat())}
-    base = SimConfig(models=models, workers=2, budget_bytes=800 * MB, queue_capacity=32)
-    return replace(base, **kw)  # type: ignore[arg-type]
+    base = SimConfig(models=models, workers=2, budget_bytes=800 * MB,
+                     queue=QueueConfig(queue_capacity=32))
+    queue = {k: kw.pop(k) for k in list(kw) if k in QUEUE_FIELDS}
+    return replace(base, queue=replace(base.queue, **queue), **kw)  # type: ignore[arg-type]
 
 
 WORKLOADS = [
@@ -106,7 +112,7 @@ def test_md1_queue_matches_pollaczek_khinchine() -> None:
     service_s, rho = 0.010, 0.7
     model = SimModel("m", "oneshot", MB, 0.0, ModelCost(0.0, (1,), (service_s,)))
     config = SimConfig(models={"m": model}, workers=1, max_batch_size=1, max_wait_s=0.0,
-                       queue_capacity=10_000, inbox_capacity=1)
+                       queue=QueueConfig(queue_capacity=10_000), inbox_capacity=1)
     spec = parse_spec(f"poisson:rate={rho / service_s},requests=40000,model=m")
     report, _ = simulate(config, generate(spec, seed=11))
     mean_wait_s = report["overall"]["e2e_s"]["mean"] - service_s
@@ -176,7 +182,8 @@ def test_variant_group_moves_to_the_fast_variant_under_load() -> None:
     models = {"big": oneshot("big", 0.020, 0.004, mb=100, accuracy=0.9),
               "small": oneshot("small", 0.002, 0.0005, mb=100, accuracy=0.8)}
     group = SimGroup("g", ("big", "small"), PlannerConfig(max_batch_size=8))
-    config = SimConfig(models=models, groups=(group,), workers=1, queue_capacity=256)
+    config = SimConfig(models=models, groups=(group,), workers=1,
+                       queue=QueueConfig(queue_capacity=256))
     light, _ = simulate(config, generate(parse_spec(
         "poisson:rate=5,duration=60,model=g,deadline_ms=200"), seed=1))
     heavy, _ = simulate(config, generate(parse_spec(
@@ -237,7 +244,8 @@ def test_step_time_spread_keeps_the_mean_and_lengthens_queues() -> None:
         model = chat()
         model = replace(model, cost=replace(model.cost, cv=cv))
         spec = parse_spec("poisson:rate=70,duration=60,model=chat,prompt=10,output=16")
-        report, fleet = simulate(SimConfig(models={"chat": model}, queue_capacity=10_000),
+        report, fleet = simulate(SimConfig(models={"chat": model},
+                                           queue=QueueConfig(queue_capacity=10_000)),
                                  generate(spec, seed=9))
         return fleet.replicas[0].busy_s(), report["overall"]["ttft_s"]["p95"]
     busy0, ttft0 = run(0.0)
@@ -257,7 +265,8 @@ def test_a_tpot_target_caps_the_steps_the_engine_plans() -> None:
 
     def run(target_s: float | None) -> list[float]:
         model = replace(chat(step=step), tpot_target_s=target_s)
-        report, fleet = simulate(SimConfig(models={"chat": model}, queue_capacity=10_000),
+        report, fleet = simulate(SimConfig(models={"chat": model},
+                                           queue=QueueConfig(queue_capacity=10_000)),
                                  arrivals, keep_requests=True)
         assert report["overall"]["states"] == {"completed": len(arrivals)}
         assert fleet.requests is not None
@@ -279,7 +288,8 @@ def test_a_first_token_deadline_refuses_what_would_miss_it() -> None:
 
     def run(ttft_deadline_s: float | None) -> tuple[dict[str, object], list[SimRequest]]:
         model = replace(chat(step=step), ttft_deadline_s=ttft_deadline_s)
-        report, fleet = simulate(SimConfig(models={"chat": model}, queue_capacity=10_000,
+        report, fleet = simulate(SimConfig(models={"chat": model},
+                                           queue=QueueConfig(queue_capacity=10_000),
                                            inbox_capacity=10_000), arrivals,
                                  keep_requests=True)
         assert fleet.requests is not None
@@ -558,6 +568,27 @@ def test_a_cost_entrys_draft_acceptance_makes_an_auto_model_draft() -> None:
         SimDrafting(1.5)
 
 
+def test_the_queue_is_the_runtimes_own_settings() -> None:
+    """The replica's control core is built from the ``QueueConfig`` the runtime's is: the
+    file's ``[scheduling]`` and the tenants' weights reach both through one object."""
+    from tests.server.live import config_with
+
+    config = config_with(
+        models=[{"id": "enc", "kind": "oneshot", "backend": "synthetic",
+                 "memory_bytes": 1_000_000}],
+        scheduling={"scheduler": "wfq", "router": "least_loaded", "queue_capacity": 7,
+                    "bypass_threshold": 3},
+        tenants=[{"id": "a", "weight": 2.0}, {"id": "b"}])
+    expected = QueueConfig(scheduler="wfq", bypass_threshold=3, router="least_loaded",
+                           queue_capacity=7, tenant_weights={"a": 2.0, "b": 1.0})
+    assert config.runtime_config().queue == expected
+    sim = SimConfig.from_config(config)
+    assert sim.queue == expected
+    assert sim.capacity_per_replica == 7 + sim.workers * sim.inbox_capacity
+    with pytest.raises(ValueError, match="queue_capacity must be >= 1, got 0"):
+        QueueConfig(queue_capacity=0)
+
+
 def test_closed_loop_clients_each_keep_one_request_in_flight() -> None:
     """One client on a lone model: each request starts when the one before ended, so the
     run takes their summed service times; two clients on two slots run two at once and
@@ -581,7 +612,7 @@ def test_closed_loop_clients_each_keep_one_request_in_flight() -> None:
 def test_closed_loop_refused_clients_ask_again_and_every_request_ends_once() -> None:
     """More clients than the queue holds: the refused ones send their next request at
     once; every request still ends exactly once and the completed ones count tokens."""
-    config = replace(fleet_config(workers=1), queue_capacity=1, inbox_capacity=1)
+    config = replace(fleet_config(workers=1, queue_capacity=1), inbox_capacity=1)
     requests = [Arrival(0.0, "chat", prompt_tokens=10, output_tokens=8)] * 40
     report, fleet = simulate_closed_loop(config, requests, clients=12, keep_requests=True)
     assert fleet.requests is not None and len(fleet.requests) == 40

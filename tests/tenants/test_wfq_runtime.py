@@ -16,6 +16,7 @@ from sluice.engine.continuous import EngineConfig
 from sluice.engine.request import Event, Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.worker import WorkerConfig
+from sluice.policy.control_core import QueueConfig
 from tests.engine.conftest import generative
 from tests.server.live import wait_for
 
@@ -38,7 +39,7 @@ def build(made: list[Runtime], weights: dict[str, float], **model: Any) -> Runti
         models=(spec,),
         workers=(WorkerConfig(worker_id=0, budget_bytes=1_000_000_000, inbox_capacity=1,
                               engine=EngineConfig()),),
-        scheduler="wfq", queue_capacity=1000, tenant_weights=weights,
+        queue=QueueConfig(scheduler="wfq", queue_capacity=1000, tenant_weights=weights),
     )
     rt = Runtime(config, {"synthetic": SyntheticBackend()})
     made.append(rt)

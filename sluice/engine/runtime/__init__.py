@@ -72,7 +72,7 @@ class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
         self.clock = clock
         self.observer = observer or Observer()
         self._cv = threading.Condition(threading.RLock())
-        self._core = ControlCore(config)
+        self._core = ControlCore(config.queue)
         self._scheduler = self._core.scheduler
         self._dispatcher = self._core.dispatcher
         self._router = self._dispatcher.router

@@ -81,7 +81,7 @@ class Admission(Settlement):
         """Like ``try_submit`` but waits (up to ``timeout_s``) for room in the queue."""
         deadline = None if timeout_s is None else self.clock() + timeout_s
         with self._cv:
-            while self._queue_depth() >= self.config.queue_capacity and not self._draining:
+            while self._queue_depth() >= self.config.queue.queue_capacity and not self._draining:
                 remaining = None if deadline is None else deadline - self.clock()
                 if remaining is not None and remaining <= 0:
                     break

@@ -11,6 +11,7 @@ from sluice.backends.base import ModelSpec
 from sluice.backends.faults import FaultPlan
 from sluice.engine.variants import GroupSpec
 from sluice.engine.worker import WorkerConfig
+from sluice.policy.control_core import QueueConfig
 
 
 @dataclass(frozen=True)
@@ -19,13 +20,8 @@ class RuntimeConfig:
 
     models: tuple[ModelSpec, ...]
     workers: tuple[WorkerConfig, ...]
-    scheduler: str = "fifo"
-    """``fifo``, ``workload_aware``, ``priority_edf`` or ``wfq``."""
-    bypass_threshold: int = 8
-    router: str = "residency_aware"
-    """``round_robin``, ``least_loaded`` or ``residency_aware``."""
-    queue_capacity: int = 32
-    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    """The queue's settings (the one object the simulator reads too)."""
     groups: tuple[GroupSpec, ...] = ()
     """Model groups whose requests the variant planner routes to a variant."""
     faults: Mapping[str, FaultPlan] = field(default_factory=dict)
@@ -43,8 +39,6 @@ class RuntimeConfig:
         ids = [m.model_id for m in self.models]
         if len(set(ids)) != len(ids):
             raise ValueError(f"models: duplicate model ids in {ids}")
-        if self.queue_capacity < 1:
-            raise ValueError(f"queue_capacity must be >= 1, got {self.queue_capacity}")
         if self.isolation not in ("thread", "process"):
             raise ValueError(f"workers.isolation must be thread or process, got "
                              f"{self.isolation!r}")

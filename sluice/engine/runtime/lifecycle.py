@@ -104,7 +104,7 @@ class Lifecycle(Pump):
         workers = list(self.workers)
         return RuntimeSnapshot(
             queue_depth=depth,
-            queue_capacity=self.config.queue_capacity,
+            queue_capacity=self.config.queue.queue_capacity,
             live_requests=live,
             draining=self._draining,
             completions_per_s=rate,
