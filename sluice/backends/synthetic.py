@@ -14,7 +14,9 @@ answer: a model that thinks in tags, for instance). ``markov_order`` (an integer
 the next token a hash of the last k tokens alone (no position): text that repeats itself, so
 n-gram drafts are accepted often but not always (speculation tests). Drafted tokens
 (``ForwardChunk.draft_tokens``) cost and count as decodes, and get the rows any token at
-their position would.
+their position would. ``chat_template`` (a Jinja source) renders chats in place of the
+``role: content`` turns, as a GGUF's own template would (a load error if it does not
+compile).
 """
 
 from __future__ import annotations
@@ -45,7 +47,13 @@ from sluice.backends.base import (
     rerank_pairs,
     resolved_options,
 )
-from sluice.backends.chat import Capabilities, ChatPrompt, ChatTemplate, RenderOptions
+from sluice.backends.chat import (
+    Capabilities,
+    ChatPrompt,
+    ChatTemplate,
+    RenderOptions,
+    jinja_template,
+)
 
 SPECIAL_TOKENS = 3
 """Ids 0..2 are reserved: 0 = end of sequence, 1 = begin of sequence, 2 = padding."""
@@ -149,6 +157,12 @@ class SyntheticTokenizer:
         self.eos_token_ids = frozenset({EOS_ID})
         self.byte_tokens = bool(spec.options.get("byte_tokens", False))
         """Ids 3..258 are the 256 single bytes (grammar tests need JSON's characters)."""
+        source = spec.options.get("chat_template")
+        if source:
+            try:
+                self.template = jinja_template(str(source))
+            except ValueError as exc:
+                raise ModelLoadError(f"{spec.model_id}: {exc}") from exc
         self.chat_template: str | None = (None if spec.options.get("completion_only")
                                           else self.template.name)
         """``completion_only``: a model without a chat template, as a base GGUF."""
@@ -207,7 +221,8 @@ class SyntheticTokenizer:
 
     template = ChatTemplate("synthetic", lambda m, _t, o: _render_turns(m, o.add_generation_prompt),
                             caps=Capabilities(system=True))
-    """``role: content`` turns, then ``assistant:``; tools in the generic format."""
+    """``role: content`` turns, then ``assistant:``; tools in the generic format (the
+    ``chat_template`` option's Jinja template instead, per tokenizer)."""
 
 
 def _render_turns(messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool) -> str:

@@ -1,6 +1,7 @@
 """Anthropic Messages through the real ``anthropic`` SDK against a real uvicorn server on the
 synthetic backend: create and stream (the same greedy text, Anthropic's event order),
-``count_tokens`` equal to the usage a create reports, tools (a forced ``tool_use`` that
+``count_tokens`` equal to the usage a create reports (``thinking`` included, as the
+template's ``enable_thinking``), tools (a forced ``tool_use`` that
 validates against its ``input_schema``, then the ``tool_result`` round trip), and errors as
 the SDK's exception types with Anthropic's shape and status codes, the server serving after
 each."""
@@ -29,13 +30,21 @@ WEATHER = {"name": "get_weather", "description": "Get the weather in a city",
 HELLO: Any = [{"role": "user", "content": "hello there"}]
 GREEDY = {"temperature": 0}
 """Sent as ``extra_body``: this SDK's ``create`` has no ``temperature`` argument."""
+THINKS = "synth-thinks"
+THINKING_TEMPLATE = (
+    "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:"
+    "{% if enable_thinking %}<think>{% else %}<think></think>{% endif %}{% endif %}")
+"""A Jinja template that reads ``enable_thinking`` (an empty thinking block when off)."""
 
 
 @pytest.fixture(scope="module")
 def live(serve_module: Callable[..., LiveServer]) -> LiveServer:
     return serve_module(config_with(
         models=[synth_chat(MODEL), synth_chat(BYTES, byte_tokens=True, vocab_size=300,
-                                         n_ctx_per_seq=2048)],
+                                         n_ctx_per_seq=2048),
+                synth_chat(THINKS, byte_tokens=True, vocab_size=300,
+                           chat_template=THINKING_TEMPLATE)],
         tenants=[{"id": "a", "api_keys": [KEY]},
                  {"id": "slow", "api_keys": ["key-slow"],
                   "limits": {"requests_per_s": 0.001, "burst": 1}}]))
@@ -89,6 +98,28 @@ def test_a_last_assistant_turn_is_prefill(client: anthropic.Anthropic,
     assert chat["__verbose"]["prompt"].endswith("assistant:The answer is")
     assert msg.usage.input_tokens == chat["usage"]["prompt_tokens"]
     assert msg.usage.input_tokens < closed["usage"]["prompt_tokens"]
+
+
+def test_count_tokens_renders_the_requests_thinking(live: LiveServer) -> None:
+    """``thinking`` reaches the template on ``count_tokens`` as on ``messages``: each count
+    equals the usage of the request it counts, and off differs from on by the template's
+    ``</think>`` (one byte token each)."""
+    counts: dict[str, int] = {}
+    with live.client(headers={"authorization": f"Bearer {KEY}"}) as c:
+        for name, thinking in (("unset", None), ("enabled", {"type": "enabled",
+                                                             "budget_tokens": 1}),
+                               ("adaptive", {"type": "adaptive"}),
+                               ("disabled", {"type": "disabled"})):
+            body: dict[str, Any] = {"model": THINKS, "messages": HELLO,
+                                    **({"thinking": thinking} if thinking else {})}
+            counted = c.post("/v1/messages/count_tokens", json=body)
+            assert counted.status_code == 200, counted.text
+            ran = c.post("/v1/messages", json={**body, "max_tokens": 2})
+            assert ran.status_code == 200, ran.text
+            counts[name] = counted.json()["input_tokens"]
+            assert counts[name] == ran.json()["usage"]["input_tokens"], name
+    assert counts["unset"] == counts["enabled"] == counts["adaptive"]  # the default: on
+    assert counts["disabled"] == counts["enabled"] + len("</think>")
 
 
 def test_stream_matches_create_and_follows_the_event_order(

@@ -115,16 +115,28 @@ def tool_plan(body: CountTokensRequest) -> ToolPlan:
     return plan_tools(tools, mode)
 
 
-def thinking_ask(body: MessagesRequest) -> ThinkingAsk:
-    """``thinking`` (``enabled`` with ``budget_tokens``, ``disabled``, ``adaptive``) and
-    ``output_config.effort``, for a model that thinks in tags. As Anthropic has it,
-    ``enabled`` needs a ``budget_tokens`` below ``max_tokens`` (400 otherwise); unlike
-    Anthropic, a budget under 1,024 is taken (small local models think briefly)."""
-    effort = body.output_config.effort if body.output_config else None
+def thinking_enabled(body: CountTokensRequest) -> bool | None:
+    """``thinking`` as the chat template's ``enable_thinking``: false for ``disabled``,
+    true for ``enabled`` and ``adaptive``, ``None`` (the model's default) when unset. The
+    one mapping: a Messages request's ``ThinkingAsk.enabled`` and ``count_tokens``'s
+    rendering both come from it, so the count is of the prompt the request runs."""
     thinking = body.thinking
     if thinking is None:
+        return None
+    return thinking.type != "disabled"
+
+
+def thinking_ask(body: MessagesRequest) -> ThinkingAsk:
+    """``thinking`` (``enabled`` with ``budget_tokens``, ``disabled``, ``adaptive``) and
+    ``output_config.effort``, for a model that thinks in tags; ``enabled`` is
+    ``thinking_enabled``'s. As Anthropic has it, ``enabled`` needs a ``budget_tokens`` below
+    ``max_tokens`` (400 otherwise); unlike Anthropic, a budget under 1,024 is taken (small
+    local models think briefly)."""
+    effort = body.output_config.effort if body.output_config else None
+    thinking, enabled = body.thinking, thinking_enabled(body)
+    if thinking is None:
         return ThinkingAsk.of(effort=effort)
-    if thinking.type == "disabled":
+    if not enabled:
         return ThinkingAsk(enabled=False)
     budget = thinking.budget_tokens
     if thinking.type == "enabled":
@@ -135,7 +147,7 @@ def thinking_ask(body: MessagesRequest) -> ThinkingAsk:
             raise bad_param("thinking.budget_tokens",
                             f"max_tokens ({body.max_tokens}) must be greater than "
                             f"thinking.budget_tokens ({budget})")
-    return ThinkingAsk.of(effort=effort, enabled=True, budget_tokens=budget)
+    return ThinkingAsk.of(effort=effort, enabled=enabled, budget_tokens=budget)
 
 
 def tool_use_id(call_id: str) -> str:

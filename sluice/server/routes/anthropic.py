@@ -20,6 +20,7 @@ from sluice.server.anthropic.translate import (
     MessageRenderer,
     chat_prompt,
     thinking_ask,
+    thinking_enabled,
     tool_plan,
 )
 from sluice.server.core import (
@@ -73,7 +74,10 @@ async def messages(body: MessagesRequest, request: Request, tenant: Tenant) -> R
 
 
 def _count(tok: Tokenizer, body: CountTokensRequest, model: str) -> int:
-    prompt = rendered_chat(tok, chat_prompt(body, tool_plan(body).tools), model)
+    """The tokens of the prompt ``messages`` runs: its conversation, tools and the
+    template's ``enable_thinking`` (``thinking_enabled``, as ``thinking_ask`` has it)."""
+    prompt = rendered_chat(tok, chat_prompt(body, tool_plan(body).tools), model,
+                           enable_thinking=thinking_enabled(body))
     check_prompt_length(tok, prompt.text, "messages", whole_context=True)
     return len(chat_tokens(tok, prompt))
 
@@ -81,9 +85,9 @@ def _count(tok: Tokenizer, body: CountTokensRequest, model: str) -> int:
 @router.post("/v1/messages/count_tokens", responses=RESPONSES)
 async def count_tokens(body: CountTokensRequest, request: Request,
                        tenant: Tenant) -> JSONResponse:
-    """The prompt tokens a Messages request with this conversation, system and tools
-    would run (its ``usage.input_tokens``); one request against the tenant's request rate,
-    charged before anything is tokenized."""
+    """The prompt tokens a Messages request with this conversation, system, tools and
+    ``thinking`` would run (its ``usage.input_tokens``); one request against the tenant's
+    request rate, charged before anything is tokenized."""
     ctx = ctx_of(request)
     headers = body_headers(request, body)
     model = model_name(ctx, body.model)
