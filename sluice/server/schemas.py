@@ -350,10 +350,11 @@ class ChatCompletionRequest(_Sampling, TemplateKwargs):
     """llama-server's: the answer (not a stream) also carries ``__verbose.prompt``, the
     prompt as the model's chat template rendered it; unset: ``server.verbose_answers``
     (llama-server's ``--verbose``)."""
-    continue_final_message: StrictBool | None = None
+    continue_final_message: StrictBool | Literal["content", "reasoning_content"] | None = None
     """vLLM's (and llama-server's): continue the last message, an assistant turn, instead
     of closing it (``core.prefill``); unset: continued when the last message is an
-    assistant's (llama-server's assistant prefill)."""
+    assistant's (llama-server's assistant prefill). llama-server's ``"content"`` is true;
+    its ``"reasoning_content"`` (continue the turn's thinking) is refused (400)."""
     add_generation_prompt: StrictBool | None = None
     """vLLM's (and llama-server's): open the assistant's turn after the messages (false:
     the conversation rendered as it stands, unless a final assistant turn is continued);

@@ -48,6 +48,8 @@ def test_continue_final_message_and_add_generation_prompt(live: LiveServer) -> N
     turn = [USER, {"role": "assistant", "content": "Whill"}]
     vllm = _prompt(live, turn, continue_final_message=True, add_generation_prompt=False)
     assert vllm == _prompt(live, turn)
+    # llama-server's word for continuing the answer
+    assert _prompt(live, turn, continue_final_message="content") == vllm
     closed = "user: What is the best book assistant: Whill assistant:"
     assert _prompt(live, turn, continue_final_message=False).endswith(closed)
     assert _prompt(live, turn, add_generation_prompt=True).endswith(closed)
@@ -74,6 +76,11 @@ def test_add_generation_prompt_false_renders_the_conversation_as_it_stands(
     ({}, [USER, {"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}],
      "messages"),
     ({"continue_final_message": True}, [USER], "continue_final_message"),
+    ({"continue_final_message": "content"}, [USER], "continue_final_message"),
+    ({"continue_final_message": "reasoning_content"},
+     [USER, {"role": "assistant", "content": "Hello"}], "continue_final_message"),
+    ({"continue_final_message": "yes"},
+     [USER, {"role": "assistant", "content": "Hello"}], "continue_final_message"),
     ({}, [USER, {"role": "assistant", "content": "", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}],
      "messages"),

@@ -12,6 +12,10 @@ are served the same way.
 
 Rules (each refusal a 400 naming the field):
 
+- ``continue_final_message`` ``"content"`` (llama-server's word for continuing the answer)
+  is true; ``"reasoning_content"`` (continuing the turn's thinking inside the model's
+  reasoning tags) is refused: the continuation here is the answer's text only;
+
 - ``continue_final_message`` true and ``add_generation_prompt`` true: refused, as
   llama-server refuses them;
 - ``continue_final_message`` true: the last message must be an assistant's without tool
@@ -29,7 +33,7 @@ llama-server and vLLM render it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sluice.server.errors import bad_param
 
@@ -38,10 +42,16 @@ CONTENT_PART_SEPARATOR = "\n\n"
 
 
 def continues_final(messages: Sequence[Mapping[str, Any]], *,
-                    continue_final_message: bool | None,
+                    continue_final_message: bool | Literal["content", "reasoning_content"] | None,
                     add_generation_prompt: bool | None) -> bool:
     """Whether the request's last message is a turn to continue (the module's rules; an
     ``APIError`` 400 for the combinations refused)."""
+    if continue_final_message == "reasoning_content":
+        raise bad_param("continue_final_message",
+                        'continue_final_message "reasoning_content" (continuing the '
+                        'thinking) is not served; true or "content" continues the answer')
+    if continue_final_message == "content":
+        continue_final_message = True
     if continue_final_message and add_generation_prompt:
         raise bad_param("continue_final_message",
                         "Cannot set both add_generation_prompt and continue_final_message "
