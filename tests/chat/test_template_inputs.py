@@ -11,7 +11,7 @@ from datetime import datetime
 
 import pytest
 
-from sluice.backends.base import ModelSpec, ReasoningFormat, resolved_options
+from sluice.backends.base import ModelLoadError, ModelSpec, ReasoningFormat, resolved_options
 from sluice.backends.chat import RenderOptions, gemma_template, jinja_template
 from sluice.backends.chat.jinja import JinjaRenderer
 from sluice.backends.synthetic import SyntheticTokenizer
@@ -77,6 +77,15 @@ def test_add_generation_prompt_is_honoured_by_every_renderer() -> None:
     assert synthetic.apply_chat(USER).text.endswith("assistant:")
     assert synthetic.apply_chat(USER, None, RenderOptions(False)).text == (
         "user: What is today?")
+
+
+def test_the_synthetic_backend_renders_a_configured_jinja_template() -> None:
+    spec = ModelSpec("s", "generative", "synthetic", 1, options={"chat_template": LLAMA_33})
+    assert SyntheticTokenizer(spec).apply_chat(USER).text == jinja_template(LLAMA_33).apply(
+        USER).text
+    broken = ModelSpec("s", "generative", "synthetic", 1, options={"chat_template": "{% if"})
+    with pytest.raises(ModelLoadError, match="s: "):
+        SyntheticTokenizer(broken)
 
 
 def test_the_date_variables_print_today_as_llama_server_gives_them() -> None:
