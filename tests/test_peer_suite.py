@@ -37,6 +37,8 @@ def test_sluice_gets_the_packaged_model_and_its_own_flag_names() -> None:
                                                "--reasoning-format", "deepseek"]))
     assert "--reasoning off --reasoning-budget 0 --reasoning-format deepseek" in thinking
     assert cmd.count("--threads") == 1 and cmd[cmd.index("--threads") + 1] == "2"
+    # sluice serve refuses flags it does not know: a kernel placement is dropped, not passed
+    assert "--backend_sampling" not in sluice_argv("python", [*SUITE_ARGS, "--backend_sampling"])
 
 
 def test_llama_server_keeps_its_flags_on_the_same_model() -> None:
