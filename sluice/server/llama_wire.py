@@ -86,6 +86,8 @@ MAX_PROMPTS = 64
 PROMPT_STRING_KEY = "prompt_string"
 """llama-server's prompt object: ``{"prompt_string": text}`` (with ``multimodal_data`` for
 a multimodal model, which sluice does not serve)."""
+MAX_BIAS_TEXT_CHARS = 1024
+"""The longest text key of ``logit_bias`` (each key's tokens get its bias)."""
 
 OnePrompt = str | list[int | str] | dict[str, str]
 
@@ -157,7 +159,8 @@ class NativeCompletionRequest(SamplingBody):
     @field_validator("logit_bias", mode="before")
     @classmethod
     def _llama_bias(cls, v: Any) -> Any:
-        """llama-server's forms: ``[[token id, bias], ...]`` and ``false`` for a ban."""
+        """llama-server's forms: ``[[token id or text, bias], ...]`` and ``false`` for a
+        ban."""
         if isinstance(v, dict):
             return {k: _bias_value(b) for k, b in v.items()}
         if not isinstance(v, list):
@@ -165,13 +168,35 @@ class NativeCompletionRequest(SamplingBody):
         out: dict[str, Any] = {}
         for pair in v:
             if not (isinstance(pair, list) and len(pair) == 2):
-                raise ValueError("logit_bias pairs must be [token id, bias]")
+                raise ValueError("logit_bias pairs must be [token id or text, bias]")
             token, bias = pair
-            if not isinstance(token, int) or isinstance(token, bool):
-                raise ValueError("logit_bias keys must be token ids (text keys are not "
-                                 "supported)")
+            if not isinstance(token, int | str) or isinstance(token, bool):
+                raise ValueError("logit_bias keys must be token ids or text")
             out[str(token)] = _bias_value(bias)
         return out
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        """A key is a token id (digits) or text, whose every token gets the bias, as
+        llama-server reads them (the OpenAI routes take token ids only)."""
+        for key, bias in (v or {}).items():
+            if not key or len(key) > MAX_BIAS_TEXT_CHARS:
+                raise ValueError(f"keys must be token ids or text of 1 to "
+                                 f"{MAX_BIAS_TEXT_CHARS} characters; got {key[:20]!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"biases must be in [-100, 100]; got {bias} for "
+                                 f"{key[:20]!r}")
+        return v
+
+    def bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """The token-id keys' (token id, bias) pairs (``text_bias``: the text keys)."""
+        return tuple(sorted((int(k), float(b)) for k, b in (self.logit_bias or {}).items()
+                            if k.isdigit()))
+
+    def text_bias(self) -> list[tuple[str, float]]:
+        """The text keys of ``logit_bias`` with their biases, in the order sent."""
+        return [(k, float(b)) for k, b in (self.logit_bias or {}).items() if not k.isdigit()]
 
     @field_validator("samplers")
     @classmethod
@@ -277,7 +302,7 @@ def native_sampling(body: NativeCompletionRequest, tok: Tokenizer) -> dict[str, 
         "seed": None if body.seed is None else body.seed % 2**64,
         "stop": body.stop_list(),
         "ignore_eos": body.ignore_eos,
-        "logit_bias": checked_bias(body, tok),
+        "logit_bias": _native_bias(body, tok),
     }
     if body.n_probs:
         kwargs.update(logprobs=True, top_logprobs=body.n_probs)
@@ -287,6 +312,18 @@ def native_sampling(body: NativeCompletionRequest, tok: Tokenizer) -> dict[str, 
     if "penalties" not in chosen:
         kwargs.update(repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
     return kwargs
+
+
+def _native_bias(body: NativeCompletionRequest, tok: Tokenizer) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as (token id, bias) pairs: the ids checked against the vocabulary, and
+    each text key's tokens (as plain text, no BOS) with its bias, as llama-server biases
+    them; a token in a text key takes that key's bias over its id's (the last key's, where
+    several name it)."""
+    merged = dict(checked_bias(body, tok))
+    for text, bias in body.text_bias():
+        for token in tok.tokenize(text, add_bos=False, special=False):
+            merged[token] = bias
+    return tuple(sorted(merged.items()))
 
 
 FIM_SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"

@@ -226,6 +226,18 @@ def test_logit_bias_pairs_and_false_ban_a_token(live: LiveServer) -> None:
         assert as_object.json()["tokens"][0] != first
 
 
+def test_logit_bias_text_keys_bias_each_of_their_tokens(live: LiveServer) -> None:
+    """llama-server's text keys: every token of the text gets the bias (one byte a token
+    on this model), in the list and the object form; a later key's bias wins."""
+    body = {"model": BYTES, "prompt": "hello", "n_predict": 1, "temperature": 0}
+    with live.client() as c:
+        for bias, want in (([["q", 100]], "q"), ({"q": 100}, "q"),
+                           ([["qz", 100], ["q", False]], "z"), ({"zq": 100, "z": -100}, "q")):
+            r = c.post("/completion", json={**body, "logit_bias": bias})
+            assert r.status_code == 200, r.text
+            assert r.json()["content"] == want, bias
+
+
 def test_grammar_constrains_a_native_completion(live: LiveServer) -> None:
     with live.client() as c:
         r = c.post("/completion", json={"model": BYTES, "prompt": "answer", "n_predict": 20,
@@ -251,7 +263,8 @@ def test_grammar_constrains_a_native_completion(live: LiveServer) -> None:
     ({"prompt": "hi", "typical_p": 0.5}, "typical_p"),
     ({"prompt": "hi", "post_sampling_probs": True}, "post_sampling_probs"),
     ({"prompt": "hi", "n_cmpl": 2}, "n_cmpl"),
-    ({"prompt": "hi", "logit_bias": [["hello", -1]]}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": [["", -1]]}, "logit_bias"),
+    ({"prompt": "hi", "logit_bias": [[1.5, -1]]}, "logit_bias"),
     ({"prompt": "hi", "id_slot": -5}, "id_slot"),
     ({"prompt": "hi", "grammar": "root ::= ("}, "grammar"),
 ])
