@@ -104,6 +104,14 @@ CLASSES: dict[str, tuple[str, str]] = {
         "b", _IMAGE_REFUSED),
     "test_compat_anthropic.py::test_anthropic_vision_format_accepted": (
         "b", _IMAGE_REFUSED),
+    "test_completion.py::test_n_probs_post_*sampling": (
+        "a", "post_sampling_probs (each token's probability after the sampler chain, "
+             "top_probs) is not served: refused with a 400 naming the field"),
+    "test_completion.py::test_completion_parallel_slots[[]4-6]": (
+        "c", "one answer sampled at temperature 1 (seed 42) is empty, where the test wants "
+             "over 10 characters: it is the only case with the suite's 5th and 6th prompts, "
+             "and sluice's seeded sampler draws other tokens than llama.cpp's (every other "
+             "case of the test passes)"),
     "test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": (
         "b", "deliberate: a response cut by max_output_tokens ends with OpenAI's "
              "response.incomplete (status incomplete), where llama-server sends "
