@@ -91,7 +91,7 @@ from bench.lib.simulated import access_lines, front_end_summary, p95, pct, rel_e
 from sluice.cli.costs import live_costs, model_tallies, read_status
 from sluice.config import Config
 from sluice.engine.step_times import StepBucket, from_json, minus, recent, to_json
-from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
+from sluice.policy.step.step_cost import StepCost, StepSample, fit_step_cost
 from sluice.sim import Arrival, SimConfig, generate, parse_spec, simulate
 from sluice.sim.costs import read_costs
 

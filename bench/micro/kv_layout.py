@@ -5,7 +5,7 @@ For each layout, batch size B and context length L: B sequences are prefilled to
 then ``--steps`` decode steps (one token per sequence) are timed through the backend's
 ``forward`` (no engine, no HTTP). The faster layout at the sizes sluice serves becomes the
 default (issue 15); the step samples also fit the step-time model
-(``sluice.policy.step_cost``), which is saved as the profiled prior.
+(``sluice.policy.step.step_cost``), which is saved as the profiled prior.
 
     python bench/micro/kv_layout.py   # about 2 minutes (quiet host)
     python bench/micro/kv_layout.py --quick                        # a smoke run
@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sluice.policy.step_cost import DEFAULT_STEP_COST, StepSample, fit_step_cost
+from sluice.policy.step.step_cost import DEFAULT_STEP_COST, StepSample, fit_step_cost
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 N_CTX, N_SLOTS, THREADS = 8192, 32, 2

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a plain script without installing the package
 
-from sluice.policy.scheduler import SCHEDULER_NAMES, make_scheduler  # noqa: E402
+from sluice.policy.queues.scheduler import SCHEDULER_NAMES, make_scheduler  # noqa: E402
 from sluice.policy.types import QueueItem  # noqa: E402
 
 SEED = 20240611

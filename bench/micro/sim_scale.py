@@ -30,9 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from sluice.policy.control_core import QueueConfig
-from sluice.policy.quota import QuotaLimits
-from sluice.policy.step_cost import StepCost
+from sluice.policy.capacity.quota import QuotaLimits
+from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.step.step_cost import StepCost
 from sluice.sim import SimConfig, SimModel, generate, parse_spec, simulate
 from sluice.sim.costs import ModelCost
 

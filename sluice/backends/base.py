@@ -69,7 +69,7 @@ class ModelSpec:
     speculation: Literal["auto", "off"] = "auto"
     """Generative models: ``auto`` drafts tokens from each greedy sequence's own prompt and
     output (n-gram lookup) and verifies them in the decode step, as many per step as the
-    step-time model says pay (``sluice.policy.speculation``); ``off``: never."""
+    step-time model says pay (``sluice.policy.step.speculation``); ``off``: never."""
     draft_max_tokens: int = 16
     """Generative models: the most tokens one sequence drafts in a step (llama-server's
     ``--draft-max``)."""

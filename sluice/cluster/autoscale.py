@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sluice.policy.autoscale import AutoscaleConfig, ReplicaLoad, desired_replicas
+from sluice.policy.capacity.autoscale import AutoscaleConfig, ReplicaLoad, desired_replicas
 
 log = logging.getLogger("sluice.cluster")
 

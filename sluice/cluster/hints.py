@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from sluice.policy.replica_router import ReplicaRequest, prefix_fingerprint
+from sluice.policy.queues.replica_router import ReplicaRequest, prefix_fingerprint
 
 PROMPT_PATHS = {"/v1/chat/completions", "/v1/completions", "/v1/infer", "/v1/embeddings"}
 """Paths whose body names a model and carries a prompt."""

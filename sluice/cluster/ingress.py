@@ -32,8 +32,8 @@ from starlette.types import Receive, Scope, Send
 from sluice.cluster.asgi import HttpCall, ResponseStart
 from sluice.cluster.hints import RouteHint, route_hint
 from sluice.config import Config
-from sluice.policy.admission import Rejection, retry_after_for_backlog
-from sluice.policy.rates import RateMeter
+from sluice.policy.queues.admission import Rejection, retry_after_for_backlog
+from sluice.policy.queues.rates import RateMeter
 from sluice.server.errors import APIError, rejection_error
 
 log = logging.getLogger("sluice.cluster")

@@ -20,7 +20,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from sluice.cluster.hints import RouteHint
-from sluice.policy.replica_router import (
+from sluice.policy.queues.replica_router import (
     ReplicaRequest,
     ReplicaRouter,
     ReplicaView,
@@ -56,7 +56,7 @@ def replica_view(replica_id: str, ongoing: int, capacity: int,
 
 
 class SluiceRequestRouter(RequestRouter):
-    """Ranks replicas with ``sluice.policy.replica_router`` (kwargs from ``[cluster]``)."""
+    """Ranks replicas with ``sluice.policy.queues.replica_router`` (kwargs from ``[cluster]``)."""
 
     def initialize_state(self, **kwargs: Any) -> None:
         self._policy: ReplicaRouter = make_replica_router(

@@ -21,8 +21,8 @@ from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
 from sluice.engine.variants import GroupSpec
 from sluice.engine.worker import WorkerConfig
-from sluice.policy.control_core import QueueConfig
-from sluice.policy.planner import PlannerConfig
+from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.variants.planner import PlannerConfig
 
 
 class Config(_Strict):

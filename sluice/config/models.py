@@ -10,7 +10,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from sluice.backends.base import ModelSpec, ReasoningFormat
 from sluice.backends.faults import FaultPlan
 from sluice.config._base import _Strict
-from sluice.policy.keep_alive import PINNED, STAY, parse_keep_alive
+from sluice.policy.capacity.keep_alive import PINNED, STAY, parse_keep_alive
 
 
 class FaultsConfig(_Strict):

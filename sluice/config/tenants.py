@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from sluice.config._base import _Strict
-from sluice.policy.quota import QuotaLimits
+from sluice.policy.capacity.quota import QuotaLimits
 
 
 class TenantLimits(_Strict):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from sluice.backends.base import OneShotModel
 from sluice.engine.messages import Batch, BatchDone, Send
 from sluice.engine.request import Request, RequestStatus, end_stopped
-from sluice.policy.batcher import decide_batch
+from sluice.policy.variants.batcher import decide_batch
 
 
 class OneShotExecutor:

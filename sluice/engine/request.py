@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Literal
 
-from sluice.policy.keep_alive import KeepAlive
-from sluice.policy.planner import VariantChoice
-from sluice.policy.ttft import request_start_by_s
+from sluice.policy.capacity.keep_alive import KeepAlive
+from sluice.policy.step.ttft import request_start_by_s
+from sluice.policy.variants.planner import VariantChoice
 
 
 class RequestStatus(IntEnum):

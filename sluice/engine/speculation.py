@@ -9,7 +9,7 @@ it would be without drafting: every token it takes is the argmax of a row comput
 exactly the tokens before it. Sampled sequences are never drafted (their output keeps
 the sampling distribution because it is never speculated).
 
-The policy (what to propose, how many to verify) is ``sluice.policy.speculation``.
+The policy (what to propose, how many to verify) is ``sluice.policy.step.speculation``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from sluice.engine.chooser import TokenChooser
 from sluice.engine.request import SamplingParams
 from sluice.engine.sampling import MIN_TEMPERATURE, sample_token
-from sluice.policy.speculation import AcceptanceRate, NgramIndex
+from sluice.policy.step.speculation import AcceptanceRate, NgramIndex
 
 
 def drafts_for(params: SamplingParams, chooser: TokenChooser, thinking: object | None) -> bool:

@@ -1,13 +1,13 @@
 """Step times by what the step fed: a cumulative tally the engine keeps as it runs.
 
-The linear step-time model (``sluice.policy.step_cost``) is what the engine plans with;
+The linear step-time model (``sluice.policy.step.step_cost``) is what the engine plans with;
 this is the measurement beside it, for whoever needs more than a line: llama.cpp's decode
 steps are not linear in their decodes on a few cores (Gemma 3 270M on 2 cores: 16 / 32 /
 42 / 44 / 54 / 57 ms at 1 to 6), and a simulator charging a line is 25-35 % fast where
 open-loop load runs. Steps are grouped by their decodes and whether they fed prompt
 tokens: key ``"3"`` is a step of three decodes and nothing else, ``"3+prefill"`` three
 decodes beside a prefill chunk (``"0+prefill"``: a prefill alone); a step whose decodes
-carried drafted tokens (``sluice.policy.speculation``) has ``"+draft"`` after that
+carried drafted tokens (``sluice.policy.step.speculation``) has ``"+draft"`` after that
 (``"3+draft"``, ``"3+prefill+draft"``). Each bucket keeps its step count, total seconds,
 total prompt tokens, total context (the KV positions its decodes attended to: whether a
 bucket's time moves with its context can be read off), and total drafted and accepted

@@ -1,5 +1,5 @@
 """A measured step-time prior: a short warm-up of real forward passes when a generative
-model loads, fitted to the step-time model (``sluice.policy.step_cost``), so that the
+model loads, fitted to the step-time model (``sluice.policy.step.step_cost``), so that the
 TPOT budget and the first-token predictor are right from the first request on this host
 instead of starting from a rough default and learning for the first few seconds.
 
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from sluice.backends.base import ForwardChunk, GenerativeModel
-from sluice.policy.step_cost import StepCost, StepSample, fit_step_cost
+from sluice.policy.step.step_cost import StepCost, StepSample, fit_step_cost
 
 PROMPT_TOKENS = 64
 STEPS_PER_BATCH = 3

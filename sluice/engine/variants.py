@@ -2,8 +2,8 @@
 arrival rate, requests in the system per variant, batch service times as batches
 complete) and apply its choice to a request before admission.
 
-The decision is ``sluice.policy.planner.choose_variant`` and the measurements are
-``sluice.policy.variant_tracker.VariantTracker`` (both pure, shared with the simulator);
+The decision is ``sluice.policy.variants.planner.choose_variant`` and the measurements are
+``sluice.policy.variants.variant_tracker.VariantTracker`` (both pure, shared with the simulator);
 this module holds them behind a lock, applies a choice to a request, and is called by the
 runtime (its pump turns the workers' ``Batch`` and ``BatchDone`` messages into
 ``batch_started`` and ``batch_done``).
@@ -19,9 +19,9 @@ from typing import Any
 
 from sluice.backends.base import ModelSpec
 from sluice.engine.request import Request, RequestStatus
-from sluice.policy.planner import VariantChoice
-from sluice.policy.service_estimator import LengthPrior
-from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
+from sluice.policy.variants.planner import VariantChoice
+from sluice.policy.variants.service_estimator import LengthPrior
+from sluice.policy.variants.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 
 DEFAULT_SERVICE_S = 0.02
 """Batch-1 service time assumed for a variant with no profile, until batches are seen."""

@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.policy.admission import Rejection
+from sluice.policy.queues.admission import Rejection
 
 log = logging.getLogger("sluice.server")
 

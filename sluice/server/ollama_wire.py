@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from sluice.backends.base import ModelSpec
 from sluice.engine.request import Constraint, Final
-from sluice.policy.keep_alive import KeepAlive, parse_keep_alive
+from sluice.policy.capacity.keep_alive import KeepAlive, parse_keep_alive
 from sluice.server.errors import bad_param
 from sluice.server.schemas import ToolDef, check_stop
 

@@ -10,7 +10,7 @@ Per model, one ``ModelCost``:
   has ``L`` characters takes what the planner's ``ServiceEstimator`` predicts from that
   prior before it has seen a batch: the curve × its length factor at ``L`` for that
   batch size (a batch is padded to its longest member);
-- generative models: a ``StepCost`` (``sluice.policy.step_cost``: the same linear step-time
+- generative models: a ``StepCost`` (``sluice.policy.step.step_cost``: the same linear step-time
   model the engine's TPOT budget uses), from a JSON file fitted by a profiling run; and,
   where a model's decode steps are not linear in the sequences they decode (llama.cpp on
   a few cores: measured 16 / 31 / 42 / 44 / 54 / 57 ms at 1 to 6 decodes), measured
@@ -56,8 +56,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sluice.policy.service_estimator import LengthPrior, ServiceEstimator
-from sluice.policy.step_cost import StepCost
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.variants.service_estimator import LengthPrior, ServiceEstimator
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ tokens as decodes (as the engine's step-time model counts them), and each drafte
 keeps the drafts before its first rejection, drawn from the acceptance with the seeded
 generator, plus the token after them.
 
-Slots: the engine's ``SlotTable`` (``sluice.policy.slot_table``) over a real
+Slots: the engine's ``SlotTable`` (``sluice.policy.step.slot_table``) over a real
 ``KVBlockAllocator`` decides the view's free and retained slots and applies every
 admission, retirement and compaction move, as it does in the engine; its ``SlotOps`` (the
 model's KV to clear, trim or copy) have nothing to act on here, and a move's copy is not
@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sluice.policy.engine_line import (
+from sluice.policy.step.engine_line import (
     EngineLine,
     EngineShape,
     late_start,
@@ -47,11 +47,11 @@ from sluice.policy.engine_line import (
     running_entry,
     step_budget,
 )
-from sluice.policy.slot_layout import MAX_SLOT_MOVES_PER_STEP
-from sluice.policy.slot_table import SlotTable
-from sluice.policy.speculation import DEFAULT_DRAFT_MAX_TOKENS, AcceptanceRate, DraftBudget
-from sluice.policy.step_cost import StepCost
-from sluice.policy.step_data import (
+from sluice.policy.step.slot_layout import MAX_SLOT_MOVES_PER_STEP
+from sluice.policy.step.slot_table import SlotTable
+from sluice.policy.step.speculation import DEFAULT_DRAFT_MAX_TOKENS, AcceptanceRate, DraftBudget
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.step_data import (
     EngineConfig,
     RunningSeq,
     StepBudget,
@@ -59,11 +59,11 @@ from sluice.policy.step_data import (
     StepView,
     WaitingSeq,
 )
-from sluice.policy.step_planner import plan_step, static_wakeup_s
-from sluice.policy.tpot_budget import TpotBudget
-from sluice.policy.tpot_margin import TpotMargin
-from sluice.policy.ttft import LineEntry
-from sluice.policy.width import WidthPlan
+from sluice.policy.step.step_planner import plan_step, static_wakeup_s
+from sluice.policy.step.tpot_budget import TpotBudget
+from sluice.policy.step.tpot_margin import TpotMargin
+from sluice.policy.step.ttft import LineEntry
+from sluice.policy.step.width import WidthPlan
 from sluice.sim.request import SimRequest
 
 

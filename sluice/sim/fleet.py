@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from sluice.policy.quota import QuotaState, TenantQuota
-from sluice.policy.replica_router import ReplicaRequest, ReplicaView, make_replica_router
+from sluice.policy.capacity.quota import QuotaState, TenantQuota
+from sluice.policy.queues.replica_router import ReplicaRequest, ReplicaView, make_replica_router
 from sluice.sim.clock import EventLoop
 from sluice.sim.replica import SimReplica
 from sluice.sim.report import Recorder

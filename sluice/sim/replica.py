@@ -7,7 +7,7 @@ is the dispatcher thread: ``Dispatcher.next`` over the workers' views while some
 has room; queued requests whose deadline passes expire. A worker reports every terminal
 state back through ``ended`` and frees capacity through ``capacity``. Admission, the
 queue, dispatch, the re-planning of queued requests and fair-share settlement are the
-server's own ``ControlCore`` (``sluice.policy.control_core``), driven on the virtual
+server's own ``ControlCore`` (``sluice.policy.queues.control_core``), driven on the virtual
 clock.
 """
 
@@ -17,9 +17,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from sluice.policy.control_core import ControlCore, queue_cost, served_tokens
+from sluice.policy.queues.control_core import ControlCore, queue_cost, served_tokens
 from sluice.policy.types import QueueItem
-from sluice.policy.variant_tracker import VariantInfo, VariantTracker
+from sluice.policy.variants.variant_tracker import VariantInfo, VariantTracker
 from sluice.sim.clock import EventLoop
 from sluice.sim.request import SimRequest
 from sluice.sim.setup import SimConfig

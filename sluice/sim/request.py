@@ -7,7 +7,7 @@ one is an error here (the conservation check: every request ends exactly once).
 
 from __future__ import annotations
 
-from sluice.policy.ttft import request_start_by_s
+from sluice.policy.step.ttft import request_start_by_s
 
 TERMINAL = ("completed", "rejected", "expired", "failed")
 

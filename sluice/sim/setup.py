@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sluice.policy.control_core import QueueConfig
-from sluice.policy.keep_alive import STAY, KeepAlive, configured_keep_alive
-from sluice.policy.quota import QuotaLimits
-from sluice.policy.step_data import EngineConfig
-from sluice.policy.variant_tracker import GroupPlan
+from sluice.policy.capacity.keep_alive import STAY, KeepAlive, configured_keep_alive
+from sluice.policy.capacity.quota import QuotaLimits
+from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.step.step_data import EngineConfig
+from sluice.policy.variants.variant_tracker import GroupPlan
 from sluice.sim.costs import ModelCost, model_cost
 from sluice.sim.engine import SimDrafting
 

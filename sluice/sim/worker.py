@@ -21,10 +21,10 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Protocol
 
-from sluice.policy.batcher import decide_batch
-from sluice.policy.residency import Residency
-from sluice.policy.step_data import StepPlan
+from sluice.policy.capacity.residency import Residency
+from sluice.policy.step.step_data import StepPlan
 from sluice.policy.types import WorkerView
+from sluice.policy.variants.batcher import decide_batch
 from sluice.sim.clock import EventLoop
 from sluice.sim.engine import SimEngine
 from sluice.sim.request import SimRequest

@@ -26,7 +26,7 @@ import openai
 import pytest
 
 from sluice.cluster.hints import prompt_text
-from sluice.policy.replica_router import HashRing, prefix_fingerprint
+from sluice.policy.queues.replica_router import HashRing, prefix_fingerprint
 from tests.cluster.conftest import LocalRay
 from tests.cluster.raylocal import (
     SYSTEM,

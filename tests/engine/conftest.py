@@ -12,7 +12,7 @@ from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.worker import WorkerConfig
-from sluice.policy.control_core import QueueConfig
+from sluice.policy.queues.control_core import QueueConfig
 
 MB = 1_000_000
 

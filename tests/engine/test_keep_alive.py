@@ -15,8 +15,8 @@ from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.worker import ModelState, WorkerConfig
-from sluice.policy.control_core import QueueConfig
-from sluice.policy.keep_alive import PINNED, KeepAlive
+from sluice.policy.capacity.keep_alive import PINNED, KeepAlive
+from sluice.policy.queues.control_core import QueueConfig
 from tests.engine.conftest import MB, generative, oneshot
 from tests.engine.test_runtime import wait_for
 

@@ -13,7 +13,7 @@ from sluice.engine.messages import Cancel, Done, Started, Token
 from sluice.engine.request import Event, Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime
 from sluice.engine.work_item import WorkItem
-from sluice.policy.keep_alive import KeepAlive
+from sluice.policy.capacity.keep_alive import KeepAlive
 from tests.engine.conftest import generative, make_runtime, oneshot
 
 

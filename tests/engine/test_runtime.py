@@ -14,7 +14,7 @@ import pytest
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Rejected, Runtime
-from sluice.policy.tpot_margin import DEFAULT_MARGIN, MARGIN_CAP, MARGIN_FLOOR, MarginState
+from sluice.policy.step.tpot_margin import DEFAULT_MARGIN, MARGIN_CAP, MARGIN_FLOOR, MarginState
 from tests.engine.conftest import generative, oneshot
 
 

@@ -16,9 +16,9 @@ from sluice.backends.base import ForwardChunk, ModelLoadError, ModelSpec
 from sluice.backends.synthetic import SyntheticGenerative
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Request, RequestStatus, SamplingParams, TokenEvent
-from sluice.policy.step_cost import DEFAULT_STEP_COST, StepCost
-from sluice.policy.step_data import TOKENS_ONLY
-from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.step.step_cost import DEFAULT_STEP_COST, StepCost
+from sluice.policy.step.step_data import TOKENS_ONLY
+from sluice.policy.step.tpot_budget import TpotBudget
 
 _ids = itertools.count(1)
 

@@ -4,7 +4,7 @@ request ends on another thread between planning and applying."""
 from __future__ import annotations
 
 from sluice.engine.request import RequestStatus
-from sluice.policy.step_planner import plan_step
+from sluice.policy.step.step_planner import plan_step
 from tests.engine.test_continuous import engine, request, run_to_idle
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from sluice.backends.base import ForwardChunk
 from sluice.engine.step_warmup import measure_step_cost, warmup_batches
-from sluice.policy.step_cost import DEFAULT_STEP_COST, StepCost
+from sluice.policy.step.step_cost import DEFAULT_STEP_COST, StepCost
 
 TRUE = StepCost(base_s=0.020, per_decode_token_s=0.004, per_prefill_token_s=0.0008)
 

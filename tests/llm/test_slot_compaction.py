@@ -1,5 +1,5 @@
 """Slot compaction on the real model: when a sequence ends below running ones, the engine
-copies the highest running sequence's KV stream into the hole (``policy/slot_layout.py``,
+copies the highest running sequence's KV stream into the hole (``policy/step/slot_layout.py``,
 llama.cpp's cross-stream ``seq_cp``). The moved sequence must go on exactly as if it had
 never moved: its greedy text equals the text it gets alone."""
 

@@ -14,7 +14,7 @@ from sluice.backends.chat import chat_tokens
 from sluice.backends.llamacpp import LlamaCppBackend, LlamaCppGenerative
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Request, SamplingParams, TokenEvent
-from sluice.policy.step_cost import OnlineStepCost, StepCost
+from sluice.policy.step.step_cost import OnlineStepCost, StepCost
 
 pytestmark = pytest.mark.llm
 pytest.importorskip("llama_cpp", reason="the llm extra is not installed")

@@ -1,4 +1,4 @@
-"""State-based prediction (``sluice.policy.backlog``) and the planner's use of it: the
+"""State-based prediction (``sluice.policy.variants.backlog``) and the planner's use of it: the
 queue and the batches in flight decide, with no model and no clock."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.backlog import (
+from sluice.policy.variants.backlog import (
     Backlog,
     Margin,
     Move,
@@ -17,13 +17,13 @@ from sluice.policy.backlog import (
     placement,
     replan,
 )
-from sluice.policy.planner import (
+from sluice.policy.variants.planner import (
     PlannerConfig,
     VariantState,
     capacity_per_s,
     choose_variant,
 )
-from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
+from sluice.policy.variants.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 
 # Batch times (s) by size: "acc" gains nothing from batching (like mpnet FP32 on one
 # thread), "mid" a little, "fast" is cheap.

@@ -9,7 +9,7 @@ import pytest
 
 from sluice.backends.base import ModelSpec
 from sluice.engine.variants import length_prior, variant_info
-from sluice.policy.service_estimator import LengthPrior, ServiceEstimator
+from sluice.policy.variants.service_estimator import LengthPrior, ServiceEstimator
 from sluice.prep.profile import length_fit
 
 

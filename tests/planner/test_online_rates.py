@@ -11,7 +11,7 @@ from sluice.engine.request import Request
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.variants import GroupSpec, VariantPlanner
 from sluice.engine.worker import WorkerConfig
-from sluice.policy.planner import PlannerConfig
+from sluice.policy.variants.planner import PlannerConfig
 from tests.server.live import wait_for
 
 

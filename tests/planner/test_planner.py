@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.planner import (
+from sluice.policy.variants.planner import (
     PlannerConfig,
     VariantState,
     capacity_per_s,
     choose_variant,
     settled_batch_size,
 )
-from sluice.policy.queueing import erlang_c, mmc_wait_s
-from sluice.policy.service_estimator import Ewma, LengthPrior, ServiceEstimator
+from sluice.policy.variants.queueing import erlang_c, mmc_wait_s
+from sluice.policy.variants.service_estimator import Ewma, LengthPrior, ServiceEstimator
 
 
 def erlang_c_factorial(c: int, a: Fraction) -> Fraction:

@@ -10,7 +10,7 @@ from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.variants import GroupSpec
 from sluice.engine.worker import WorkerConfig
-from sluice.policy.planner import PlannerConfig
+from sluice.policy.variants.planner import PlannerConfig
 
 
 class Clock:

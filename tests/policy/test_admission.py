@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.admission import (
+from sluice.policy.queues.admission import (
     REJECT_REASONS,
     AdmissionConfig,
     AdmissionPolicy,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.autoscale import AutoscaleConfig, ReplicaLoad, desired_replicas
+from sluice.policy.capacity.autoscale import AutoscaleConfig, ReplicaLoad, desired_replicas
 
 CONFIG = AutoscaleConfig(target_load_per_replica=4.0, target_kv_use=0.8)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.batcher import BatchDecision, decide_batch
+from sluice.policy.variants.batcher import BatchDecision, decide_batch
 
 
 def run_inbox(inbox: list[str], *, max_batch_size: int = 8, max_wait_s: float = 0.01

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sluice.policy.dispatch import Dispatcher
-from sluice.policy.router import make_router
-from sluice.policy.scheduler import make_scheduler
+from sluice.policy.queues.dispatch import Dispatcher
+from sluice.policy.queues.router import make_router
+from sluice.policy.queues.scheduler import make_scheduler
 from sluice.policy.types import QueueItem, WorkerView
 
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.policy.keep_alive import (
+from sluice.policy.capacity.keep_alive import (
     PINNED,
     STAY,
     KeepAlive,
     effective_keep_alive,
     parse_keep_alive,
 )
-from sluice.policy.residency import Residency
+from sluice.policy.capacity.residency import Residency
 
 
 @pytest.mark.parametrize(("value", "expected"), [

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.kv_blocks import KVBlockAllocator
+from sluice.policy.step.kv_blocks import KVBlockAllocator
 
 
 def test_allocate_and_free() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.rates import RateMeter
+from sluice.policy.queues.rates import RateMeter
 
 
 def test_empty_meter_reads_zero() -> None:

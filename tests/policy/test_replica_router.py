@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.replica_router import (
+from sluice.policy.queues.replica_router import (
     REPLICA_ROUTER_NAMES,
     AffinityReplicaRouter,
     HashRing,

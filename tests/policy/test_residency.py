@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.residency import LoadPlan, Residency
+from sluice.policy.capacity.residency import LoadPlan, Residency
 
 
 def loaded(eviction: str, budget: int, models: list[tuple[str, int, float, float, int]]

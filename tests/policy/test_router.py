@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.router import (
+from sluice.policy.queues.router import (
     ROUTER_NAMES,
     NoRoute,
     RouteDecision,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.scheduler import SCHEDULER_NAMES, Scheduler, make_scheduler
+from sluice.policy.queues.scheduler import SCHEDULER_NAMES, Scheduler, make_scheduler
 from sluice.policy.types import QueueItem
 
 from ._reference import ReferenceScheduler

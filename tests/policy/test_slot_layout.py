@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.slot_layout import SlotMove, compaction_moves
+from sluice.policy.step.slot_layout import SlotMove, compaction_moves
 
 
 def test_the_highest_running_sequence_fills_the_lowest_hole() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from sluice.policy.slot_table import SlotOps, SlotTable
-from sluice.policy.step_data import Admission, EngineConfig, PrefixCopy, StepView, WaitingSeq
-from sluice.policy.step_planner import plan_step
+from sluice.policy.step.slot_table import SlotOps, SlotTable
+from sluice.policy.step.step_data import Admission, EngineConfig, PrefixCopy, StepView, WaitingSeq
+from sluice.policy.step.step_planner import plan_step
 
 
 def table(n_slots: int = 4, unified: bool = False, **config: object) -> SlotTable:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.kv_blocks import KVSnapshot
-from sluice.policy.speculation import (
+from sluice.policy.step.kv_blocks import KVSnapshot
+from sluice.policy.step.speculation import (
     AcceptanceRate,
     DraftBudget,
     DraftCandidate,
@@ -19,9 +19,9 @@ from sluice.policy.speculation import (
     choose_draft_lengths,
     draft_token_s,
 )
-from sluice.policy.step_cost import StepCost
-from sluice.policy.step_data import EngineConfig, RunningSeq, StepView
-from sluice.policy.step_planner import plan_step
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.step_data import EngineConfig, RunningSeq, StepView
+from sluice.policy.step.step_planner import plan_step
 
 COST = StepCost(base_s=0.010, per_decode_token_s=0.003, per_prefill_token_s=0.0005)
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.step_cost import OnlineStepCost, StepCost, StepSample, fit_step_cost
+from sluice.policy.step.step_cost import OnlineStepCost, StepCost, StepSample, fit_step_cost
 
 TRUE = StepCost(base_s=0.009, per_decode_token_s=0.0033, per_prefill_token_s=0.0004,
                 per_context_token_s=2e-6)

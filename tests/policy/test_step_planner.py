@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.kv_blocks import KVBlockAllocator, KVSnapshot
-from sluice.policy.prefix_retention import common_prefix_tokens
-from sluice.policy.slot_table import reserve_admission
-from sluice.policy.step_data import (
+from sluice.policy.step.kv_blocks import KVBlockAllocator, KVSnapshot
+from sluice.policy.step.prefix_retention import common_prefix_tokens
+from sluice.policy.step.slot_table import reserve_admission
+from sluice.policy.step.step_data import (
     Admission,
     EngineConfig,
     PlannedChunk,
@@ -24,7 +24,7 @@ from sluice.policy.step_data import (
     StepView,
     WaitingSeq,
 )
-from sluice.policy.step_planner import plan_step, static_wakeup_s
+from sluice.policy.step.step_planner import plan_step, static_wakeup_s
 
 
 def kv(free: int = 64, total: int = 64, block: int = 8, max_seq: int = 512) -> KVSnapshot:

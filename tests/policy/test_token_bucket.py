@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.token_bucket import BucketState, TokenBucket
+from sluice.policy.capacity.token_bucket import BucketState, TokenBucket
 
 
 def test_starts_full_and_refills_at_rate() -> None:

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.kv_blocks import KVSnapshot
-from sluice.policy.step_cost import StepCost
-from sluice.policy.step_data import EngineConfig, RunningSeq, StepLoad, StepView, WaitingSeq
-from sluice.policy.step_planner import plan_step
-from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.step.kv_blocks import KVSnapshot
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.step_data import EngineConfig, RunningSeq, StepLoad, StepView, WaitingSeq
+from sluice.policy.step.step_planner import plan_step
+from sluice.policy.step.tpot_budget import TpotBudget
 
 # 10 ms + 4 ms per decoding sequence + 1 ms per prompt token (no context term): under a
 # 100 ms target at margin 1, 22 sequences decode at once; 8 decodes leave 58 prompt tokens.

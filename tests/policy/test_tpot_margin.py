@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.step_cost import StepCost
-from sluice.policy.tpot_budget import TpotBudget
-from sluice.policy.tpot_margin import (
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.tpot_budget import TpotBudget
+from sluice.policy.step.tpot_margin import (
     DEFAULT_MARGIN,
     MARGIN_CAP,
     MARGIN_FLOOR,

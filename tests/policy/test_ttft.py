@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sluice.policy.step_cost import StepCost
-from sluice.policy.ttft import LineEntry, max_concurrency, predict_ttft
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.ttft import LineEntry, max_concurrency, predict_ttft
 
 # 10 ms per decoding sequence, 1 ms per prompt token, no base: at 2 slots a step is 20 ms.
 COST = StepCost(base_s=0.0, per_decode_token_s=0.010, per_prefill_token_s=0.001)
@@ -84,9 +84,9 @@ def test_an_engine_prediction_runs_as_many_sequences_as_the_budget_and_kv_allow(
     """``predict_engine_ttft`` (the engine's and the simulator's one question): 8 slots;
     a 25 ms TPOT target (step limit 21.25 ms at 10 ms a decode) runs 2 of them; a KV pool
     holding 3 such requests runs 3; neither limit: all 8."""
-    from sluice.policy.kv_blocks import KVBlockAllocator
-    from sluice.policy.tpot_margin import DEFAULT_MARGIN
-    from sluice.policy.width import predict_engine_ttft
+    from sluice.policy.step.kv_blocks import KVBlockAllocator
+    from sluice.policy.step.tpot_margin import DEFAULT_MARGIN
+    from sluice.policy.step.width import predict_engine_ttft
 
     roomy = KVBlockAllocator.for_context(8 * 256, 8, 16, unified=True)
     tight = KVBlockAllocator.for_context(3 * 64, 8, 16, unified=True)

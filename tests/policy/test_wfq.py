@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.policy.queues.wfq import IDLE_SLACK, MAX_IDLE_TENANTS, WfqScheduler
 from sluice.policy.types import QueueItem
-from sluice.policy.wfq import IDLE_SLACK, MAX_IDLE_TENANTS, WfqScheduler
 
 _ids = itertools.count()
 
@@ -111,7 +111,7 @@ def test_weights_must_be_positive(weights: dict[str, float]) -> None:
 
 
 def share_bound(w_i: float, total: float, w_min: float, n: int) -> float:
-    """The bound proved in sluice.policy.wfq for equal costs over a window of n decisions."""
+    """The bound proved in sluice.policy.queues.wfq for equal costs over a window of n decisions."""
     return 2 * w_i * (total - w_i) / (total * w_min * n)
 
 
@@ -203,7 +203,7 @@ def test_idle_counters_above_the_floor_are_capped_lowest_first() -> None:
 
 def test_dropping_idle_state_changes_no_decision() -> None:
     """The same arrivals with and without purging (a huge slack) pop in the same order."""
-    import sluice.policy.wfq as wfq
+    import sluice.policy.queues.wfq as wfq
 
     def run(slack: int) -> list[tuple[str, int]]:
         old = wfq.IDLE_SLACK

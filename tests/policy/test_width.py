@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.kv_blocks import KVBlockAllocator
-from sluice.policy.step_cost import StepCost
-from sluice.policy.ttft import LineEntry
-from sluice.policy.width import arrival_due_s, engine_width, plan_width, predict_engine_ttft
+from sluice.policy.step.kv_blocks import KVBlockAllocator
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.ttft import LineEntry
+from sluice.policy.step.width import arrival_due_s, engine_width, plan_width, predict_engine_ttft
 
 # 2 ms + 10 ms a decode; 0.1 ms a prompt token. A 100 ms target at margin 0.6 (a 60 ms
 # budget): 5 decode within the budget (52 ms), 9 within the target (92 ms), 10 past it.

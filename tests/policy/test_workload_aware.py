@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sluice.policy.queues.workload_aware import WorkloadAwareScheduler
 from sluice.policy.types import QueueItem
-from sluice.policy.workload_aware import WorkloadAwareScheduler
 
 
 def item(rid: int, model: str) -> QueueItem:

@@ -19,7 +19,7 @@ import pytest
 from sluice.backends.base import ModelSpec
 from sluice.backends.synthetic import SyntheticBackend, SyntheticTokenizer
 from sluice.config import ServerConfig, TenantConfig, hash_key
-from sluice.policy.wfq import IDLE_SLACK
+from sluice.policy.queues.wfq import IDLE_SLACK
 from sluice.server.auth import Auth
 from sluice.server.errors import MAX_DETAIL_CHARS, public_text
 from sluice.server.metrics import OTHER_TENANT

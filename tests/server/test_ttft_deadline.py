@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluice.policy.step_cost import StepCost
+from sluice.policy.step.step_cost import StepCost
 from tests.server.live import LiveServer, assert_error, config_with, synth_chat, wait_for
 
 

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from sluice.policy.control_core import QueueConfig
-from sluice.policy.step_cost import StepCost
+from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.step.step_cost import StepCost
 from sluice.sim import SimConfig, SimModel, generate, parse_spec, simulate
 from sluice.sim.costs import ModelCost
 from sluice.sim.plan import Slo, fewest_replicas, parse_slo, plan, waiting_target

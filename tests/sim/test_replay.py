@@ -23,9 +23,9 @@ from sluice.config import Config
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime
-from sluice.policy.slot_table import SlotTable
-from sluice.policy.step_cost import OnlineStepCost, StepCost
-from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.step.slot_table import SlotTable
+from sluice.policy.step.step_cost import OnlineStepCost, StepCost
+from sluice.policy.step.tpot_budget import TpotBudget
 from sluice.sim import SimConfig, read_trace, simulate
 from sluice.sim.clock import EventLoop
 from sluice.sim.engine import SimEngine

@@ -9,13 +9,13 @@ from dataclasses import fields, replace
 
 import pytest
 
-from sluice.policy.control_core import QueueConfig
-from sluice.policy.keep_alive import PINNED, STAY, KeepAlive
-from sluice.policy.planner import PlannerConfig
-from sluice.policy.quota import QuotaLimits
-from sluice.policy.step_cost import StepCost
-from sluice.policy.step_data import EngineConfig
-from sluice.policy.variant_tracker import GroupPlan, VariantInfo, VariantTracker
+from sluice.policy.capacity.keep_alive import PINNED, STAY, KeepAlive
+from sluice.policy.capacity.quota import QuotaLimits
+from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.step_data import EngineConfig
+from sluice.policy.variants.planner import PlannerConfig
+from sluice.policy.variants.variant_tracker import GroupPlan, VariantInfo, VariantTracker
 from sluice.sim import (
     Arrival,
     SimConfig,
@@ -378,7 +378,7 @@ def test_inputs_lengths_reach_the_batch_cost_and_the_planner() -> None:
     a short text goes to the accurate variant, a long one that would miss its deadline
     there to the fast one; each lone request takes its variant's batch of one at its
     length."""
-    from sluice.policy.service_estimator import LengthPrior
+    from sluice.policy.variants.service_estimator import LengthPrior
 
     prior = LengthPrior(slope=1.0, mean=1.0, var=0.25, typical_longest_chars=((1, 100.0),))
     models = {

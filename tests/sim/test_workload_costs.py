@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.policy.step_cost import StepCost
+from sluice.policy.step.step_cost import StepCost
 from sluice.sim.costs import ModelCost, model_cost, read_costs
 from sluice.sim.workload import generate, parse_spec, read_trace, write_trace
 
@@ -125,7 +125,7 @@ def test_a_batch_takes_longer_with_a_longer_longest_input() -> None:
     its longest input over the typical longest at that size (between sizes
     interpolated); 0 characters (unknown) is the curve. The older fit in characters is
     read too."""
-    from sluice.policy.service_estimator import LengthPrior, ServiceEstimator
+    from sluice.policy.variants.service_estimator import LengthPrior, ServiceEstimator
 
     fit = {"slope": 0.5, "mean": 1.0, "var": 0.2, "typical_longest_chars": {"1": 100.0,
                                                                             "8": 240.0}}

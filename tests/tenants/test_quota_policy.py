@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sluice.policy.quota import QuotaLimits, QuotaState, TenantQuota
-from sluice.policy.token_bucket import BucketState
+from sluice.policy.capacity.quota import QuotaLimits, QuotaState, TenantQuota
+from sluice.policy.capacity.token_bucket import BucketState
 
 
 def test_all_or_nothing_across_limits() -> None:

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from sluice.config import QuotaConfig, TenantConfig, TenantLimits
-from sluice.policy.quota import QuotaLimits
+from sluice.policy.capacity.quota import QuotaLimits
 from sluice.server.auth import Auth
 from tests.server.live import LiveServer, assert_error, config_with
 

@@ -2,12 +2,12 @@
 
 The step loop reads like the design: plan = the pure step planner decides which tokens to
 feed (one decode token per running sequence, then prefill chunks, then newly admitted
-requests while KV blocks and slots allow; see ``sluice.policy.step_planner``); apply = the
+requests while KV blocks and slots allow; see ``sluice.policy.step.step_planner``); apply = the
 engine starts what it admitted (slots, KV blocks, prefix copy); logits = one ``forward``
 call; update = fork, choose, stream, retire. A retiring sequence frees its slot and blocks
 at once, so the next waiting request is admitted in the very next plan.
 
-Slots: ``self.slots`` (``sluice.policy.slot_table``, the simulator's too) applies the
+Slots: ``self.slots`` (``sluice.policy.step.slot_table``, the simulator's too) applies the
 plan's admissions and every retirement and move to its free, retained, running and held
 slots and the KV allocator, and returns what the model's KV must do (clear, trim, copy).
 Retained prefixes (``engine.retain_prefixes``): a choice that completes leaves its KV in
@@ -67,11 +67,11 @@ from sluice.engine.request import Request
 from sluice.engine.speculation import SpeculationState
 from sluice.engine.step_times import StepTimes
 from sluice.engine.step_warmup import measure_step_cost
-from sluice.policy.slot_table import SlotTable
-from sluice.policy.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost
-from sluice.policy.step_data import BatchingMode, EngineConfig
-from sluice.policy.step_planner import static_wakeup_s
-from sluice.policy.tpot_margin import TpotMargin
+from sluice.policy.step.slot_table import SlotTable
+from sluice.policy.step.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost
+from sluice.policy.step.step_data import BatchingMode, EngineConfig
+from sluice.policy.step.step_planner import static_wakeup_s
+from sluice.policy.step.tpot_margin import TpotMargin
 
 STEP_COST_WINDOW = 192
 """Steps the step-time model is fitted on (about 25 s of 130 ms steps): a host that slows

@@ -11,7 +11,7 @@ from sluice.engine.request import (
     Request,
     RequestStatus,
 )
-from sluice.policy.engine_line import (
+from sluice.policy.step.engine_line import (
     EngineLine,
     EngineShape,
     LateStart,
@@ -19,7 +19,7 @@ from sluice.policy.engine_line import (
     left_s,
     running_entry,
 )
-from sluice.policy.ttft import LineEntry, TtftPrediction
+from sluice.policy.step.ttft import LineEntry, TtftPrediction
 
 DEFAULT_NEW_TOKENS_GUESS = 128
 """Tokens a sequence is assumed to hold beyond its prompt when the KV pool's room for
@@ -117,7 +117,7 @@ class Arrivals(Retirement):
 
     def _late_start(self, req: Request, position: int) -> LateStart | None:
         """For a request whose first token is due and predicted late even at the widest
-        width the engine would plan (``sluice.policy.engine_line.late_start``, as the
+        width the engine would plan (``sluice.policy.step.engine_line.late_start``, as the
         simulator's engine asks it): the prediction and a Retry-After; else None."""
         return late_start(self._shape(), lambda: self._line(position),
                           prompt_tokens=len(req.prompt_tokens), n=max(1, req.params.n),

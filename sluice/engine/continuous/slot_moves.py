@@ -15,8 +15,8 @@ from sluice.engine.continuous.state import (
     _Sequence,
 )
 from sluice.engine.continuous.token_path import TokenPath
-from sluice.policy.slot_layout import MAX_SLOT_MOVES_PER_STEP
-from sluice.policy.step_data import Admission, PrefixCopy
+from sluice.policy.step.slot_layout import MAX_SLOT_MOVES_PER_STEP
+from sluice.policy.step.step_data import Admission, PrefixCopy
 
 
 class SlotMoves(TokenPath):
@@ -68,7 +68,7 @@ class SlotMoves(TokenPath):
     def _compact(self) -> None:
         """Move running sequences down into the holes ended ones left (and retained prefixes
         out of their way), so that a decode step spans as few KV streams as it feeds
-        (``sluice.policy.slot_layout``). Only with one stream per slot: a unified cache
+        (``sluice.policy.step.slot_layout``). Only with one stream per slot: a unified cache
         has no streams to span. A failed copy ends the moved sequence's request (or
         forgets the retained prefix)."""
         for action in self.slots.moves(MAX_SLOT_MOVES_PER_STEP):

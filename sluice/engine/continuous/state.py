@@ -27,12 +27,12 @@ from sluice.engine.speculation import (
 from sluice.engine.step_times import StepTimes
 from sluice.engine.textstream import TextStream
 from sluice.engine.thinking import ThinkingBudget
-from sluice.policy.kv_blocks import KVBlockAllocator
-from sluice.policy.slot_table import SlotTable
-from sluice.policy.step_cost import OnlineStepCost
-from sluice.policy.step_data import EngineConfig, RunningSeq, WaitingSeq
-from sluice.policy.tpot_margin import TpotMargin
-from sluice.policy.width import WidthPlan
+from sluice.policy.step.kv_blocks import KVBlockAllocator
+from sluice.policy.step.slot_table import SlotTable
+from sluice.policy.step.step_cost import OnlineStepCost
+from sluice.policy.step.step_data import EngineConfig, RunningSeq, WaitingSeq
+from sluice.policy.step.tpot_margin import TpotMargin
+from sluice.policy.step.width import WidthPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +190,7 @@ class EngineState:
     """Every step's time by its decodes and whether it fed a prompt (cumulative)."""
     tpot_target_s: float | None
     width: WidthPlan | None
-    """The last width decision made with requests waiting (``sluice.policy.width``): how
+    """The last width decision made with requests waiting (``sluice.policy.step.width``): how
     many sequences the TPOT target let decode at once, and why."""
     drafting: bool
     """Greedy sequences draft tokens (n-gram speculation; the baselines never do)."""

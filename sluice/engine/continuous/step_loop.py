@@ -14,12 +14,12 @@ from sluice.engine.continuous.state import (
     _Batch,
     _waiting_view,
 )
-from sluice.policy.engine_line import step_budget
-from sluice.policy.speculation import DraftBudget
-from sluice.policy.step_cost import StepSample
-from sluice.policy.step_data import StepBudget, StepPlan, StepView
-from sluice.policy.step_planner import plan_step
-from sluice.policy.tpot_budget import TpotBudget
+from sluice.policy.step.engine_line import step_budget
+from sluice.policy.step.speculation import DraftBudget
+from sluice.policy.step.step_cost import StepSample
+from sluice.policy.step.step_data import StepBudget, StepPlan, StepView
+from sluice.policy.step.step_planner import plan_step
+from sluice.policy.step.tpot_budget import TpotBudget
 
 
 class StepLoop(SlotMoves, Arrivals):
@@ -47,7 +47,7 @@ class StepLoop(SlotMoves, Arrivals):
 
     def budget(self) -> StepBudget:
         """The step budget for the next plan: the TPOT target against the step-time model
-        learned so far, at the width ``sluice.policy.width`` plans for the waiting line,
+        learned so far, at the width ``sluice.policy.step.width`` plans for the waiting line,
         or the token budget alone when the model sets no target."""
         budget, width = step_budget(self._shape(), self.config.mode == "continuous",
                                     self._line, bool(self.waiting))
@@ -70,7 +70,7 @@ class StepLoop(SlotMoves, Arrivals):
         tokens. A step with decodes also feeds the margin: its cycle against what the model
         predicted (before this observation refits it) for the same step. A drafted token
         counts as a decode in the step-time model (a token with a logits row, as
-        ``sluice.policy.speculation`` prices it)."""
+        ``sluice.policy.step.speculation`` prices it)."""
         decodes = batch.decode_tokens + batch.draft_tokens
         if batch.decode_tokens:
             predicted_s = self.step_cost.current().predict_s(

@@ -38,7 +38,7 @@ from sluice.engine.speculation import (
 )
 from sluice.engine.textstream import TextStream
 from sluice.engine.thinking import ThinkingBudget
-from sluice.policy.step_data import Admission
+from sluice.policy.step.step_data import Admission
 
 
 class TokenPath(Retirement):

@@ -16,7 +16,7 @@ which ends the requests it held; ``health`` says whether every thread is doing i
 ``Runtime`` is composed of one mixin per concern, each in its own module over the state
 that ``state.RuntimeState`` declares (all of it guarded by one condition variable); the queue,
 dispatch, re-planning and fair-share settlement are one ``ControlCore``
-(``sluice.policy.control_core``), which the simulator's replica drives too:
+(``sluice.policy.queues.control_core``), which the simulator's replica drives too:
 ``factory`` (requests and the tokenizer cache), ``admission`` (submit, cancel, the variant
 choice at arrival), ``settlement`` (a finished request leaves the live set and its
 fair-share charge is corrected), ``pump`` (the thread that applies the workers' messages),
@@ -49,7 +49,7 @@ from sluice.engine.supervisor import Supervisor
 from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import VariantPlanner
 from sluice.engine.worker.process import CONTEXT as PROCESS_CONTEXT
-from sluice.policy.control_core import ControlCore
+from sluice.policy.queues.control_core import ControlCore
 
 MAX_SUPERVISOR_POLL_S = 0.25
 """The supervisor checks heartbeats at least this often (a death wakes it at once)."""

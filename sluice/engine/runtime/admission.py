@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runtime.settlement import Settlement
 from sluice.engine.runtime.state import IDLE_POLL_S
-from sluice.policy.admission import Rejection, clamp_retry_after
-from sluice.policy.control_core import queue_cost
+from sluice.policy.queues.admission import Rejection, clamp_retry_after
+from sluice.policy.queues.control_core import queue_cost
 from sluice.policy.types import QueueItem
 
 

@@ -11,7 +11,7 @@ from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Final, Request
 from sluice.engine.runtime.admission import Admission
 from sluice.engine.runtime.factory import RequestFactory
-from sluice.policy.admission import Rejection
+from sluice.policy.queues.admission import Rejection
 
 
 class Rejected(Exception):

@@ -11,7 +11,7 @@ from sluice.backends.base import ModelSpec
 from sluice.backends.faults import FaultPlan
 from sluice.engine.variants import GroupSpec
 from sluice.engine.worker import WorkerConfig
-from sluice.policy.control_core import QueueConfig
+from sluice.policy.queues.control_core import QueueConfig
 
 
 @dataclass(frozen=True)

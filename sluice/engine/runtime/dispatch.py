@@ -94,7 +94,7 @@ class Dispatch(Deadlines):
 
     def _dispatch(self, now: float) -> bool:
         """Route queued requests while the queue is non-empty and some inbox has room (the
-        decisions are ``sluice.policy.dispatch``'s; this applies them)."""
+        decisions are ``sluice.policy.queues.dispatch``'s; this applies them)."""
         moved = False
         while True:
             views = [w.view() for w in self.workers]

@@ -11,7 +11,7 @@ from sluice.backends.base import Tokenizer
 from sluice.engine.request import Request, SamplingParams
 from sluice.engine.runtime.state import RuntimeState
 from sluice.engine.sampling_defaults import SamplingDefaults, resolve_defaults
-from sluice.policy.keep_alive import KeepAlive
+from sluice.policy.capacity.keep_alive import KeepAlive
 
 
 class RequestFactory(RuntimeState):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from sluice.engine.request import Event, Final, Request, RequestStatus, TokenEvent
 from sluice.engine.runtime.deadlines import Deadlines
-from sluice.policy.control_core import served_tokens
+from sluice.policy.queues.control_core import served_tokens
 
 
 class Settlement(Deadlines):

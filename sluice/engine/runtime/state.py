@@ -18,10 +18,10 @@ from sluice.engine.trace import TraceWriter
 from sluice.engine.variants import VariantPlanner
 from sluice.engine.worker import Outbox
 from sluice.engine.worker.process import AnyWorker
-from sluice.policy.control_core import ControlCore
-from sluice.policy.dispatch import Dispatcher
-from sluice.policy.router import Router
-from sluice.policy.scheduler import Scheduler
+from sluice.policy.queues.control_core import ControlCore
+from sluice.policy.queues.dispatch import Dispatcher
+from sluice.policy.queues.router import Router
+from sluice.policy.queues.scheduler import Scheduler
 
 IDLE_POLL_S = 0.5
 """The longest a waiter on ``_cv`` sleeps before it looks again."""

@@ -38,7 +38,7 @@ from sluice.engine.worker.types import (
     WorkerState,
     spec_keep_alive,
 )
-from sluice.policy.residency import Residency
+from sluice.policy.capacity.residency import Residency
 
 
 class Worker(Control, Loop):

@@ -20,7 +20,7 @@ from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request
 from sluice.engine.work_item import WorkItem
 from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
-from sluice.policy.residency import Residency
+from sluice.policy.capacity.residency import Residency
 
 Outbox = queue.SimpleQueue[tuple[Any, tuple[Outbound, ...]]]
 """The runtime's outbox: (the sending worker, a run of its messages), in the order sent."""

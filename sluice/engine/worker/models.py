@@ -20,7 +20,7 @@ from sluice.engine.worker.types import (
     WorkerState,
     spec_keep_alive,
 )
-from sluice.policy.keep_alive import effective_keep_alive
+from sluice.policy.capacity.keep_alive import effective_keep_alive
 
 
 class Models(WorkerBase):

@@ -12,10 +12,10 @@ from sluice.backends.base import ModelSpec
 from sluice.engine.continuous import EngineConfig, SlotState
 from sluice.engine.speculation import SpeculationState
 from sluice.engine.step_times import StepBucket
-from sluice.policy.keep_alive import KeepAlive, configured_keep_alive
-from sluice.policy.step_cost import StepCost
-from sluice.policy.tpot_margin import MarginState
-from sluice.policy.width import WidthPlan
+from sluice.policy.capacity.keep_alive import KeepAlive, configured_keep_alive
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.tpot_margin import MarginState
+from sluice.policy.step.width import WidthPlan
 
 IDLE_POLL_S = 0.5
 """Longest sleep of an idle worker (it is woken at once by new work)."""
@@ -98,10 +98,10 @@ class ModelState:
     are enough, ``step_cost`` is the prior)."""
     tpot_margin: MarginState | None = None
     """Generative: the share of its TPOT target a planned step may take, learned from the
-    measured cycles against ``step_cost``'s predictions (``sluice.policy.tpot_margin``)."""
+    measured cycles against ``step_cost``'s predictions (``sluice.policy.step.tpot_margin``)."""
     width: WidthPlan | None = None
     """Generative: its engine's last decision of how many sequences decode at once with
-    requests waiting, and why (``sluice.policy.width``: the TPOT target's width, or
+    requests waiting, and why (``sluice.policy.step.width``: the TPOT target's width, or
     widened for the line's first-token targets)."""
     step_times: Mapping[str, StepBucket] = field(default_factory=dict)
     """Generative: every step its engine ran since the model loaded, by decodes and

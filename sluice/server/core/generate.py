@@ -41,7 +41,7 @@ from sluice.engine.bridge import AsyncHandle
 from sluice.engine.request import Constraint, Final, PromptProgress, RequestStatus, TokenEvent
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.runtime import Rejected
-from sluice.policy.keep_alive import KeepAlive
+from sluice.policy.capacity.keep_alive import KeepAlive
 from sluice.server import access
 from sluice.server.context import AppContext
 from sluice.server.core.controls import (

@@ -11,7 +11,7 @@ released: tokens not used are given back, and a reservation whose requests never
 (rejected by the runtime, cancelled or expired while queued) gives back its request as well.
 
 Stores (``QuotaStore``): ``MemoryQuotaStore`` keeps the state in this process and applies the
-pure rule of ``sluice.policy.quota``; ``RedisQuotaStore`` keeps it in Redis and applies the
+pure rule of ``sluice.policy.capacity.quota``; ``RedisQuotaStore`` keeps it in Redis and applies the
 same rule in ONE atomic Lua script per reservation (and one per settlement and per
 release), on Redis's clock, so
 every replica pointed at that Redis enforces one quota together. ``FailoverQuotaStore`` puts

@@ -9,7 +9,7 @@ import logging
 from collections import deque
 from dataclasses import replace
 
-from sluice.policy.quota import QuotaLimits
+from sluice.policy.capacity.quota import QuotaLimits
 from sluice.server.quota.redis_store import RedisQuotaStore, redact_url
 from sluice.server.quota.stores import (
     Hold,

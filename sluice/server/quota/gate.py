@@ -20,8 +20,8 @@ from sluice.config import QuotaConfig, TenantConfig
 from sluice.engine.observer import Observer
 from sluice.engine.request import Event, Final, RequestStatus
 from sluice.engine.request import Request as RtRequest
-from sluice.policy.admission import Rejection
-from sluice.policy.quota import QuotaLimits
+from sluice.policy.capacity.quota import QuotaLimits
+from sluice.policy.queues.admission import Rejection
 from sluice.server import access
 from sluice.server.errors import APIError, rejection_error
 from sluice.server.quota.failover import FailoverQuotaStore

@@ -19,7 +19,7 @@ from importlib.resources import files
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from sluice.policy.quota import QuotaLimits
+from sluice.policy.capacity.quota import QuotaLimits
 from sluice.server.quota.stores import (
     CONCURRENCY_RETRY_S,
     Hold,

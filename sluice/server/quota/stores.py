@@ -1,7 +1,7 @@
 """Where quota state lives: the ``QuotaStore`` protocol, what a store answers (``QuotaCheck``,
 ``Hold``, ``Settled``), the in-process ``MemoryQuotaStore`` (the pure rule of
-``sluice.policy.quota``) and ``ScaledStore``, a memory store enforcing one replica's share of
-each limit."""
+``sluice.policy.capacity.quota``) and ``ScaledStore``, a memory store enforcing one replica's share
+of each limit."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from sluice.policy.quota import QuotaLimits, QuotaState, TenantQuota
+from sluice.policy.capacity.quota import QuotaLimits, QuotaState, TenantQuota
 
 CONCURRENCY_RETRY_S = 1.0
 """Retry-After for a full concurrency cap: a slot frees when a request ends, which no bucket

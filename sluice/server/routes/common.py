@@ -18,7 +18,7 @@ from pydantic import BaseModel
 from sluice.config import TenantConfig
 from sluice.engine.request import Final, PromptProgress, RequestStatus, TokenEvent
 from sluice.engine.request import Request as RtRequest
-from sluice.policy.keep_alive import KeepAlive
+from sluice.policy.capacity.keep_alive import KeepAlive
 from sluice.server.context import AppContext
 from sluice.server.core import (
     Generation,

@@ -4,7 +4,7 @@ error in Ollama's shape, ``{"error": "..."}``, with the status sluice's error ha
 are named as on the other APIs (``model_name``: aliases, ``name:latest`` for ``name``);
 answers echo the name the client sent, as Ollama's do.
 
-``keep_alive`` goes to the model lifecycle (``sluice.policy.keep_alive``): a chat without
+``keep_alive`` goes to the model lifecycle (``sluice.policy.capacity.keep_alive``): a chat without
 messages or a generate without a prompt loads the model (``done_reason: "load"``), or with
 ``keep_alive: 0`` unloads it (``"unload"``). Models are configured, not pulled: ``/api/pull``,
 ``/api/create``, ``/api/delete``, ``/api/copy`` and ``/api/push`` answer 501 naming the sluice

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from itertools import islice
 from typing import TypeVar
 
-from sluice.policy.step_data import EngineConfig
+from sluice.policy.step.step_data import EngineConfig
 
 _T = TypeVar("_T")
 

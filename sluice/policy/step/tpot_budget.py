@@ -1,8 +1,8 @@
 """A step budget from a latency target: how many sequences decode at once, and how long a
 prefill chunk may be, follow the predicted step time against the model's TPOT target.
 
-``TpotBudget`` is a ``StepBudget`` (``sluice.policy.step_data``) built on the step-time
-model (``sluice.policy.step_cost``). Every running sequence gets one token per step, so
+``TpotBudget`` is a ``StepBudget`` (``sluice.policy.step.step_data``) built on the step-time
+model (``sluice.policy.step.step_cost``). Every running sequence gets one token per step, so
 its time per output token is the step time; the budget keeps the predicted step within
 ``margin × tpot_target_s``:
 
@@ -15,7 +15,7 @@ its time per output token is the step time; the budget keeps the predicted step 
   budget); a step whose decodes already fill the target still feeds ``min_prefill_tokens``
   so that admitted prompts always progress (a bounded overshoot, never a stall).
 
-The margin is learned from the measured error (``sluice.policy.tpot_margin``); the fixed
+The margin is learned from the measured error (``sluice.policy.step.tpot_margin``); the fixed
 ``DEFAULT_MARGIN`` is its prior. Pure: no clocks; the engine (and the simulator) builds
 one per step from the current (learned) step cost and margin.
 """
@@ -26,9 +26,9 @@ import math
 import sys
 from dataclasses import dataclass
 
-from sluice.policy.step_cost import StepCost
-from sluice.policy.step_data import StepLoad, WaitingSeq
-from sluice.policy.tpot_margin import DEFAULT_MARGIN
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.step_data import StepLoad, WaitingSeq
+from sluice.policy.step.tpot_margin import DEFAULT_MARGIN
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class TpotBudget:
     """Prompt tokens a step may feed even when its decodes fill the target (progress)."""
     limit_s: float | None = None
     """The longest step to plan when the width plan widened past the budget to start the
-    waiting line by its first-token targets (``sluice.policy.width``); None: ``margin ×
+    waiting line by its first-token targets (``sluice.policy.step.width``); None: ``margin ×
     tpot_target_s``."""
 
     def __post_init__(self) -> None:

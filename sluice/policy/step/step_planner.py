@@ -4,10 +4,10 @@
 waiting line, free slots, KV capacity, ``now``) and returns a ``StepPlan``: the chunks to
 feed, in feed order, and the waiting requests to start, in the order they must be
 applied. It decides only; the engine (or the simulator) applies the plan: it starts the
-admitted requests, reserves their KV blocks (a ``SlotTable``, ``sluice.policy.slot_table``),
+admitted requests, reserves their KV blocks (a ``SlotTable``, ``sluice.policy.step.slot_table``),
 copies shared prefixes, runs the pass, and samples. This is vLLM v1's ``SchedulerOutput``
 split: the views, the plan and the ``StepBudget`` seam are plain data in
-``sluice.policy.step_data``.
+``sluice.policy.step.step_data``.
 
 Invariants of every plan (``tests/policy/test_step_planner.py`` checks them on random
 views):
@@ -55,7 +55,7 @@ views):
 - **Speculation** (a ``DraftBudget`` given): after the admissions, the decode chunk of a
   sequence with a proposal (``RunningSeq.draft``) may carry the first ``draft_tokens`` of
   it after its decode token (``n_tokens = 1 + draft_tokens``, every row's logits wanted),
-  as ``sluice.policy.speculation.choose_draft_lengths`` decides from the tokens left in the
+  as ``sluice.policy.step.speculation.choose_draft_lengths`` decides from the tokens left in the
   budget and the step's time limit. Drafting never changes the admissions, the prefill
   chunks or which sequences decode; without a ``DraftBudget`` no chunk drafts.
 
@@ -72,15 +72,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from sluice.policy.kv_blocks import KVSnapshot
-from sluice.policy.prefix_retention import common_prefix_tokens
-from sluice.policy.speculation import (
+from sluice.policy.step.kv_blocks import KVSnapshot
+from sluice.policy.step.prefix_retention import common_prefix_tokens
+from sluice.policy.step.speculation import (
     DraftBudget,
     DraftCandidate,
     PlannedStep,
     choose_draft_lengths,
 )
-from sluice.policy.step_data import (
+from sluice.policy.step.step_data import (
     TOKENS_ONLY,
     Admission,
     EngineConfig,

@@ -12,10 +12,15 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sluice.policy.backlog import NO_MARGIN, Backlog, PredictionError, Queued, replan
-from sluice.policy.planner import PlannerConfig, VariantChoice, VariantState, choose_variant
-from sluice.policy.rates import RateMeter
-from sluice.policy.service_estimator import LengthPrior, ServiceEstimator
+from sluice.policy.queues.rates import RateMeter
+from sluice.policy.variants.backlog import NO_MARGIN, Backlog, PredictionError, Queued, replan
+from sluice.policy.variants.planner import (
+    PlannerConfig,
+    VariantChoice,
+    VariantState,
+    choose_variant,
+)
+from sluice.policy.variants.service_estimator import LengthPrior, ServiceEstimator
 
 ARRIVAL_WINDOW_S = 3.0
 """The group's arrival rate is counted over this window (short, so the steady-state
@@ -109,7 +114,7 @@ class VariantTracker:
 
     def scale(self, variant: str, longest: int, batch_size: int = 1) -> float:
         """How many times its curve a batch of ``variant`` and ``batch_size`` whose longest
-        input has ``longest`` characters takes (``sluice.policy.backlog.LengthScale``)."""
+        input has ``longest`` characters takes (``sluice.policy.variants.backlog.LengthScale``)."""
         est = self.service[variant]
         return est.factor(longest, batch_size) / est.factor(0)
 

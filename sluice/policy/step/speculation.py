@@ -15,7 +15,7 @@ model's choice after each, and keeps the longest prefix the model agrees with.
 - ``AcceptanceRate``: a sequence's measured share of drafted tokens accepted, smoothed
   towards a prior and decayed so that it follows the text as it changes.
 - ``choose_draft_lengths``: each sequence's draft length for one step, from the step-time
-  model (``sluice.policy.step_cost``), the acceptance rates and the step's time limit.
+  model (``sluice.policy.step.step_cost``), the acceptance rates and the step's time limit.
 
 The choice. A draft token ``j`` of a sequence whose drafts are accepted with probability
 ``a`` each yields a token with probability ``a ** j`` (every draft before it must be
@@ -36,7 +36,7 @@ modest acceptance; as the batch grows the step becomes compute-bound, ``E / T`` 
 lengths fall to 0 by themselves.
 
 Pure: no clocks, no model. The engine owns one index and one rate per sequence; the step
-planner (``sluice.policy.step_planner``) calls ``choose_draft_lengths``.
+planner (``sluice.policy.step.step_planner``) calls ``choose_draft_lengths``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sluice.policy.step_cost import StepCost
+from sluice.policy.step.step_cost import StepCost
 
 DEFAULT_MAX_NGRAM = 3
 """Longest suffix looked up (llama.cpp's prompt lookup and HF's default match 1-3)."""

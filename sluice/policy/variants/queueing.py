@@ -1,6 +1,6 @@
 """Queueing formulas of the M/M/c queue: Erlang's C (the probability an arrival waits)
 and the mean wait before service. Pure and exact for Poisson arrivals and exponential
-service; the variant planner (``sluice.policy.planner``) states what it assumes of them."""
+service; the variant planner (``sluice.policy.variants.planner``) states what it assumes of them."""
 
 from __future__ import annotations
 

@@ -14,11 +14,11 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sluice.policy.admission import AdmissionConfig, AdmissionPolicy, Rejection
-from sluice.policy.dispatch import Dispatch, Dispatcher
-from sluice.policy.rates import RateMeter
-from sluice.policy.router import make_router
-from sluice.policy.scheduler import make_scheduler
+from sluice.policy.queues.admission import AdmissionConfig, AdmissionPolicy, Rejection
+from sluice.policy.queues.dispatch import Dispatch, Dispatcher
+from sluice.policy.queues.rates import RateMeter
+from sluice.policy.queues.router import make_router
+from sluice.policy.queues.scheduler import make_scheduler
 from sluice.policy.types import QueueItem
 
 COMPLETIONS_WINDOW_S = 10.0

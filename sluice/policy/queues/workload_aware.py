@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 
-from sluice.policy._queues import OldestFirst
+from sluice.policy.queues._queues import OldestFirst
 from sluice.policy.types import QueueItem
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sluice.policy.admission import clamp_retry_after
-from sluice.policy.kv_blocks import KVBlockAllocator
-from sluice.policy.step_cost import StepCost
-from sluice.policy.step_data import TOKENS_ONLY, StepBudget
-from sluice.policy.tpot_budget import TpotBudget
-from sluice.policy.ttft import LineEntry, TtftPrediction
-from sluice.policy.width import WidthPlan, arrival_due_s, engine_width, predict_engine_ttft
+from sluice.policy.queues.admission import clamp_retry_after
+from sluice.policy.step.kv_blocks import KVBlockAllocator
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.step_data import TOKENS_ONLY, StepBudget
+from sluice.policy.step.tpot_budget import TpotBudget
+from sluice.policy.step.ttft import LineEntry, TtftPrediction
+from sluice.policy.step.width import WidthPlan, arrival_due_s, engine_width, predict_engine_ttft
 
 MIN_RETRY_AFTER_S = 1.0
 MAX_RETRY_AFTER_S = 60.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from sluice.policy.token_bucket import BucketState, TokenBucket
+from sluice.policy.capacity.token_bucket import BucketState, TokenBucket
 
 #: The limit a refusal names. ``too_large``: the token estimate exceeds the token bucket's
 #: capacity, so no amount of waiting admits it.

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from sluice.policy._queues import OldestFirst, UrgentFirst
+from sluice.policy.queues._queues import OldestFirst, UrgentFirst
+from sluice.policy.queues.wfq import WfqScheduler, validate_tenant_weights
+from sluice.policy.queues.workload_aware import WorkloadAwareScheduler
 from sluice.policy.types import QueueItem
-from sluice.policy.wfq import WfqScheduler, validate_tenant_weights
-from sluice.policy.workload_aware import WorkloadAwareScheduler
 
 SCHEDULER_NAMES = ("fifo", "workload_aware", "priority_edf", "wfq")
 

@@ -13,7 +13,7 @@ applies those decisions and the ones that follow from a sequence ending or movin
   becomes free, or, when ``retains`` says so, keeps ``prefix`` as the most recently used
   retained prefix (past ``max_retained_slots`` the least recently used one is dropped).
 - ``moves`` / ``move`` keep the running sequences on the lowest slots
-  (``sluice.policy.slot_layout``), with one KV stream per slot.
+  (``sluice.policy.step.slot_layout``), with one KV stream per slot.
 - ``free_slots`` and ``retained`` are what the planner's ``StepView`` is given.
 
 Invariants (``check_integrity``): every slot ``0 .. n_slots - 1`` is exactly one of free,
@@ -33,10 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sluice.policy.kv_blocks import KVBlockAllocator
-from sluice.policy.prefix_retention import retain_prefix, retains
-from sluice.policy.slot_layout import SlotMove, compaction_moves
-from sluice.policy.step_data import Admission, EngineConfig, PrefixCopy, RetainedSeq
+from sluice.policy.step.kv_blocks import KVBlockAllocator
+from sluice.policy.step.prefix_retention import retain_prefix, retains
+from sluice.policy.step.slot_layout import SlotMove, compaction_moves
+from sluice.policy.step.step_data import Admission, EngineConfig, PrefixCopy, RetainedSeq
 
 SlotKind = Literal["free", "retained", "running", "held"]
 

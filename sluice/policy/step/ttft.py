@@ -24,7 +24,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sluice.policy.step_cost import StepCost
+from sluice.policy.step.step_cost import StepCost
 
 
 def request_start_by_s(deadline_s: float | None, ttft_deadline_s: float | None,

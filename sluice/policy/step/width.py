@@ -1,7 +1,7 @@
 """How many sequences decode at once: the TPOT target's width, widened when the waiting
 line would otherwise miss its first-token targets.
 
-The TPOT budget (``sluice.policy.tpot_budget``) keeps every planned step within
+The TPOT budget (``sluice.policy.step.tpot_budget``) keeps every planned step within
 ``margin × tpot_target_s``; alone, it queues whatever does not fit, with no limit on how
 long the line waits for a first token (32 closed-loop clients of a 16-wide budget wait
 half a minute each). ``plan_width`` makes the TPOT target soft: it binds while the waiting
@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sluice.policy.kv_blocks import KVBlockAllocator
-from sluice.policy.step_cost import StepCost
-from sluice.policy.tpot_budget import TpotBudget
-from sluice.policy.ttft import (
+from sluice.policy.step.kv_blocks import KVBlockAllocator
+from sluice.policy.step.step_cost import StepCost
+from sluice.policy.step.tpot_budget import TpotBudget
+from sluice.policy.step.ttft import (
     LineEntry,
     TtftPrediction,
     line_first_tokens_s,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from sluice.policy._queues import UrgentFirst
+from sluice.policy.queues._queues import UrgentFirst
 from sluice.policy.types import QueueItem
 
 IDLE_SLACK = 64

@@ -1,7 +1,7 @@
 """The plain data of step planning: how an engine batches (``EngineConfig``), what the
 planner sees (``StepView`` of ``RunningSeq``, ``WaitingSeq``, ``RetainedSeq``; the
 ``StepBudget`` it asks), and what it decides (``StepPlan`` of ``PlannedChunk`` and
-``Admission``). ``sluice.policy.step_planner`` states the invariants every plan keeps."""
+``Admission``). ``sluice.policy.step.step_planner`` states the invariants every plan keeps."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from sluice.policy.kv_blocks import KVSnapshot
+from sluice.policy.step.kv_blocks import KVSnapshot
 
 BatchingMode = Literal["continuous", "static", "serial"]
 LineOrder = Literal["arrival", "priority_deadline"]

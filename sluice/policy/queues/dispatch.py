@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sluice.policy.router import NoRoute, Router
-from sluice.policy.scheduler import Scheduler
+from sluice.policy.queues.router import NoRoute, Router
+from sluice.policy.queues.scheduler import Scheduler
 from sluice.policy.types import QueueItem, WorkerView
 
 

@@ -3,7 +3,7 @@
 Check, then act: ``plan_load`` says what a load would evict (or ``None`` if it cannot happen
 now); the caller evicts the victims, loads the model, then calls ``commit_load``. Likewise
 ``expired(now, busy)`` says which idle models their keep-alive lets go
-(``sluice.policy.keep_alive``); the caller unloads them with ``evict``.
+(``sluice.policy.capacity.keep_alive``); the caller unloads them with ``evict``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from sluice.policy.keep_alive import STAY, KeepAlive, expires_at_s
+from sluice.policy.capacity.keep_alive import STAY, KeepAlive, expires_at_s
 
 EVICTION_NAMES = ("lru", "cost_aware")
 

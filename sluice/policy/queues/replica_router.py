@@ -3,7 +3,7 @@
 Each replica is one whole sluice runtime (its own queue, workers and engines). A front end
 (Ray Serve's request router, in ``sluice.cluster``) asks one of these policies for a
 *ranking* of the replicas and sends the request to the first one in it that still has
-room; the in-process routers of ``sluice.policy.router`` then pick a worker inside it.
+room; the in-process routers of ``sluice.policy.queues.router`` then pick a worker inside it.
 
 - ``round_robin``: rotation over the replicas with room, the baseline.
 - ``least_loaded``: fewest requests in flight first.
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sluice.policy.router import TIER_WORDS, residency_tier
+from sluice.policy.queues.router import TIER_WORDS, residency_tier
 
 REPLICA_ROUTER_NAMES = ("round_robin", "least_loaded", "affinity")
 

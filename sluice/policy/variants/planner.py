@@ -1,8 +1,8 @@
 """The variant planner: per request, the most accurate variant of a model group whose
 predicted sojourn time meets the request's deadline. Pure: numbers in, a plain
 ``VariantChoice`` out; time, rates and backlog are arguments. The M/M/c formulas are
-``sluice.policy.queueing``'s; the service times it is given come from
-``sluice.policy.service_estimator``.
+``sluice.policy.variants.queueing``'s; the service times it is given come from
+``sluice.policy.variants.service_estimator``.
 
 The queueing model, and the assumptions it rests on:
 
@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from sluice.policy.backlog import (
+from sluice.policy.variants.backlog import (
     NO_MARGIN,
     Backlog,
     BatchCurves,
@@ -48,7 +48,7 @@ from sluice.policy.backlog import (
     Margin,
     placement,
 )
-from sluice.policy.queueing import mmc_wait_s
+from sluice.policy.variants.queueing import mmc_wait_s
 
 PlannerPolicy = Literal["adaptive", "accurate", "fastest"]
 POLICIES: tuple[PlannerPolicy, ...] = ("adaptive", "accurate", "fastest")
@@ -196,7 +196,7 @@ def predict(
 
     Without ``backlog`` the present is approximated from ``in_system`` counts (each
     request at its variant's per-item time, drained by ``c`` workers). With it, the
-    wait is when the batch the request would join starts (``sluice.policy.backlog``),
+    wait is when the batch the request would join starts (``sluice.policy.variants.backlog``),
     and its service that batch's time. ``steady_state=False`` leaves the Erlang-C term
     out (the planner does so below the low-load line, where the queue is the state).
     ``queued_curves``: batch curves of the variants queued in ``backlog`` that are not
@@ -206,7 +206,7 @@ def predict(
     work would leave the next arrival no variant at all. ``margin``: the planner's measured
     error, kept free after each variant's predicted sojourn (``meets_deadline`` only).
     ``length``: the request's input in characters and ``scale`` how a batch's time grows
-    with its longest member (``sluice.policy.backlog.LengthScale``; with a backlog only).
+    with its longest member (``sluice.policy.variants.backlog.LengthScale``; with a backlog only).
     """
     k = config.pessimism
     ordered = _by_accuracy(variants)
@@ -272,7 +272,7 @@ def choose_variant(
     whose predicted sojourn fits ``time_left_s``; if none fits, ``variant`` is ``None``
     (reject now) with a Retry-After from the best prediction.
 
-    With ``backlog`` (the pool's queued and running work, ``sluice.policy.backlog``) the
+    With ``backlog`` (the pool's queued and running work, ``sluice.policy.variants.backlog``) the
     prediction starts from the state: below the low-load line the accurate variant is
     kept only while its predicted finish behind the queue meets the deadline (reason
     ``low_load``), else the most accurate variant that does is taken at once (reason
