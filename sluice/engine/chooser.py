@@ -10,11 +10,13 @@ chooses for every sequence that has a logits row:
    of a fork share one); logit bias, then penalties, on those copies in one update each.
 2. ``TokenChooser.pick`` (per sequence; the engine's crash barrier wraps it): grammar mask,
    then ``sample_token``, then budget steering of a constrained sequence, then the
-   log-probabilities of the token taken.
+   log-probabilities of the token taken (or, for ``post_sampling_probs``, its
+   probability in the distribution it was drawn from: ``post_chain_probs`` on the same
+   row, after the draw, so the draw and the random stream are the same either way).
 3. ``TokenChooser.accept`` (per sequence, barrier-wrapped): the grammar and the penalty
    window take the token.
 
-A plain sequence (no penalties, bias, logprobs or constraint) goes straight to
+A plain sequence (no penalties, bias, probabilities or constraint) goes straight to
 ``sample_token`` on its raw row: the plain path costs what it cost before.
 """
 
@@ -36,8 +38,8 @@ from sluice.engine.penalties import (
     apply_penalties,
     penalties_active,
 )
-from sluice.engine.request import SamplingParams, TokenLogprob
-from sluice.engine.sampling import new_rng, sample_token
+from sluice.engine.request import SamplingParams, TokenLogprob, TokenProb
+from sluice.engine.sampling import new_rng, post_chain_probs, sample_token
 
 WHOLE_CONTEXT = 1 << 30
 """A penalty window longer than any sequence."""
@@ -45,11 +47,14 @@ WHOLE_CONTEXT = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class Pick:
-    """The token a sequence takes, with its log-probabilities when asked for."""
+    """The token a sequence takes, with its log-probabilities (or post-chain
+    probabilities) when asked for."""
 
     token: int
     logprob: float | None = None
     top_logprobs: tuple[TokenLogprob, ...] = ()
+    prob: float | None = None
+    top_probs: tuple[TokenProb, ...] = ()
 
 
 class TokenChooser:
@@ -79,14 +84,17 @@ class TokenChooser:
         bias = BiasTable.build(params.logit_bias, vocab_size) if params.logit_bias else None
         self.bias = None if bias is None or bias.empty else bias
         self.top_k_logprobs = max(0, min(params.top_logprobs, MAX_TOP_LOGPROBS))
-        self.wants_logprobs = params.logprobs or self.top_k_logprobs > 0
+        self.wants_post_probs = params.logprobs and params.post_sampling_probs
+        """Reports the sampled distribution (``post_chain_probs``), not log-probabilities."""
+        self.wants_logprobs = ((params.logprobs or self.top_k_logprobs > 0)
+                               and not self.wants_post_probs)
         self.edits_row = self._penalize or self.bias is not None or grammar is not None
         """Its row is changed before sampling (so it samples from a copy)."""
 
     @property
     def plain(self) -> bool:
         """Nothing but ``sample_token`` on the raw row."""
-        return not (self.edits_row or self.wants_logprobs)
+        return not (self.edits_row or self.wants_logprobs or self.wants_post_probs)
 
     def fork(self, choice: int, seed: int, context_tokens: Sequence[int],
              vocab_size: int) -> TokenChooser:
@@ -113,10 +121,27 @@ class TokenChooser:
             token = sample_token(row, self.params, self.rng)
         if self.grammar is not None:
             token = self.grammar.steer(token, tokens_left)
+        if self.wants_post_probs:
+            return self._post_chain_pick(row, subset, token)
         if not self.wants_logprobs:
             return Pick(token)
         top = top_logprobs(raw, lse, self.top_k_logprobs) if self.top_k_logprobs else ()
         return Pick(token, float(raw[token]) - lse, top)
+
+    def _post_chain_pick(self, row: np.ndarray, subset: np.ndarray | None,
+                         token: int) -> Pick:
+        """``token`` with its probability in the distribution it was drawn from (0.0
+        where budget steering forced a token the chain had dropped) and the chain's
+        ``top_logprobs`` most likely candidates."""
+        k = self.top_k_logprobs
+        if subset is None:
+            prob, top = post_chain_probs(row, self.params, token, k)
+            return Pick(token, prob=prob, top_probs=top)
+        local = np.flatnonzero(subset == token)
+        prob, top = post_chain_probs(row[subset], self.params,
+                                     int(local[0]) if local.size else -1, k)
+        return Pick(token, prob=prob,
+                    top_probs=tuple(TokenProb(int(subset[t.token_id]), t.prob) for t in top))
 
     def accept(self, token: int) -> None:
         """The sequence took ``token``."""

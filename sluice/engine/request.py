@@ -104,6 +104,10 @@ class SamplingParams:
     constraint: Constraint | None = None
     thinking: ThinkingLimit | None = None
     """A budget of thinking tokens (``engine.thinking``); ``None``: no limit."""
+    post_sampling_probs: bool = False
+    """With ``logprobs``: report probabilities after the sampler chain (``TokenEvent.prob``
+    and ``top_probs``, ``top_logprobs`` of them), the distribution the token was drawn
+    from, instead of the model's log-probabilities (llama-server's ``post_sampling_probs``)."""
     speculation: bool = True
     """May the engine draft tokens for it (n-gram speculation, greedy requests only, when
     the model's ``speculation`` is ``auto``); False: never. Output is the same either way."""
@@ -113,6 +117,14 @@ class SamplingParams:
 class TokenLogprob:
     token_id: int
     logprob: float
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProb:
+    """A token's probability after the sampler chain (0 < ``prob`` <= 1 for a candidate)."""
+
+    token_id: int
+    prob: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +141,11 @@ class TokenEvent:
     """Set when params.logprobs."""
     top_logprobs: tuple[TokenLogprob, ...] = ()
     """params.top_logprobs best, most likely first."""
+    prob: float | None = None
+    """Set when params.post_sampling_probs: the token's probability after the chain."""
+    top_probs: tuple[TokenProb, ...] = ()
+    """params.post_sampling_probs: the chain's most likely kept candidates, most likely
+    first."""
 
 
 @dataclass(frozen=True, slots=True)

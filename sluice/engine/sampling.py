@@ -30,7 +30,8 @@ import math
 
 import numpy as np
 
-from sluice.engine.request import SamplingParams
+from sluice.engine.logprobs import top_logprobs
+from sluice.engine.request import SamplingParams, TokenProb
 
 NUCLEUS_HEAD = 1024
 """Candidates partitioned out for top-p before falling back to a full sort."""
@@ -73,6 +74,56 @@ def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         return index
     top = float(row.max())  # NaN if any entry is NaN, +inf if any is +inf
     _check_finite(top)
+    cand, scaled = _filtered(row, params, top)
+    if params.top_p < 1.0:
+        chosen = _nucleus(scaled, params.top_p, rng)
+    else:
+        chosen = draw_index(np.exp(scaled), rng)
+    return chosen if cand is None else int(cand[chosen])
+
+
+def post_chain_probs(logits: np.ndarray, params: SamplingParams, token: int,
+                     k: int) -> tuple[float, tuple[TokenProb, ...]]:
+    """The distribution ``sample_token`` draws from for this row, as llama-server's
+    ``post_sampling_probs`` reports it: ``token``'s probability in it (0.0 if the chain
+    dropped it) and its ``k`` most likely candidates (ties: lower id first), each with a
+    positive probability. The kept candidates' probabilities sum to 1, so fewer than
+    ``k`` come back only when fewer are kept. Greedy rows are a point mass: the argmax has
+    1.0, and it is the one candidate. Raises ``SamplingError`` as ``sample_token``."""
+    row = np.asarray(logits, dtype=np.float32)
+    if not params.temperature >= MIN_TEMPERATURE:  # also NaN
+        index = int(np.argmax(row))
+        _check_finite(float(row[index]))
+        return (1.0 if token == index else 0.0), ((TokenProb(index, 1.0),) if k > 0 else ())
+    top = float(row.max())
+    _check_finite(top)
+    cand, scaled = _filtered(row, params, top)
+    if params.top_p < 1.0:  # the nucleus: the same set _nucleus draws from
+        kept = _nucleus_set(scaled, np.exp(scaled), params.top_p)
+        cand = kept if cand is None else cand[kept]
+        scaled = scaled[kept]
+    if cand is not None:  # candidates in id order, so a tie reports the lower id first
+        order = np.argsort(cand, kind="stable")
+        cand, scaled = cand[order], scaled[order]
+    lse = math.log(float(np.exp(scaled).sum(dtype=np.float64)))
+    if cand is None:
+        at = token if 0 <= token < row.size else -1
+    else:
+        found = int(np.searchsorted(cand, token))
+        at = found if found < cand.size and int(cand[found]) == token else -1
+    prob = math.exp(float(scaled[at]) - lse) if at >= 0 else 0.0
+    best = top_logprobs(scaled, lse, k) if k > 0 else ()
+    ids = [t.token_id if cand is None else int(cand[t.token_id]) for t in best]
+    probs = [math.exp(t.logprob) for t in best]
+    # a masked (-inf) or vanishing candidate has probability 0: never reported
+    return prob, tuple(TokenProb(i, p) for i, p in zip(ids, probs, strict=True) if p > 0.0)
+
+
+def _filtered(row: np.ndarray, params: SamplingParams,
+              top: float) -> tuple[np.ndarray | None, np.ndarray]:
+    """The survivors of ``min_p`` and ``top_k`` (indices into ``row``; None = the whole
+    row) and their logits after temperature, shifted so the top is 0 (float32)."""
+    temperature = params.temperature
     # min_p and top_k select on the raw row (temperature keeps the order, and min_p's
     # bound (l - top) / T >= log(min_p) is l >= top + T log(min_p)); only the survivors
     # are scaled.
@@ -92,11 +143,7 @@ def sample_token(logits: np.ndarray, params: SamplingParams, rng: np.random.Gene
         # Shifted so the top is 0 (exp never overflows), then divided in float32: the
         # quotient may reach -1e5 x the logit range, far inside float32's range.
         scaled = (kept - np.float32(top)) * np.float32(1.0 / temperature)
-    if params.top_p < 1.0:
-        chosen = _nucleus(scaled, params.top_p, rng)
-    else:
-        chosen = draw_index(np.exp(scaled), rng)
-    return chosen if cand is None else int(cand[chosen])
+    return cand, scaled
 
 
 def _check_finite(value: float) -> None:
@@ -109,6 +156,13 @@ def _nucleus(scaled: np.ndarray, top_p: float, rng: np.random.Generator) -> int:
     """Sample an index of ``scaled`` (which holds its maximum, 0) after keeping the
     smallest most-likely set holding ``top_p`` of its mass."""
     weights = np.exp(scaled)
+    idx = _nucleus_set(scaled, weights, top_p)
+    return int(idx[draw_index(weights[idx], rng)])
+
+
+def _nucleus_set(scaled: np.ndarray, weights: np.ndarray, top_p: float) -> np.ndarray:
+    """The indices of ``scaled`` (``weights`` = its exponentials) in the smallest
+    most-likely set holding ``top_p`` of the mass, most likely first."""
     total = float(weights.sum(dtype=np.float64))
     size = scaled.size
     head = min(NUCLEUS_HEAD, size)
@@ -120,8 +174,8 @@ def _nucleus(scaled: np.ndarray, top_p: float, rng: np.random.Generator) -> int:
     idx = idx[np.argsort(-scaled[idx], kind="stable")]
     probs = weights[idx].astype(np.float64)
     keep = int(np.searchsorted(np.cumsum(probs) / total, top_p) + 1)
-    idx = idx[:keep]
-    return int(idx[draw_index(weights[idx], rng)])
+    kept: np.ndarray = idx[:keep]
+    return kept
 
 
 def draw_index(weights: np.ndarray, rng: np.random.Generator) -> int:

@@ -1,6 +1,7 @@
 """llama-server's native response bodies: the ``/completion`` (and ``/infill``) result and
 stream chunks, its ``timings`` object, ``generation_settings`` and
-``completion_probabilities``.
+``completion_probabilities`` (each token's ``logprob`` and ``top_logprobs``, or with
+``post_sampling_probs`` its ``prob`` and ``top_probs``: the sampler chain's distribution).
 
 A stream is one ``data: {...}`` chunk per generated token (``content``: the text that
 became safe to show, ``tokens``: its id, ``stop: false``), then one last chunk with
@@ -62,7 +63,7 @@ def generation_settings(params: SamplingParams, *, n_predict: int, stream: bool,
         "stop": list(params.stop), "ignore_eos": params.ignore_eos, "stream": stream,
         "n_probs": params.top_logprobs if params.logprobs else 0,
         "samplers": list(samplers), "timings_per_token": timings_per_token,
-        "post_sampling_probs": False, "lora": [],
+        "post_sampling_probs": params.post_sampling_probs, "lora": [],
     }
 
 
@@ -110,7 +111,7 @@ class NativeShape(Shape):
                                  "stop": False, **self._counts()}
         if self.timings_per_token:
             chunk["timings"] = timings(self.req, self._n_predicted, event.time_s)
-        if self.n_probs and event.logprob is not None:
+        if self.n_probs and _has_probs(event):
             chunk["completion_probabilities"] = [self._probs(event)]
         return [chunk]
 
@@ -132,7 +133,7 @@ class NativeShape(Shape):
                             tokens=ids if self.return_tokens else [])
         if self.n_probs:
             body["completion_probabilities"] = [self._probs(e) for e in events
-                                                if e.token_id >= 0 and e.logprob is not None]
+                                                if e.token_id >= 0 and _has_probs(e)]
         return body
 
     def _result(self, final: Final, *, content: str, tokens: list[int]) -> dict[str, Any]:
@@ -157,11 +158,23 @@ class NativeShape(Shape):
         }
 
     def _probs(self, event: TokenEvent) -> dict[str, Any]:
+        if event.prob is not None:
+            return {**self._piece(event.token_id), "prob": event.prob,
+                    "top_probs": [{**self._piece(t.token_id), "prob": t.prob}
+                                  for t in event.top_probs]}
         return {**self._alt(TokenLogprob(event.token_id, event.logprob or 0.0)),
                 "top_logprobs": [self._alt(t) for t in event.top_logprobs]}
 
     def _alt(self, lp: TokenLogprob) -> dict[str, Any]:
-        raw = self.tok.token_bytes(lp.token_id)
         value = lp.logprob if lp.logprob > LOGPROB_FLOOR else LOGPROB_FLOOR
-        return {"id": lp.token_id, "token": raw.decode("utf-8", "ignore"),
-                "bytes": list(raw), "logprob": value}
+        return {**self._piece(lp.token_id), "logprob": value}
+
+    def _piece(self, token_id: int) -> dict[str, Any]:
+        raw = self.tok.token_bytes(token_id)
+        return {"id": token_id, "token": raw.decode("utf-8", "ignore"), "bytes": list(raw)}
+
+
+def _has_probs(event: TokenEvent) -> bool:
+    """Whether the engine reported probabilities for this token (a forced token, such as
+    a thinking budget's end tag, has none)."""
+    return event.logprob is not None or event.prob is not None

@@ -11,7 +11,9 @@ and their translation into the serving core's terms.
 - the sampling fields llama.cpp's sampler chain shares with sluice's engine, and
   ``samplers``: which of them apply (one left out of the list is off, as in llama.cpp; the
   order is the engine's: penalties, top-k, top-p, min-p, temperature);
-- ``n_probs``: each generated token's log-probability with that many alternatives;
+- ``n_probs``: each generated token's log-probability with that many alternatives; with
+  ``post_sampling_probs``, its probability after the sampler chain (the distribution it
+  was drawn from) with that many of the chain's kept candidates;
 - ``cache_prompt`` and ``id_slot`` are accepted: prefix reuse and the slot are the engine's
   choice.
 
@@ -131,9 +133,9 @@ class NativeCompletionRequest(SamplingBody):
     """One completion per request (``n_cmpl`` > 1 answers an array in llama-server)."""
     n_probs: int = Field(default=0, ge=0, le=MAX_TOP_LOGPROBS)
     """Each token's log-probability with this many alternatives (0: none)."""
-    post_sampling_probs: Literal[False] = False
-    """Probabilities after the sampler chain are not reported: ``n_probs`` gives the
-    model's own."""
+    post_sampling_probs: StrictBool = False
+    """With ``n_probs``: probabilities after the sampler chain (``prob``, ``top_probs``)
+    instead of the model's log-probabilities (``logprob``, ``top_logprobs``)."""
     return_tokens: StrictBool = False
     cache_prompt: StrictBool = True
     """Accepted: the engine reuses a retained prefix whenever one matches."""
@@ -305,7 +307,8 @@ def native_sampling(body: NativeCompletionRequest, tok: Tokenizer) -> dict[str, 
         "logit_bias": _native_bias(body, tok),
     }
     if body.n_probs:
-        kwargs.update(logprobs=True, top_logprobs=body.n_probs)
+        kwargs.update(logprobs=True, top_logprobs=body.n_probs,
+                      post_sampling_probs=body.post_sampling_probs)
     chosen = set(body.sampler_names())
     off: dict[str, Any] = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
     kwargs.update({k: v for k, v in off.items() if k not in chosen})

@@ -6,6 +6,7 @@ with the server serving a real request afterwards."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -178,6 +179,40 @@ def test_n_probs_gives_completion_probabilities(live: LiveServer) -> None:
     assert [p["id"] for p in streamed] == [p["id"] for p in probs]
 
 
+def test_post_sampling_probs_report_the_distribution_drawn_from(live: LiveServer) -> None:
+    """The synthetic row is 10 and 5 at two ids (or 15 at one) and 0 elsewhere: with
+    ``top_k`` 5 (no top-p, no min-p) the chain keeps five candidates, whose
+    probabilities are computed here."""
+    e = math.exp
+    first = {e(10) / (e(10) + e(5) + 3), e(15) / (e(15) + 4)}
+    body = {"prompt": "hello", "n_predict": 4, "n_probs": 10, "temperature": 1.0,
+            "top_k": 5, "top_p": 1.0, "min_p": 0.0, "seed": 3, "post_sampling_probs": True}
+    with live.client() as c:
+        whole = c.post("/completion", json=body).json()
+        chunks = stream_chunks(c, body)
+        greedy = c.post("/completion", json={**body, "temperature": 0}).json()
+        none = c.post("/completion", json={**body, "n_probs": 0}).json()
+    assert whole["generation_settings"]["post_sampling_probs"] is True
+    probs = whole["completion_probabilities"]
+    assert len(probs) == whole["tokens_predicted"] > 0
+    for p in probs:
+        assert set(p) == {"id", "token", "bytes", "prob", "top_probs"}
+        top = p["top_probs"]
+        assert len(top) == 5  # fewer than n_probs: the kept ones, summing to 1
+        assert sum(t["prob"] for t in top) == pytest.approx(1.0)
+        assert all(0.0 < t["prob"] <= 1.0 and set(t) == {"id", "token", "bytes", "prob"}
+                   for t in top)
+        assert [t["prob"] for t in top] == sorted((t["prob"] for t in top), reverse=True)
+        assert any(top[0]["prob"] == pytest.approx(f) for f in first)
+        assert p["prob"] == {t["id"]: t["prob"] for t in top}[p["id"]]
+    streamed = [c["completion_probabilities"][0] for c in chunks if not c["stop"]]
+    assert streamed == probs  # seeded: the same tokens and distributions
+    for p in greedy["completion_probabilities"]:  # llama-server's point mass
+        assert p["prob"] == 1.0 and [(t["id"], t["prob"]) for t in p["top_probs"]] == [
+            (p["id"], 1.0)]
+    assert "completion_probabilities" not in none
+
+
 def test_stop_word_and_eos_give_their_stop_type(live: LiveServer,
                                                 serve: Callable[..., LiveServer]) -> None:
     with live.client() as c:
@@ -261,7 +296,7 @@ def test_grammar_constrains_a_native_completion(live: LiveServer) -> None:
     ({"prompt": "hi", "samplers": ["mirostat_v9"]}, "samplers"),
     ({"prompt": "hi", "mirostat": 2}, "mirostat"),
     ({"prompt": "hi", "typical_p": 0.5}, "typical_p"),
-    ({"prompt": "hi", "post_sampling_probs": True}, "post_sampling_probs"),
+    ({"prompt": "hi", "n_probs": 2, "post_sampling_probs": 1}, "post_sampling_probs"),
     ({"prompt": "hi", "n_cmpl": 2}, "n_cmpl"),
     ({"prompt": "hi", "logit_bias": [["", -1]]}, "logit_bias"),
     ({"prompt": "hi", "logit_bias": [[1.5, -1]]}, "logit_bias"),

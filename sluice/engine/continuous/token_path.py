@@ -226,7 +226,8 @@ class TokenPath(Retirement):
             seq.thinking.observe(seq.text.text)
         seq.req.emit_token(TokenEvent(index=index, token_id=token, text=delta, time_s=now,
                                       choice=seq.choice, logprob=pick.logprob,
-                                      top_logprobs=pick.top_logprobs))
+                                      top_logprobs=pick.top_logprobs, prob=pick.prob,
+                                      top_probs=pick.top_probs))
         if seq.text.stopped or (grammar is not None and grammar.done):
             self._finish_choice(seq, "stop", now)
         elif seq.generated >= params.max_tokens:
