@@ -1,4 +1,4 @@
-"""The bad-input table (docs/reliability.md): every row is one malformed, hostile or
+"""The bad-input table (docs/bad-inputs.md): every row is one malformed, hostile or
 impossible request against a running server with API keys and an admin key configured.
 Each gets its documented status and, where the app answers, exactly the error body of the
 API it came through: OpenAI's, Anthropic's (``{"type": "error", "error": {"type",
