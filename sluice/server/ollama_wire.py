@@ -78,7 +78,8 @@ class Message(_Wire):
     images: list[str] | None = None
     tool_calls: list[ToolCall] | None = Field(default=None, max_length=128)
     tool_name: str | None = Field(default=None, max_length=256)
-    thinking: str | None = None
+    thinking: str | None = Field(default=None, max_length=10_000_000)
+    """An assistant turn's thinking: the chat template's ``reasoning_content``."""
 
 
 class _Generative(_Wire):
@@ -180,7 +181,8 @@ def refuse_unsupported(body: _Generative, images: list[str] | None) -> None:
 
 
 def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Ollama messages as the chat templates take them (OpenAI shapes)."""
+    """Ollama messages as the chat templates take them (OpenAI shapes; ``thinking`` as
+    ``reasoning_content``)."""
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         msg: dict[str, Any] = {"role": m.role, "content": m.content}
@@ -192,6 +194,8 @@ def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
                 for j, c in enumerate(m.tool_calls)]
         if m.role == "tool" and m.tool_name:
             msg["name"] = m.tool_name
+        if m.thinking:
+            msg["reasoning_content"] = m.thinking
         out.append(msg)
     return out
 

@@ -150,6 +150,12 @@ class ChatMessage(_Body):
     """Assistant messages: the calls it made."""
     tool_call_id: str | None = Field(default=None, max_length=256)
     """Tool messages: the call this is the result of."""
+    reasoning_content: str | None = Field(default=None, max_length=10_000_000)
+    """Assistant messages: the turn's thinking, as sluice returns it (passed to the chat
+    template, which may render it)."""
+    reasoning: str | None = Field(default=None, max_length=10_000_000)
+    """vLLM's name of ``reasoning_content`` (sluice returns both); ``reasoning_content``
+    wins where both are set."""
 
     @model_validator(mode="after")
     def _shape(self) -> ChatMessage:
@@ -168,7 +174,8 @@ class ChatMessage(_Body):
         return separator.join(p.text or "" for p in self.content)
 
     def as_dict(self) -> dict[str, Any]:
-        """The message as chat templates take it (content joined into one string)."""
+        """The message as chat templates take it (content joined into one string, past
+        thinking as ``reasoning_content``)."""
         out: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name:
             out["name"] = self.name
@@ -178,6 +185,9 @@ class ChatMessage(_Body):
                 for c in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
+        thinking = self.reasoning_content or self.reasoning
+        if thinking:
+            out["reasoning_content"] = thinking
         return out
 
 

@@ -15,7 +15,7 @@ import contextlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Literal
 
 from sluice.backends.chat.prompt import ChatPrompt, mark, mark_json, split_marked
 from sluice.backends.chat.tools import call_text, result_text, tool_preamble
@@ -51,6 +51,9 @@ class Capabilities:
     trims: bool = False
     """It strips whitespace around message content (then sluice strips it first, since
     marked content cannot be trimmed by the template)."""
+    reasoning_trim: Literal["none", "newlines", "whitespace"] = "none"
+    """What it strips around a message's ``reasoning_content`` (Qwen3's strips newlines),
+    stripped by sluice first for the same reason."""
 
 
 _PROBE_TOOL = {"type": "function", "function": {
@@ -64,6 +67,7 @@ _PROBE_RESULT = {"role": "tool", "tool_call_id": "call_probe", "name": "sluice_p
 
 
 _PROBE_OPTIONS = RenderOptions(enable_thinking=True)
+_PROBE_REASONING = "sluice_probe_reasoning"
 
 
 def probe(render: Render) -> Capabilities:
@@ -87,7 +91,25 @@ def probe(render: Render) -> Capabilities:
         tool_responses=shows([user, _PROBE_CALL, _PROBE_RESULT], None,
                              "sluice_probe_result") is not None,
         trims=padded is not None and "sluice_probe_user  " not in padded,
+        reasoning_trim=_reasoning_trim(render),
     )
+
+
+def _reasoning_trim(render: Render) -> Literal["none", "newlines", "whitespace"]:
+    """Render a last assistant turn whose thinking is padded with newlines and spaces (a
+    last turn, since templates such as Qwen3's show only the current turn's thinking) and
+    see which padding is left."""
+    padded = f"\n\n {_PROBE_REASONING} \n\n"
+    messages = [{"role": "user", "content": "sluice_probe_user"},
+                {"role": "assistant", "content": "sluice_probe_answer",
+                 "reasoning_content": padded}]
+    try:
+        out = render(messages, None, replace(_PROBE_OPTIONS, add_generation_prompt=False))
+    except ValueError:
+        return "none"
+    if _PROBE_REASONING not in out or padded in out:
+        return "none"
+    return "newlines" if f" {_PROBE_REASONING} " in out else "whitespace"
 
 
 class ChatTemplate:
@@ -103,8 +125,11 @@ class ChatTemplate:
     def apply(self, messages: Sequence[Message], tools: Tools | None = None,
               options: RenderOptions | None = None) -> ChatPrompt:
         """Render ``messages`` (OpenAI shapes: ``role``, ``content``, ``name``,
-        ``tool_calls``, ``tool_call_id``; ``developer`` counts as ``system``) with ``tools``
-        offered and ``options`` (default: a generation prompt, thinking on).
+        ``tool_calls``, ``tool_call_id``, ``reasoning_content``; ``developer`` counts as
+        ``system``) with ``tools`` offered and ``options`` (default: a generation prompt,
+        thinking on). A message's ``reasoning_content`` (its past thinking) reaches the
+        template as that key when it is not empty, as llama-server passes it; a template
+        that does not read it renders without it.
         ``ValueError`` (a message fit for a client) if the template refuses them."""
         prepared = self._prepare(messages, tools)
         native_tools = [_marked_tool(t) for t in tools] if tools and self.caps.tools else None
@@ -121,6 +146,11 @@ class ChatTemplate:
     def _text(self, value: Any) -> str:
         text = "" if value is None else str(value)
         return mark(text.strip() if self.caps.trims else text)
+
+    def _reasoning_text(self, text: str) -> str:
+        trim = self.caps.reasoning_trim
+        return mark(text.strip("\n") if trim == "newlines"
+                    else text.strip() if trim == "whitespace" else text)
 
     def _prepare(self, messages: Sequence[Message], tools: Tools | None) -> list[dict[str, Any]]:
         caps = self.caps
@@ -155,6 +185,9 @@ class ChatTemplate:
                 item["content"] = self._text(content)
             if message.get("name"):
                 item["name"] = mark(str(message["name"]))
+            reasoning = message.get("reasoning_content")
+            if reasoning:
+                item["reasoning_content"] = self._reasoning_text(str(reasoning))
             out.append(item)
         if tools and not caps.tools:
             preamble = self._text(tool_preamble(tools))
@@ -253,12 +286,18 @@ def _marked_tool(tool: Mapping[str, Any]) -> dict[str, Any]:
 
 def _merge_runs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Consecutive user (or assistant) turns joined, for templates that insist on
-    alternation once tool turns have become user and assistant turns."""
+    alternation once tool turns have become user and assistant turns; their
+    ``reasoning_content`` is joined the same way, so no turn's thinking is lost."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if out and m["role"] == out[-1]["role"] in ("user", "assistant") \
                 and "tool_calls" not in m and "tool_calls" not in out[-1]:
-            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + m["content"]}
+            merged = {**out[-1], "content": out[-1]["content"] + "\n\n" + m["content"]}
+            thoughts = [t for t in (out[-1].get("reasoning_content"),
+                                    m.get("reasoning_content")) if t]
+            if thoughts:
+                merged["reasoning_content"] = "\n\n".join(thoughts)
+            out[-1] = merged
         else:
             out.append(m)
     return out

@@ -57,8 +57,9 @@ class ToolResultBlock(_Body):
 
 
 class ThinkingBlock(_Body):
-    """Earlier thinking, sent back by the client: dropped from the prompt (as templates
-    drop past reasoning)."""
+    """Earlier thinking, sent back by the client: a ``thinking`` block's text is its turn's
+    ``reasoning_content`` for the chat template; ``redacted_thinking`` (encrypted by
+    Anthropic) is dropped."""
 
     type: Literal["thinking", "redacted_thinking"]
     thinking: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)

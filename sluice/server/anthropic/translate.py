@@ -46,8 +46,10 @@ def _refuse_media(where: str, block: MediaBlock) -> APIError:
 def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
     """The conversation in OpenAI message shapes: ``system`` first; a user turn's
     ``tool_result`` blocks become ``tool`` messages (in order), its text a user message; an
-    assistant turn's ``tool_use`` blocks become its ``tool_calls``; thinking blocks are
-    dropped. Images and documents: 400 (the served models read text only)."""
+    assistant turn's ``tool_use`` blocks become its ``tool_calls`` and its ``thinking``
+    blocks its ``reasoning_content`` (their texts joined, as llama-server joins them;
+    ``redacted_thinking`` dropped). Images and documents: 400 (the served models read text
+    only)."""
     out: list[dict[str, Any]] = []
     system = body.system_text()
     if system:
@@ -57,6 +59,7 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
             out.append({"role": message.role, "content": message.content})
             continue
         text: list[str] = []
+        thoughts: list[str] = []
         calls: list[dict[str, Any]] = []
         for j, block in enumerate(message.content):
             where = f"messages.{i}.content.{j}"
@@ -80,10 +83,14 @@ def chat_messages(body: CountTokensRequest) -> list[dict[str, Any]]:
                             "content": f"Error: {result}" if block.is_error else result})
             else:
                 assert isinstance(block, ThinkingBlock)
+                if block.type == "thinking" and block.thinking:
+                    thoughts.append(block.thinking)
         if message.role == "assistant":
             turn: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
             if calls:
                 turn["tool_calls"] = calls
+            if thoughts:
+                turn["reasoning_content"] = "".join(thoughts)
             out.append(turn)
         elif text:
             out.append({"role": "user", "content": "".join(text)})

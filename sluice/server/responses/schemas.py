@@ -73,11 +73,29 @@ class FunctionCallOutputItem(_Body):
         return "".join(p.text or "" for p in self.output)
 
 
+class ReasoningText(_Body):
+    """A part of a reasoning item: its thinking (``reasoning_text``, in ``content``) or a
+    summary of it (``summary_text``, in ``summary``)."""
+
+    type: Literal["reasoning_text", "summary_text"]
+    text: str = Field(max_length=MAX_TEXT_CHARS)
+
+
 class ReasoningItem(_Body):
-    """Earlier reasoning sent back by the client: dropped from the prompt."""
+    """Earlier reasoning sent back by the client: its ``content`` texts are the next
+    assistant turn's ``reasoning_content`` for the chat template (a summary is not the
+    thinking, and ``encrypted_content`` cannot be read: neither reaches the template)."""
 
     type: Literal["reasoning"]
     id: str | None = None
+    content: list[ReasoningText] | None = Field(default=None, max_length=MAX_INPUT_ITEMS)
+    summary: list[ReasoningText] = Field(default_factory=list, max_length=MAX_INPUT_ITEMS)
+    encrypted_content: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        """The thinking: the ``content`` texts joined."""
+        return "".join(p.text for p in self.content or [])
 
 
 def _item_type(v: Any) -> str:

@@ -36,6 +36,7 @@ from sluice.server.responses.schemas import (
     InputPart,
     MessageItem,
     NamedTool,
+    ReasoningItem,
     ResponsesRequest,
 )
 from sluice.server.schemas import ResponseFormat
@@ -70,7 +71,10 @@ def _part_text(parts: str | list[InputPart], where: str) -> str:
 def chat_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
     """``instructions`` as the system message, then each item: messages as they are, a run
     of ``function_call`` items as one assistant turn's ``tool_calls``,
-    ``function_call_output`` as a ``tool`` message; reasoning items dropped."""
+    ``function_call_output`` as a ``tool`` message. A reasoning item's text is an assistant
+    turn's ``reasoning_content``: the turn before it when that is an assistant turn (as
+    llama-server attaches it), else a new turn that the assistant message or function calls
+    after it complete (Responses puts the reasoning before what it led to)."""
     out: list[dict[str, Any]] = []
     if body.instructions:
         out.append({"role": "system", "content": body.instructions})
@@ -78,21 +82,39 @@ def chat_messages(body: ResponsesRequest) -> list[dict[str, Any]]:
         out.append({"role": "user", "content": body.input})
         return out
     for i, item in enumerate(body.input):
+        last = out[-1] if out else None
         if isinstance(item, MessageItem):
-            out.append({"role": item.role, "content": _part_text(item.content, f"input.{i}")})
+            content = _part_text(item.content, f"input.{i}")
+            if item.role == "assistant" and last is not None and _thinking_only(last):
+                last["content"] = content
+            else:
+                out.append({"role": item.role, "content": content})
         elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
+            if last is not None and last["role"] == "assistant" and (
+                    "tool_calls" in last or _thinking_only(last)):
+                last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif isinstance(item, FunctionCallOutputItem):
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": item.text()})
+        elif isinstance(item, ReasoningItem) and item.text():
+            if last is not None and last["role"] == "assistant":
+                thoughts = [t for t in (last.get("reasoning_content"), item.text()) if t]
+                last["reasoning_content"] = "\n\n".join(thoughts)
+            else:
+                out.append({"role": "assistant", "content": "",
+                            "reasoning_content": item.text()})
     if not any(m["role"] in ("user", "assistant", "tool") for m in out):
         raise bad_param("input", "input must hold at least one user or assistant message")
     return out
+
+
+def _thinking_only(message: dict[str, Any]) -> bool:
+    """An assistant turn that so far holds only a reasoning item's thinking."""
+    return (message["role"] == "assistant" and bool(message.get("reasoning_content"))
+            and not message["content"] and "tool_calls" not in message)
 
 
 def tool_plan(body: ResponsesRequest) -> ToolPlan:
