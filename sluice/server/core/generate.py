@@ -84,7 +84,8 @@ class TextPrompt:
 @dataclass(frozen=True)
 class ChatPrompt:
     """A conversation in OpenAI message shapes (``role``, ``content``, ``tool_calls``,
-    ``tool_call_id``), rendered with the model's template with ``tools`` offered; user text
+    ``tool_call_id``, ``reasoning_content``: the past thinking every adapter maps onto its
+    turn), rendered with the model's template with ``tools`` offered; user text
     stays plain text."""
 
     messages: Sequence[Mapping[str, Any]]
