@@ -10,7 +10,8 @@ side's and against llama-server's.
 
 A side is ``LABEL=REF[+KEY=VALUE...]``: ``REF`` is a git commit (checked out into a
 temporary worktree and served from there with this Python environment) or ``.`` for this
-checkout; each ``+KEY=VALUE`` is one more TOML line of the ``[workers]`` table. The server
+checkout; each ``+KEY=VALUE`` is one more TOML line of the ``[workers]`` table, or of the
+model's table when ``KEY`` starts with ``model.`` (``+model.speculation="off"``). The server
 settings are the headline's (``bench/llm_bench.py``: 8 slots over 8192 cells, 2 threads,
 streamed completions of 128 new tokens, EOS ignored).
 
@@ -105,8 +106,12 @@ def checkout(ref: str) -> Iterator[Path]:
 
 def side_command(side: Side, tree: Path, model: str, gguf: Path, port: int) -> list[str]:
     """``sluice serve`` of ``tree`` on the headline's config plus the side's lines."""
-    extra = "".join(f"{line}\n" for line in side.workers_extra)
-    cmd, _ = sluice_cmd(sluice_toml(model, gguf, "continuous", workers_extra=extra), port)
+    workers = "".join(f"{line}\n" for line in side.workers_extra
+                      if not line.startswith("model."))
+    models = "".join(f"{line.removeprefix('model.')}\n" for line in side.workers_extra
+                     if line.startswith("model."))
+    cmd, _ = sluice_cmd(sluice_toml(model, gguf, "continuous", workers_extra=workers,
+                                    model_extra=models), port)
     return ["env", "--chdir", str(tree), f"PYTHONPATH={tree}", *cmd]
 
 

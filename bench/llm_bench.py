@@ -66,10 +66,11 @@ SLUICE = "sluice-continuous"
 
 
 def sluice_toml(model: str, gguf: Path, mode: str, prefix_reuse: bool = True,
-                workers_extra: str = "") -> str:
+                workers_extra: str = "", model_extra: str = "") -> str:
     """sluice serving ``gguf`` as ``model`` with llama-server's settings: 8 slots over 8192
-    cells, 2 threads, batches of up to 512 tokens; ``workers_extra`` is more TOML lines of
-    the ``[workers]`` table (``isolation = "process"``)."""
+    cells, 2 threads, batches of up to 512 tokens; ``workers_extra`` and ``model_extra`` are
+    more TOML lines of the ``[workers]`` table (``isolation = "process"``) and of the
+    model's (``speculation = "off"``)."""
     return server_tables(model, 512, 256, budget_bytes=4_000_000_000) + workers_extra + f"""
 [engine]
 mode = "{mode}"
@@ -77,7 +78,8 @@ max_batch_tokens = 512
 prefill_chunk_tokens = 256
 static_max_wait_ms = 50
 prefix_reuse = {"true" if prefix_reuse else "false"}
-""" + llm_table(model, str(gguf), n_ctx=N_CTX, n_seq_max=N_SLOTS, n_threads=THREADS)
+""" + llm_table(model, str(gguf), n_ctx=N_CTX, n_seq_max=N_SLOTS, n_threads=THREADS,
+                extra=model_extra)
 
 
 def measure(name: str, base_url: str, model: str, plan: dict[str, Any]) -> dict[str, Any]:
