@@ -49,7 +49,12 @@ from sluice.policy.step.engine_line import (
 )
 from sluice.policy.step.slot_layout import MAX_SLOT_MOVES_PER_STEP
 from sluice.policy.step.slot_table import SlotTable
-from sluice.policy.step.speculation import DEFAULT_DRAFT_MAX_TOKENS, AcceptanceRate, DraftBudget
+from sluice.policy.step.speculation import (
+    DEFAULT_DRAFT_MAX_TOKENS,
+    AcceptanceRate,
+    DraftBudget,
+    DraftGate,
+)
 from sluice.policy.step.step_cost import StepCost
 from sluice.policy.step.step_data import (
     EngineConfig,
@@ -104,6 +109,8 @@ class SimEngine:
                  rng: random.Random | None = None) -> None:
         self.config = config
         self.drafting = drafting if config.mode == "continuous" else None
+        self.draft_gate = DraftGate()
+        self._step_s = 0.0
         """Speculation, if the simulated model drafts (never in the baselines)."""
         self._rng = rng or random.Random(0)
         """Draws which drafts are accepted."""
@@ -226,7 +233,8 @@ class SimEngine:
         self._compact()
         budget = self.budget(now)
         drafts = None
-        if self.drafting is not None:
+        decoding = sum(1 for q in self.running.values() if q.n_fed >= q.req.n_prompt)
+        if self.drafting is not None and self.draft_gate.allow(decoding):
             limit_s = budget.step_limit_s if isinstance(budget, TpotBudget) else None
             drafts = DraftBudget(self.cost, limit_s)
         plan = plan_step(self.config, self.view(now), budget, drafts)
@@ -252,6 +260,7 @@ class SimEngine:
             self.tpot_margin.observe(
                 self.cost.predict_s(decodes, plan.prefill_tokens, context), step_s)
         self.busy_s += step_s
+        self._step_s = step_s
         return plan, step_s
 
     def end_step(self, plan: StepPlan, now: float) -> list[tuple[SimRequest, str]]:
@@ -259,6 +268,7 @@ class SimEngine:
         with their terminal state."""
         self.steps += 1
         ended: list[tuple[SimRequest, str]] = []
+        accepted_before = self.accepted_tokens
         # in the engine's order: the chunks by slot, those verifying drafts after the rest
         for chunk in sorted(plan.in_slot_order(), key=lambda c: c.draft_tokens > 0):
             seq = self.running.get(chunk.slot)
@@ -278,6 +288,10 @@ class SimEngine:
             if req.generated >= req.max_tokens:
                 self._retire(chunk.slot, completed=True)
                 ended.append((req, "completed"))
+        if self.drafting is not None and plan.decode_tokens and not plan.prefill_tokens:
+            self.draft_gate.observe(  # as the engine's gate measures its steps
+                plan.decode_tokens, plan.draft_tokens > 0,
+                plan.decode_tokens + self.accepted_tokens - accepted_before, self._step_s)
         return ended
 
     def _verify(self, seq: _Seq, drafted: int, decode: bool) -> int:

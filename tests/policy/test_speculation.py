@@ -257,3 +257,41 @@ def test_the_planner_lengthens_the_decode_chunks_that_draft_and_only_those() -> 
     tight = plan_step(EngineConfig(kv_block_tokens=8, max_batch_tokens=4), view,
                       drafts=DraftBudget(COST))
     assert tight.draft_tokens == 1
+
+
+def test_the_draft_gate_measures_plain_steps_first_then_drafting_then_keeps_the_faster() -> None:
+    from sluice.policy.step.speculation import DraftGate
+
+    gate = DraftGate(explore_every=4, min_samples=2)
+    assert not gate.allow(8)  # no plain steps measured yet
+    gate.observe(8, False, 8, 0.1)  # 80 tok/s plain
+    gate.observe(8, False, 8, 0.1)
+    assert gate.allow(8)  # plain measured: drafting gets its samples
+    gate.observe(8, True, 9, 0.14)  # drafting yields more tokens a step but 64 tok/s
+    gate.observe(8, True, 9, 0.14)
+    turns = [gate.allow(8) for _ in range(8)]
+    assert turns == [False, False, False, True, False, False, False, True]  # explores 1 in 4
+    assert not gate.allow(1)  # each batch size is measured on its own
+    gate.observe(1, False, 1, 0.03)
+    gate.observe(1, False, 1, 0.03)
+    gate.observe(1, True, 3, 0.04)
+    gate.observe(1, True, 3, 0.04)
+    assert [gate.allow(1) for _ in range(3)] == [True, True, True]  # 75 beats 33 tok/s
+    plain, draft = gate.rates()[8]
+    assert plain == pytest.approx(80.0) and draft == pytest.approx(9 / 0.14)
+
+
+def test_the_draft_gate_follows_a_change_and_ignores_empty_steps() -> None:
+    from sluice.policy.step.speculation import DraftGate
+
+    gate = DraftGate(explore_every=2, min_samples=1, alpha=0.5)
+    gate.observe(4, False, 4, 0.1)  # 40 tok/s
+    gate.observe(4, True, 4, 0.2)  # 20 tok/s
+    gate.observe(4, True, 4, 0.0)  # no time measured: ignored
+    assert gate.rates()[4] == (pytest.approx(40.0), pytest.approx(20.0))
+    for _ in range(4):  # the text starts repeating: drafts accepted, 100 tok/s
+        gate.observe(4, True, 10, 0.1)
+    assert gate.rates()[4][1] > 40.0
+    assert gate.allow(4) or gate.allow(4)  # wins now (one of two turns explores plain)
+    with pytest.raises(ValueError):
+        DraftGate(explore_every=1)

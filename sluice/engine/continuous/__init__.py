@@ -68,6 +68,7 @@ from sluice.engine.speculation import SpeculationState
 from sluice.engine.step_times import StepTimes
 from sluice.engine.step_warmup import measure_step_cost
 from sluice.policy.step.slot_table import SlotTable
+from sluice.policy.step.speculation import DraftGate
 from sluice.policy.step.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost
 from sluice.policy.step.step_data import BatchingMode, EngineConfig
 from sluice.policy.step.step_planner import static_wakeup_s
@@ -115,6 +116,7 @@ class ContinuousEngine(StepLoop):
         self.width = None
         self.drafting = model.spec.speculation == "auto" and config.mode == "continuous"
         self.speculation = SpeculationState(model.spec.speculation)
+        self.draft_gate = DraftGate()
 
     @property
     def active_count(self) -> int:

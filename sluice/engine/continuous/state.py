@@ -29,6 +29,7 @@ from sluice.engine.textstream import TextStream
 from sluice.engine.thinking import ThinkingBudget
 from sluice.policy.step.kv_blocks import KVBlockAllocator
 from sluice.policy.step.slot_table import SlotTable
+from sluice.policy.step.speculation import DraftGate
 from sluice.policy.step.step_cost import OnlineStepCost
 from sluice.policy.step.step_data import EngineConfig, RunningSeq, WaitingSeq
 from sluice.policy.step.tpot_margin import TpotMargin
@@ -196,6 +197,8 @@ class EngineState:
     """Greedy sequences draft tokens (n-gram speculation; the baselines never do)."""
     speculation: SpeculationState
     """The drafted and accepted tokens so far, and the last verifying step's."""
+    draft_gate: DraftGate
+    """Drafting at a batch size only while its measured tokens/s beat plain steps'."""
 
     @property
     def has_work(self) -> bool:

@@ -58,10 +58,14 @@ class StepLoop(SlotMoves, Arrivals):
     def _draft_budget(self, budget: StepBudget) -> DraftBudget | None:
         """What drafting may spend in the next step: priced on the learned step-time model,
         within the TPOT budget's step limit (None: the engine does not draft)."""
-        if not self.drafting:
+        if not self.drafting or not self.draft_gate.allow(self._decoding()):
             return None
         limit_s = budget.step_limit_s if isinstance(budget, TpotBudget) else None
         return DraftBudget(self.step_cost.current(), limit_s)
+
+    def _decoding(self) -> int:
+        """Running sequences whose prompt is fed: those the next step decodes."""
+        return sum(1 for seq in self.running.values() if not seq.prefilling)
 
     def _learn(self, batch: _Batch, seconds: float) -> None:
         """Feed one step's measured time to the step-time model and the tally: from the
@@ -70,7 +74,8 @@ class StepLoop(SlotMoves, Arrivals):
         tokens. A step with decodes also feeds the margin: its cycle against what the model
         predicted (before this observation refits it) for the same step. A drafted token
         counts as a decode in the step-time model (a token with a logits row, as
-        ``sluice.policy.step.speculation`` prices it)."""
+        ``sluice.policy.step.speculation`` prices it); a step of decodes alone also feeds
+        the draft gate (drafting's measured tokens/s against plain steps')."""
         decodes = batch.decode_tokens + batch.draft_tokens
         if batch.decode_tokens:
             predicted_s = self.step_cost.current().predict_s(
@@ -78,6 +83,9 @@ class StepLoop(SlotMoves, Arrivals):
             self.tpot_margin.observe(predicted_s, seconds)
         self.step_cost.observe(StepSample(decodes, batch.prefill_tokens, seconds,
                                           batch.context_tokens))
+        if self.drafting and batch.decode_tokens and not batch.prefill_tokens:
+            self.draft_gate.observe(batch.decode_tokens, batch.draft_tokens > 0,
+                                    batch.decode_tokens + batch.accepted_tokens, seconds)
         self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, seconds,
                                 batch.context_tokens, batch.draft_tokens,
                                 batch.accepted_tokens)

@@ -44,7 +44,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sluice.policy.step.step_cost import StepCost
 
@@ -253,3 +253,76 @@ def choose_draft_lengths(budget: DraftBudget, step: PlannedStep,
         room -= 1
         push(i)
     return tuple(lengths)
+
+
+@dataclass(slots=True)
+class _Arm:
+    """Measured output tokens per second of one kind of step, smoothed."""
+
+    rate: float = 0.0
+    samples: int = 0
+
+    def observe(self, tokens_per_s: float, alpha: float) -> None:
+        self.rate = tokens_per_s if self.samples == 0 else (
+            (1.0 - alpha) * self.rate + alpha * tokens_per_s)
+        self.samples += 1
+
+
+@dataclass(slots=True)
+class DraftGate:
+    """The measured check on the priced rule: per decode batch size, the output tokens per
+    second of the steps that verified drafts and of those that did not, as the engine's
+    cycles measured them (host work between passes included, which the step-time model
+    does not price). Drafting is allowed at a batch size while its measured rate is at
+    least the plain one's; the arm that loses is still taken every ``explore_every``-th
+    decision at that size, so a change in the text or the host can turn the choice back.
+
+    Why: ``choose_draft_lengths`` prices a draft on the step-time model, which is fitted on
+    whole steps; where the model is off (drafts' logits rows, the verification and KV trims
+    on the host), drafting at a batch of 8 ran 0.8x of not drafting on a 2-core host. With
+    the gate, ``speculation = "auto"`` can cost no more than its exploration.
+
+    Invariant: at each batch size ``allow`` answers False until the plain arm has
+    ``min_samples`` steps (plain steps are what drafting must beat), then True until the
+    drafting arm has them, then the arm measured faster except on every
+    ``explore_every``-th turn. Pure: the caller passes what it measured."""
+
+    explore_every: int = 16
+    min_samples: int = 4
+    alpha: float = 0.125
+    _draft: dict[int, _Arm] = field(default_factory=dict)
+    _plain: dict[int, _Arm] = field(default_factory=dict)
+    _turns: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.explore_every < 2 or self.min_samples < 1 or not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"explore_every >= 2, min_samples >= 1 and alpha in (0, 1] "
+                             f"required, got {self.explore_every}, {self.min_samples}, "
+                             f"{self.alpha}")
+
+    def allow(self, batch: int) -> bool:
+        """May the next step at ``batch`` decoding sequences draft?"""
+        plain = self._plain.get(batch)
+        if plain is None or plain.samples < self.min_samples:
+            return False  # measure plain steps first: they are what drafting must beat
+        draft = self._draft.get(batch)
+        if draft is None or draft.samples < self.min_samples:
+            return True  # then let the priced rule draft, to measure it
+        turn = self._turns.get(batch, 0) + 1
+        self._turns[batch] = turn
+        wins = draft.rate >= plain.rate
+        return (not wins) if turn % self.explore_every == 0 else wins
+
+    def observe(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
+        """A step at ``batch`` decoding sequences (no prompt fed) yielded ``tokens`` output
+        tokens in ``seconds``; ``drafted``: it verified drafts."""
+        if batch < 1 or not seconds > 0:
+            return
+        arms = self._draft if drafted else self._plain
+        arms.setdefault(batch, _Arm()).observe(tokens / seconds, self.alpha)
+
+    def rates(self) -> dict[int, tuple[float | None, float | None]]:
+        """Per batch size: (plain, drafting) measured tokens/s, None where unmeasured."""
+        sizes = sorted({*self._draft, *self._plain})
+        return {b: (self._plain[b].rate if b in self._plain else None,
+                    self._draft[b].rate if b in self._draft else None) for b in sizes}
