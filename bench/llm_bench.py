@@ -7,7 +7,8 @@ level runs every system back to back, so drift of the host hits them alike. Ever
 is a streamed ``/v1/completions`` of ``MAX_TOKENS`` new tokens (EOS ignored).
 
 - ``--quick`` (a few minutes on 2 cores): sluice (continuous batching) and llama-server,
-  closed loops at 1 and 8 concurrent clients;
+  closed loops at 1 and 8 concurrent clients (``--clients`` picks others; ``--open-loop``
+  adds the Poisson phase for these two);
 - full (about 15 minutes): also sluice's static and serial batching, closed loops at 1, 2,
   4, 8 and 16 clients, open-loop Poisson arrivals at 0.5, 0.8, 1.0 and 1.3 × the capacity
   sluice measured at 8 clients (goodput: TTFT ≤ 2 s and TPOT ≤ 150 ms), and a shared
@@ -238,6 +239,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=_levels, metavar="N,N,...",
                         help="closed-loop client counts (default 1,8 with --quick, else "
                              "1,2,4,8,16); the open loop's capacity is measured at 8")
+    parser.add_argument("--open-loop", action="store_true",
+                        help="with --quick: also the open-loop Poisson phase (sluice and "
+                             "llama-server at 0.5-1.3x the capacity measured at 8 clients)")
     parser.add_argument("--out", type=Path, default=RESULTS / "llm_bench.json",
                         help="the JSON to write (the PNG goes beside it)")
 
@@ -274,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
                                       threads=THREADS),
                      f"http://127.0.0.1:{port}/health", f"http://127.0.0.1:{port}")
     levels = args.clients or ([1, 8] if args.quick else [1, 2, 4, 8, 16])
-    if not args.quick and 8 not in levels:
+    if (not args.quick or args.open_loop) and 8 not in levels:
         levels = sorted({*levels, 8})  # the open loop's capacity is sluice's at 8 clients
     rows: list[dict[str, Any]] = []
     cap = None
@@ -293,14 +297,14 @@ def run(args: argparse.Namespace) -> int:
                 plan = {"kind": "closed", "label": f"c={c}", "concurrency": c,
                         "n_requests": n_sys}
                 rows.append(measure(name, systems[name][2], model, plan))
-        if not args.quick:
+        if not args.quick or args.open_loop:
             cap = next(r for r in rows if r["system"] == SLUICE
                        and r["concurrency"] == 8)["requests_per_s"]
             print(f"open loop (capacity {cap:.3f} req/s)", flush=True)
             for f in (0.5, 0.8, 1.0, 1.3):
                 plan = {"kind": "open", "label": f"{f}x", "load_factor": f,
                         "rate_per_s": f * cap, "n_requests": 20, "seed": 7}
-                for name in ("sluice-continuous", "sluice-static", PEER):
+                for name in (n for n in (SLUICE, "sluice-static", PEER) if n in systems):
                     rows.append(measure(name, systems[name][2], model, plan))
     result: dict[str, Any] = {
         "benchmark": "llm_bench", "quick": args.quick,
