@@ -95,11 +95,6 @@ CLASSES: dict[str, tuple[str, str]] = {
     "test_compat_anthropic.py::test_anthropic_empty_messages": (
         "a", "deliberate: an empty messages list is refused (400 invalid_request_error), as "
              "Anthropic's API refuses it; llama-server answers an empty conversation"),
-    "test_compat_anthropic.py::test_anthropic_thinking_history_in_*": (
-        "a", "past thinking (Anthropic thinking blocks, a message's reasoning_content) is "
-             "not passed to the chat template, so Qwen3's template cannot render it in "
-             "<think> tags: the template renderer passes role, content, name, tool_calls "
-             "and tool_call_id only"),
     "test_compat_anthropic.py::test_anthropic_tool_result_with_image": (
         "b", _IMAGE_REFUSED),
     "test_compat_anthropic.py::test_anthropic_vision_format_accepted": (
