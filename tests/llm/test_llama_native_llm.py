@@ -1,7 +1,8 @@
 """llama-server's native endpoints on the packaged SmolLM2-135M-Instruct (llama.cpp): a
 ``/completion`` answers the fact, streamed and not alike, with its probabilities; the
 prompt ``/apply-template`` renders runs as a chat request does (same tokens, same greedy
-answer); ``/props`` and ``/slots`` describe the loaded model; ``/infill`` is refused (the
+answer); ``post_sampling_probs`` report the sampler chain's distribution and change no
+draw; ``/props`` and ``/slots`` describe the loaded model; ``/infill`` is refused (the
 GGUF has no FIM tokens) and the server serves on."""
 
 from __future__ import annotations
@@ -56,6 +57,24 @@ def test_completion_plain_and_streamed(live: LiveServer) -> None:
     assert all(not t["stop"] and len(t["tokens"]) == 1 for t in tokens)
     assert last["stop"] is True and last["tokens_predicted"] == 8
     assert "".join(t["content"] for t in chunks) == body["content"]
+
+
+def test_post_sampling_probs_report_the_chain_and_change_no_draw(live: LiveServer) -> None:
+    """Sampled with ``top_k`` 10 (no top-p, no min-p): each token's ``top_probs`` are the
+    ten kept candidates, summing to 1, and asking for them draws the same tokens."""
+    sampled = {"prompt": FACT["prompt"], "n_predict": 6, "temperature": 1.0, "top_k": 10,
+               "top_p": 1.0, "min_p": 0.0, "seed": 7, "return_tokens": True}
+    with live.client(timeout=120) as c:
+        plain = c.post("/completion", json=sampled).json()
+        post = c.post("/completion", json={**sampled, "n_probs": 10,
+                                           "post_sampling_probs": True}).json()
+    assert post["tokens"] == plain["tokens"] and post["content"] == plain["content"]
+    probs = post["completion_probabilities"]
+    assert [p["id"] for p in probs] == post["tokens"]
+    for p in probs:
+        top = {t["id"]: t["prob"] for t in p["top_probs"]}
+        assert len(top) == 10 and sum(top.values()) == pytest.approx(1.0, abs=1e-5)
+        assert p["prob"] == top[p["id"]] and 0.0 < p["prob"] <= 1.0
 
 
 def test_apply_template_prompt_runs_as_the_chat_request(live: LiveServer) -> None:

@@ -281,6 +281,25 @@ def test_grammar_constrains_a_native_completion(live: LiveServer) -> None:
         assert r.json()["content"] in ("yes", "no")
 
 
+def test_post_sampling_probs_under_a_grammar_cover_only_what_it_allows(
+        live: LiveServer) -> None:
+    """The chain's distribution is drawn after the grammar's mask: the first byte is "y" or
+    "n", each later one is forced (a point mass)."""
+    with live.client() as c:
+        r = c.post("/completion", json={
+            "model": BYTES, "prompt": "answer", "n_predict": 20, "temperature": 1.0,
+            "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 1, "n_probs": 5,
+            "post_sampling_probs": True, "grammar": 'root ::= "yes" | "no"'})
+    assert r.status_code == 200, r.text
+    first, *rest = r.json()["completion_probabilities"]
+    assert {t["token"] for t in first["top_probs"]} == {"y", "n"}
+    assert sum(t["prob"] for t in first["top_probs"]) == pytest.approx(1.0)
+    assert len(rest) == len(r.json()["content"]) - 1
+    for p in rest:
+        assert p["prob"] == pytest.approx(1.0)
+        assert [t["id"] for t in p["top_probs"]] == [p["id"]]
+
+
 @pytest.mark.parametrize(("body", "param"), [
     ({"prompt": 5}, "prompt"),
     ({"prompt": "hi", "n_predict": "many"}, "n_predict"),
