@@ -99,9 +99,6 @@ CLASSES: dict[str, tuple[str, str]] = {
         "b", _IMAGE_REFUSED),
     "test_compat_anthropic.py::test_anthropic_vision_format_accepted": (
         "b", _IMAGE_REFUSED),
-    "test_completion.py::test_n_probs_post_*sampling": (
-        "a", "post_sampling_probs (each token's probability after the sampler chain, "
-             "top_probs) is not served: refused with a 400 naming the field"),
     "test_completion.py::test_completion_parallel_slots[[]4-6]": (
         "c", "one answer sampled at temperature 1 (seed 42) is empty, where the test wants "
              "over 10 characters: it is the only case with the suite's 5th and 6th prompts, "
