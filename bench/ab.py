@@ -47,15 +47,13 @@ from bench.lib.llama_server import llama_server_cmd
 from bench.lib.loadgen import closed_loop
 from bench.lib.model_tables import BENCH_MODELS, GEMMA
 from bench.lib.prompts import PROMPTS
-from bench.lib.report import markdown_table, ratio
+from bench.lib.report import commit, machine, markdown_table, ratio
 from bench.lib.servers import free_port, running, sluice_cmd
 from bench.llm_bench import (
     MAX_TOKENS,
     N_CTX,
     N_SLOTS,
     THREADS,
-    commit,
-    machine,
     measure,
     sluice_toml,
 )

@@ -32,9 +32,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -53,6 +50,8 @@ from bench.lib.report import (
     GOODPUT_TITLE,
     TPOT_SLO_S,
     TTFT_SLO_S,
+    commit,
+    machine,
     markdown_table,
     ms,
     plot_open_loop,
@@ -99,27 +98,6 @@ def measure(name: str, base_url: str, model: str, plan: dict[str, Any]) -> dict[
           f"ttft p50 {ms(row['ttft_p50_s'])} p95 {ms(row['ttft_p95_s'])}  "
           f"tpot p50 {ms(row['tpot_p50_s'])}  errors {row['errors']}", flush=True)
     return row
-
-
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
-    cpu = platform.processor()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform()}
-
-
-def commit() -> str | None:
-    """The checkout's commit, if this runs from a git checkout."""
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=Path(__file__).parent, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ from bench.lib.llama_server import find as find_llama_server
 from bench.lib.loadgen import Sample, closed_loop, summarize
 from bench.lib.model_tables import BENCH_MODELS, GEMMA
 from bench.lib.prompts import PROMPTS
-from bench.lib.report import TPOT_SLO_S, TTFT_SLO_S, markdown_table, ms, ratio
+from bench.lib.report import TPOT_SLO_S, TTFT_SLO_S, commit, machine, markdown_table, ms, ratio
 from bench.lib.servers import free_port, running
 from bench.lib.simulated import (
     PREDICTED,
@@ -66,7 +66,7 @@ from bench.lib.simulated import (
     predict_closed_loop,
     token_counts,
 )
-from bench.llm_bench import THREADS, commit, machine
+from bench.llm_bench import THREADS
 from sluice.cli.costs import read_status
 from sluice.config import default_config
 from sluice.sim import Arrival

@@ -50,8 +50,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib import llama_server
-from bench.lib.report import markdown_table
-from bench.llm_bench import commit, machine
+from bench.lib.report import commit, machine, markdown_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent

@@ -77,7 +77,7 @@ from bench.lib.llama_server import find as find_llama_server
 from bench.lib.loadgen import percentile
 from bench.lib.model_tables import BENCH_MODELS, llm_table, server_tables
 from bench.lib.prompts import PROMPTS
-from bench.lib.report import markdown_table, ms, ratio
+from bench.lib.report import commit, machine, markdown_table, ms, ratio
 from bench.lib.servers import free_port, running, sluice_cmd
 from bench.lib.simulated import (
     access_lines,
@@ -87,7 +87,7 @@ from bench.lib.simulated import (
     point_costs,
     predict_closed_loop,
 )
-from bench.llm_bench import THREADS, commit, machine
+from bench.llm_bench import THREADS
 from sluice.cli.costs import read_status
 from sluice.config import Config, load_config
 from sluice.sim import Arrival

@@ -1,8 +1,14 @@
 """Tables and plots shared by the LLM benchmarks: the SLOs a request must meet to count as
-goodput, millisecond cells, ratios, and the open-loop panels."""
+goodput, millisecond cells, ratios, the open-loop panels, and the machine and commit a
+result was measured on."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import platform
+import subprocess
+from pathlib import Path
 from typing import Any
 
 TTFT_SLO_S, TPOT_SLO_S = 2.0, 0.150
@@ -42,3 +48,24 @@ def plot_open_loop(rows: list[dict[str, Any]], axes: dict[str, Any]) -> None:
             y = ([(r["ttft_p95_s"] or 0) * 1000 for r in opened] if metric == "ttft_p95_ms"
                  else [r[metric] for r in opened])
             ax.plot(x, y, marker="o", label=system)
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpus": os.cpu_count(), "cpu": cpu, "platform": platform.platform()}
+
+
+def commit() -> str | None:
+    """The checkout's commit, if this runs from a git checkout."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
