@@ -33,14 +33,9 @@ from sluice.backends.base import FimTokens, Tokenizer
 from sluice.server.core import MixedPrompt, TextPrompt, TokenPrompt
 from sluice.server.errors import bad_param
 from sluice.server.params import checked_bias, sent_sampling
-from sluice.server.schemas import (
-    MAX_TOP_LOGPROBS,
-    ChatMessage,
-    SamplingBody,
-    TemplateKwargs,
-    ToolDef,
-    _Body,
-)
+from sluice.server.schemas.base import MAX_TOP_LOGPROBS, _Body
+from sluice.server.schemas.messages import ChatMessage, ToolDef
+from sluice.server.schemas.sampling import SamplingBody, TemplateKwargs
 
 SAMPLER_ALIASES: Mapping[str, str] = {
     "top-k": "top_k", "topk": "top_k", "top-p": "top_p", "topp": "top_p", "nucleus": "top_p",

@@ -25,7 +25,8 @@ from sluice.backends.base import ModelSpec
 from sluice.engine.request import Constraint, Final
 from sluice.policy.capacity.keep_alive import KeepAlive, parse_keep_alive
 from sluice.server.errors import bad_param
-from sluice.server.schemas import ToolDef, check_stop
+from sluice.server.schemas.base import check_stop
+from sluice.server.schemas.messages import ToolDef
 
 SAMPLING_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
                   "min_p": "min_p", "repeat_penalty": "repetition_penalty",

@@ -20,13 +20,9 @@ from sluice.engine.constraints import (
 from sluice.engine.request import Constraint
 from sluice.engine.sampling_defaults import DEFAULTED_FIELDS
 from sluice.server.errors import bad_param, public_text
-from sluice.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    NamedToolChoice,
-    ResponseFormat,
-    SamplingBody,
-)
+from sluice.server.schemas.messages import NamedToolChoice, ResponseFormat
+from sluice.server.schemas.openai import ChatCompletionRequest, CompletionRequest
+from sluice.server.schemas.sampling import SamplingBody
 
 
 def sent_sampling(body: Any) -> dict[str, Any]:

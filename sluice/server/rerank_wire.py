@@ -21,7 +21,7 @@ from pydantic import Field, StrictBool
 
 from sluice.backends.base import RerankScore
 from sluice.server.errors import bad_param
-from sluice.server.schemas import DeadlineMs, Priority, _Body
+from sluice.server.schemas.base import DeadlineMs, Priority, _Body
 
 MAX_TEXT_CHARS = 100_000
 """The longest query or document, in characters (as an embedding input)."""

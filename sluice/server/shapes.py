@@ -28,13 +28,21 @@ from sluice.server.core.output import (
 )
 from sluice.server.core.reasoning import ThinkingTags
 from sluice.server.errors import APIError
-from sluice.server.schemas import usage
 
 SYSTEM_FINGERPRINT = f"b{sluice.__version__}-sluice"
 """OpenAI's ``system_fingerprint`` (the serving build; llama-server's starts with ``b`` and
 its build number too)."""
 LOGPROB_FLOOR = -9999.0
 """What a logprob of -inf is reported as (JSON has no infinity; OpenAI uses this value)."""
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """OpenAI's ``usage``: prompt, completion and total tokens."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _logprob(value: float) -> float:

@@ -1,8 +1,8 @@
 """``POST /slots/{id}?action=save|restore`` (llama-server's, with ``--slot-save-path``): a
 slot's KV to or from a file in ``server.slot_save_path``, sent to the slot's worker as a
 message and run on its thread between two engine steps (``sluice.engine.slots``); the
-answer in llama-server's shape, its refusals as ``APIError``s (the route renders them in
-llama-server's error shape)."""
+request body (``SlotActionRequest``) and the answer in llama-server's shape, its refusals
+as ``APIError``s (the route renders them in llama-server's error shape)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from sluice.engine.continuous import ContinuousEngine
 from sluice.engine.slots import SlotError, SlotResult, restore_slot, save_slot
 from sluice.server.context import AppContext
 from sluice.server.errors import APIError, bad_param, public_text
+from sluice.server.schemas.base import _Body
 
 log = logging.getLogger("sluice.server")
 
@@ -28,6 +31,16 @@ SLOT_ERRORS: dict[str, int] = {
     "slot_save_failed": 500,
 }
 """Each ``SlotError`` code's HTTP status (a busy slot: 503 with Retry-After, as erase)."""
+
+
+class SlotActionRequest(_Body):
+    """llama-server's ``POST /slots/{id}?action=...`` body."""
+
+    filename: str | None = Field(default=None, max_length=255)
+    """The file in ``server.slot_save_path`` (save, restore): a plain name, no folders
+    (checked by ``slot_file``, after whether slot files are on at all)."""
+    model: str | None = Field(default=None, min_length=1, max_length=256)
+    """The generative model whose slot it is (default: the default model)."""
 
 
 def slot_file(ctx: AppContext, action: str, filename: str | None) -> Path:

@@ -23,7 +23,7 @@ from sluice.policy.queues.wfq import IDLE_SLACK
 from sluice.server.auth import Auth
 from sluice.server.errors import MAX_DETAIL_CHARS, public_text
 from sluice.server.metrics import OTHER_TENANT
-from sluice.server.schemas import MAX_STOP, MAX_STOP_CHARS
+from sluice.server.schemas.base import MAX_STOP, MAX_STOP_CHARS
 from tests.server.live import (
     LiveServer,
     assert_error,

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
-from sluice.server.schemas import (
+from sluice.server.schemas.base import (
     MAX_TOOLS,
     DeadlineMs,
     FunctionName,

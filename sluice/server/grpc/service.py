@@ -47,12 +47,8 @@ from sluice.server.errors import APIError, bad_param, validation_error
 from sluice.server.grpc.errors import grpc_error
 from sluice.server.middleware import request_id_from
 from sluice.server.params import sent_sampling
-from sluice.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    InferRequest,
-)
+from sluice.server.schemas.native import InferRequest
+from sluice.server.schemas.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from sluice.v1 import inference_pb2 as pb
 from sluice.v1 import inference_pb2_grpc as pb_grpc
 

@@ -17,16 +17,16 @@ from pydantic import (
     model_validator,
 )
 
-from sluice.server.schemas import (
+from sluice.server.schemas.base import (
     MAX_TOOLS,
     DeadlineMs,
     FunctionName,
-    JsonSchemaFormat,
     Priority,
     _Body,
     check_json_schema,
     check_unique_names,
 )
+from sluice.server.schemas.messages import JsonSchemaFormat
 
 MAX_TEXT_CHARS = 4_000_000
 MAX_INPUT_ITEMS = 1024

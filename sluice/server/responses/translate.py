@@ -39,7 +39,7 @@ from sluice.server.responses.schemas import (
     ReasoningItem,
     ResponsesRequest,
 )
-from sluice.server.schemas import ResponseFormat
+from sluice.server.schemas.messages import ResponseFormat
 from sluice.server.shapes import progress_object, progress_timings, timings
 
 STATEFUL_FIELDS = ("previous_response_id", "conversation", "background")

@@ -54,8 +54,7 @@ from sluice.server.routes.common import (
     ctx_of,
     run_generative,
 )
-from sluice.server.schemas import SlotActionRequest
-from sluice.server.slot_files import slot_file, slot_file_action
+from sluice.server.slot_files import SlotActionRequest, slot_file, slot_file_action
 
 log = logging.getLogger("sluice.server")
 router = APIRouter(tags=["llama-server"])

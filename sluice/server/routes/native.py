@@ -23,7 +23,7 @@ from sluice.server.routes.common import (
     one_shot,
     run_generative,
 )
-from sluice.server.schemas import InferRequest
+from sluice.server.schemas.native import InferRequest
 from sluice.server.shapes import InferShape
 
 router = APIRouter(tags=["native"])

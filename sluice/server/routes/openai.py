@@ -38,7 +38,7 @@ from sluice.server.routes.common import (
     one_shot,
     run_generative,
 )
-from sluice.server.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from sluice.server.schemas.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from sluice.server.shapes import ChatShape, CompletionShape, TokenText
 
 router = APIRouter(tags=["openai"])

@@ -22,7 +22,7 @@ from sluice.backends.chat import RenderOptions, chat_tokens
 from sluice.server.core import check_prompt_length, spec_of_kind, tokenizer_of
 from sluice.server.errors import APIError, bad_param, no_chat_template, public_text
 from sluice.server.routes.common import ERROR_RESPONSES, Tenant, body_headers, ctx_of
-from sluice.server.schemas import DetokenizeRequest, TokenizeRequest
+from sluice.server.schemas.native import DetokenizeRequest, TokenizeRequest
 
 router = APIRouter(tags=["tokens"])
 
