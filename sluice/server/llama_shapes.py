@@ -27,13 +27,8 @@ from sluice.engine.request import (
 )
 from sluice.server.errors import APIError, llama_server_error
 from sluice.server.llama_wire import LLAMA_DEFAULT_SEED
-from sluice.server.shapes import (
-    LOGPROB_FLOOR,
-    Shape,
-    progress_object,
-    progress_timings,
-    timings,
-)
+from sluice.server.shapes.base import LOGPROB_FLOOR, Shape
+from sluice.server.shapes.timings import progress_object, progress_timings, timings
 
 UNUSED_SAMPLER_SETTINGS: dict[str, Any] = {
     "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_n_sigma": -1.0,

@@ -16,7 +16,9 @@ from sluice.engine.request import (
     TokenEvent,
     TokenLogprob,
 )
-from sluice.server.shapes import LOGPROB_FLOOR, ChatShape, CompletionShape, TokenText
+from sluice.server.shapes.base import LOGPROB_FLOOR, TokenText
+from sluice.server.shapes.chat import ChatShape
+from sluice.server.shapes.completion import CompletionShape
 
 TOK = SyntheticTokenizer(ModelSpec("s", "generative", "synthetic", 1))
 TEXT = TokenText(TOK)

@@ -40,7 +40,7 @@ from sluice.server.responses.schemas import (
     ResponsesRequest,
 )
 from sluice.server.schemas.messages import ResponseFormat
-from sluice.server.shapes import progress_object, progress_timings, timings
+from sluice.server.shapes.timings import progress_object, progress_timings, timings
 
 STATEFUL_FIELDS = ("previous_response_id", "conversation", "background")
 

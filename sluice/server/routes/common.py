@@ -30,7 +30,7 @@ from sluice.server.core import (
 from sluice.server.core.output import Failed, OutputEvent, OutputSplitter, output_events
 from sluice.server.errors import APIError, bad_param
 from sluice.server.schemas.base import ignored_fields
-from sluice.server.shapes import Shape
+from sluice.server.shapes.base import Shape
 
 log = logging.getLogger("sluice.server")
 

@@ -24,7 +24,7 @@ from sluice.server.routes.common import (
     run_generative,
 )
 from sluice.server.schemas.native import InferRequest
-from sluice.server.shapes import InferShape
+from sluice.server.shapes.native import InferShape
 
 router = APIRouter(tags=["native"])
 

@@ -39,7 +39,9 @@ from sluice.server.routes.common import (
     run_generative,
 )
 from sluice.server.schemas.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from sluice.server.shapes import ChatShape, CompletionShape, TokenText
+from sluice.server.shapes.base import TokenText
+from sluice.server.shapes.chat import ChatShape
+from sluice.server.shapes.completion import CompletionShape
 
 router = APIRouter(tags=["openai"])
 

@@ -1,0 +1,34 @@
+"""sluice's native ``/v1/infer`` result and stream chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sluice.engine.request import Final, TokenEvent
+from sluice.server.shapes.base import Shape, usage
+
+
+class InferShape(Shape):
+    """sluice's native ``/v1/infer`` result."""
+
+    object_name = "sluice.inference"
+    chunk_name = "sluice.inference.chunk"
+
+    def delta(self, text: str, first: bool, choice: int = 0) -> dict[str, Any]:
+        return {"id": self.id, "object": self.chunk_name, "model": self.model, "delta": text}
+
+    def end(self, finish_reason: str, choice: int = 0) -> dict[str, Any]:
+        return {"id": self.id, "object": self.chunk_name, "model": self.model, "delta": "",
+                "finish_reason": finish_reason}
+
+    def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": self.object_name,
+            "created": self.created,
+            "model": self.model,
+            "output": final.text if final.result is None else final.result,
+            "finish_reason": final.finish_reason,
+            "usage": usage(final.prompt_tokens, final.completion_tokens),
+        }
