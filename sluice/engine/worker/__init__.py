@@ -18,7 +18,6 @@ inbound messages) and ``models`` (residency, admin operations, the published sta
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -27,6 +26,7 @@ from sluice.backends.base import Backend, ModelSpec
 from sluice.backends.faults import FaultInjector
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.worker.base import Outbox
+from sluice.engine.worker.calls import Calls
 from sluice.engine.worker.control import Control
 from sluice.engine.worker.loop import Loop
 from sluice.engine.worker.types import (
@@ -68,8 +68,7 @@ class Worker(Control, Loop):
         self._cv = threading.Condition()
         self._inbox = deque()
         self._controls = deque()
-        self._calls = {}
-        self._call_ids = itertools.count(1).__next__
+        self._calls = Calls()
         self._dirty = False
         self._stopping = False
         self._engine_waiting = 0

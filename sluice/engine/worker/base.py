@@ -9,7 +9,6 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from typing import Any
 
 from sluice.backends.base import Backend, GenerativeModel, ModelSpec, OneShotModel
@@ -19,6 +18,7 @@ from sluice.engine.messages import Done, Inbound, Outbound, Run
 from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request
 from sluice.engine.work_item import WorkItem
+from sluice.engine.worker.calls import Calls
 from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
 from sluice.policy.capacity.residency import Residency
 
@@ -42,9 +42,9 @@ class WorkerBase:
     """(lock) ``Run`` messages whose items are not yet in an engine or a batch."""
     _controls: deque[Inbound]
     """(lock) Inbound messages for the thread's next loop."""
-    _calls: dict[int, Future[Any]]
-    """(lock) ``Load``, ``Unload`` and ``Call`` messages not yet answered, by call id."""
-    _call_ids: Callable[[], int]
+    _calls: Calls
+    """``Load``, ``Unload``, ``AdminCall`` and ``Call`` messages not yet answered (its own
+    lock)."""
     _dirty: bool
     """(lock) Something arrived since the thread last looked."""
     _stopping: bool

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any
 
 from sluice.engine.messages import (
@@ -121,13 +121,12 @@ class Control(WorkerBase):
         return self._ask(lambda call_id: Call(call_id, fn))
 
     def _ask(self, make: Callable[[int], Inbound]) -> Future[Any]:
-        fut: Future[Any] = Future()
         with self._cv:
             if self._stopping:
+                fut: Future[Any] = Future()
                 fut.set_exception(RuntimeError("worker is stopping"))
                 return fut
-            call_id = self._call_ids()
-            self._calls[call_id] = fut
+            call_id, fut = self._calls.open()
             self._controls.append(make(call_id))
             self._dirty = True
             self._cv.notify()
@@ -135,10 +134,7 @@ class Control(WorkerBase):
 
     def answer(self, reply: Reply) -> None:
         """Resolve the Future of ``reply``'s call (the pump, on a ``Reply``)."""
-        with self._cv:
-            fut = self._calls.pop(reply.call_id, None)
-        if fut is not None:
-            settle(fut, result=reply.result, exc=reply.error)
+        self._calls.answer(reply)
 
     def stop(self) -> None:
         """Cancel what is left and end the thread (the runtime drains first)."""
@@ -171,11 +167,8 @@ class Control(WorkerBase):
         with self._cv:
             self.abandoned = True
             self._stopping = True
-            pending = list(self._calls.values())
-            self._calls.clear()
             self._cv.notify()
-        for fut in pending:
-            settle(fut, exc=RuntimeError(reason))
+        self._calls.fail_all(RuntimeError(reason))
 
     def close_models(self) -> None:
         """Release the models of a worker whose thread is dead (no one else uses them)."""
@@ -210,14 +203,3 @@ class Control(WorkerBase):
         with self._cv:
             return self._queue_depth()
 
-
-def settle(fut: Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:
-    """Resolve ``fut`` unless it already is (an abandoned worker's call may be failed by
-    the supervisor and later answered by the thread)."""
-    try:
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
-    except InvalidStateError:
-        pass

@@ -34,7 +34,6 @@ stalled child (an overdue heartbeat) is killed when the supervisor abandons it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import multiprocessing
 import multiprocessing.context
@@ -61,8 +60,8 @@ from sluice.engine.request import Request
 from sluice.engine.work_item import WorkItem
 from sluice.engine.worker import Worker
 from sluice.engine.worker.base import Outbox
+from sluice.engine.worker.calls import Calls, settle
 from sluice.engine.worker.child import THREAD_DIED_EXIT, serve
-from sluice.engine.worker.control import settle
 from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
 from sluice.policy.types import WorkerView
 
@@ -123,8 +122,7 @@ class ProcessWorker:
                                         name=f"sluice-worker-{config.worker_id}-pipe")
         self._ready: Future[Any] = Future()
         """Done at the child's first message (its worker serves)."""
-        self._calls: dict[int, Future[Any]] = {}
-        self._call_ids = itertools.count(1).__next__
+        self._calls = Calls()
         self._sent_runs = 0
         self._depth = 0
         self._taken = 0
@@ -263,24 +261,19 @@ class ProcessWorker:
         return fut
 
     def _ask(self, make: Callable[[int], Inbound]) -> Future[Any]:
-        fut: Future[Any] = Future()
         with self._lock:
-            call_id = self._call_ids()
-            registered = not self._stopping
-            if registered:
-                self._calls[call_id] = fut
-        if registered and self._send(("post", make(call_id))):
+            stopping = self._stopping
+        if stopping:
+            fut: Future[Any] = Future()
+            fut.set_exception(RuntimeError("worker is stopping"))
             return fut
-        with self._lock:
-            self._calls.pop(call_id, None)
-        settle(fut, exc=RuntimeError("worker is stopping"))
+        call_id, fut = self._calls.open()  # open before the send: the answer may come first
+        if not self._send(("post", make(call_id))):
+            self._calls.fail(call_id, RuntimeError("worker is stopping"))
         return fut
 
     def answer(self, reply: Reply) -> None:
-        with self._lock:
-            fut = self._calls.pop(reply.call_id, None)
-        if fut is not None:
-            settle(fut, result=reply.result, exc=reply.error)
+        self._calls.answer(reply)
 
     def stop(self) -> None:
         """Have the worker cancel what is left and its process exit."""
@@ -314,10 +307,7 @@ class ProcessWorker:
         with self._lock:
             self.abandoned = True
             self._stopping = True
-            pending = list(self._calls.values())
-            self._calls.clear()
-        for fut in pending:
-            settle(fut, exc=RuntimeError(reason))
+        self._calls.fail_all(RuntimeError(reason))
         if self._process.is_alive():
             self._process.kill()
 
