@@ -19,13 +19,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from sluice.backends.base import ModelSpec
 from sluice.engine.request import Constraint, Final
 from sluice.policy.capacity.keep_alive import KeepAlive, parse_keep_alive
 from sluice.server.errors import bad_param
-from sluice.server.schemas.base import check_stop
+from sluice.server.schemas.base import StopList
 from sluice.server.schemas.messages import ToolDef
 
 SAMPLING_NAMES = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -55,13 +55,7 @@ class Options(_Wire):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     seed: int | None = None
-    stop: list[str] | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: list[str] | None) -> list[str] | None:
-        check_stop(v)
-        return v
+    stop: StopList | None = None
 
 
 class ToolCallFunction(_Wire):

@@ -13,9 +13,9 @@ from sluice.server.schemas.base import (
     DeadlineMs,
     FunctionName,
     Priority,
+    StopList,
     _Body,
     check_json_schema,
-    check_stop,
     check_unique_names,
 )
 
@@ -175,7 +175,7 @@ class MessagesRequest(CountTokensRequest):
     """``POST /v1/messages``: ``max_tokens`` is required, as Anthropic requires it."""
 
     max_tokens: int = Field(ge=1, le=1_000_000)
-    stop_sequences: list[str] | None = None
+    stop_sequences: StopList | None = None
     stream: StrictBool = False
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     """Left out: the model's default, as every sampling field on every surface."""
@@ -186,9 +186,3 @@ class MessagesRequest(CountTokensRequest):
     # sluice extensions
     priority: Priority | None = None
     deadline_ms: DeadlineMs | None = None
-
-    @field_validator("stop_sequences")
-    @classmethod
-    def _stop(cls, v: list[str] | None) -> list[str] | None:
-        check_stop(v)
-        return v

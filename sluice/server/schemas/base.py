@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP = 4
 MAX_STOP_CHARS = 256
@@ -36,6 +36,12 @@ def check_stop(v: str | list[str] | None) -> str | list[str] | None:
     if any(not s or len(s) > MAX_STOP_CHARS for s in items):
         raise ValueError(f"stop sequences must be 1 to {MAX_STOP_CHARS} characters")
     return v
+
+
+Stop = Annotated[str | list[str], AfterValidator(check_stop)]
+"""A ``stop`` field of one sequence or a list (OpenAI's and llama-server's), ``check_stop``ed."""
+StopList = Annotated[list[str], AfterValidator(check_stop)]
+"""A list of stop sequences (Ollama's ``stop``, Anthropic's ``stop_sequences``), checked alike."""
 
 
 MAX_SCHEMA_CHARS = 100_000

@@ -3,14 +3,14 @@ tokenization (``/tokenize``, ``/detokenize``, in llama-server's and vLLM's shape
 
 from __future__ import annotations
 
-from pydantic import Field, StrictBool, field_validator, model_validator
+from pydantic import Field, StrictBool, model_validator
 
 from sluice.server.schemas.base import (
     MAX_TOOLS,
     DeadlineMs,
     Priority,
+    StopList,
     _Body,
-    check_stop,
 )
 from sluice.server.schemas.messages import ChatMessage, ToolDef
 
@@ -31,14 +31,8 @@ class InferRequest(_Body):
     top_k: int | None = Field(default=None, ge=0, le=100_000)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     seed: int | None = None
-    stop: list[str] | None = None
+    stop: StopList | None = None
     """As chat's: at most ``MAX_STOP`` sequences of 1 to ``MAX_STOP_CHARS`` characters."""
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: list[str] | None) -> list[str] | None:
-        check_stop(v)
-        return v
 
 
 class TokenizeRequest(_Body):

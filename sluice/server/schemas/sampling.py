@@ -12,8 +12,8 @@ from sluice.server.schemas.base import (
     MAX_LOGIT_BIAS,
     DeadlineMs,
     Priority,
+    Stop,
     _Body,
-    check_stop,
 )
 
 
@@ -36,7 +36,7 @@ class _Sampling(_Body):
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: Stop | None = None
     seed: int | None = None
     """Any integer (reduced to 64 bits); without one, the request id seeds sampling."""
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -67,11 +67,6 @@ class _Sampling(_Body):
     speculation: StrictBool | None = None
     """sluice: ``false`` keeps the engine from drafting tokens for this request (n-gram
     speculation, greedy requests only; the output is the same either way)."""
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        return check_stop(v)
 
     @field_validator("logit_bias")
     @classmethod
