@@ -44,17 +44,18 @@ class Calls:
     def answer(self, reply: Reply) -> None:
         """Resolve the Future of ``reply``'s call with its result or error (the pump, on a
         ``Reply``); nothing if that call was already settled."""
-        with self._lock:
-            fut = self._pending.pop(reply.call_id, None)
-        if fut is not None:
-            settle(fut, result=reply.result, exc=reply.error)
+        self._settle(reply.call_id, result=reply.result, exc=reply.error)
 
     def fail(self, call_id: int, exc: BaseException) -> None:
         """Fail call ``call_id`` with ``exc`` if it is still pending."""
+        self._settle(call_id, exc=exc)
+
+    def _settle(self, call_id: int, *, result: Any = None,
+                exc: BaseException | None = None) -> None:
         with self._lock:
             fut = self._pending.pop(call_id, None)
         if fut is not None:
-            settle(fut, exc=exc)
+            settle(fut, result=result, exc=exc)
 
     def fail_all(self, exc: BaseException) -> None:
         """Fail every pending call with ``exc`` and close the registry."""
@@ -69,6 +70,14 @@ class Calls:
         """Calls opened and not yet settled."""
         with self._lock:
             return len(self._pending)
+
+
+def failed(exc: BaseException) -> Future[Any]:
+    """A Future already failed with ``exc``: the answer to a call refused before it is
+    opened (a stopping worker, a ``Call`` that cannot cross to a process)."""
+    fut: Future[Any] = Future()
+    fut.set_exception(exc)
+    return fut
 
 
 def settle(fut: Future[Any], *, result: Any = None, exc: BaseException | None = None) -> None:

@@ -26,6 +26,7 @@ from sluice.engine.messages import (
 from sluice.engine.request import Request
 from sluice.engine.work_item import WorkItem
 from sluice.engine.worker.base import WorkerBase
+from sluice.engine.worker.calls import failed
 from sluice.policy.types import WorkerView
 
 
@@ -123,9 +124,7 @@ class Control(WorkerBase):
     def _ask(self, make: Callable[[int], Inbound]) -> Future[Any]:
         with self._cv:
             if self._stopping:
-                fut: Future[Any] = Future()
-                fut.set_exception(RuntimeError("worker is stopping"))
-                return fut
+                return failed(RuntimeError("worker is stopping"))
             call_id, fut = self._calls.open()
             self._controls.append(make(call_id))
             self._dirty = True

@@ -60,7 +60,7 @@ from sluice.engine.request import Request
 from sluice.engine.work_item import WorkItem
 from sluice.engine.worker import Worker
 from sluice.engine.worker.base import Outbox
-from sluice.engine.worker.calls import Calls, settle
+from sluice.engine.worker.calls import Calls, failed, settle
 from sluice.engine.worker.child import THREAD_DIED_EXIT, serve
 from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
 from sluice.policy.types import WorkerView
@@ -255,18 +255,14 @@ class ProcessWorker:
 
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
         """Refused: a function does not cross to a worker process (use ``ask``)."""
-        fut: Future[Any] = Future()
-        fut.set_exception(TypeError("a Call carries code, which does not cross to a worker "
-                                    "process: use ask (AdminCall)"))
-        return fut
+        return failed(TypeError("a Call carries code, which does not cross to a worker "
+                                "process: use ask (AdminCall)"))
 
     def _ask(self, make: Callable[[int], Inbound]) -> Future[Any]:
         with self._lock:
             stopping = self._stopping
         if stopping:
-            fut: Future[Any] = Future()
-            fut.set_exception(RuntimeError("worker is stopping"))
-            return fut
+            return failed(RuntimeError("worker is stopping"))
         call_id, fut = self._calls.open()  # open before the send: the answer may come first
         if not self._send(("post", make(call_id))):
             self._calls.fail(call_id, RuntimeError("worker is stopping"))
