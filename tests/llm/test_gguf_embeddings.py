@@ -112,3 +112,28 @@ def test_a_model_without_embeddings_is_refused_then_the_server_serves(
             pytest.raises(ollama.ResponseError) as refused:
         client.embed(model=PLAIN, input="hello")
     assert refused.value.status_code == 400 and "--embedding" in refused.value.error
+
+
+def test_a_one_model_server_serves_any_name_with_embeddings_on() -> None:
+    """``--embedding`` adds the model's ``MODEL:embedding`` beside it, but the server still
+    holds one configured model: with ``unknown_model = "default"`` a name it does not know
+    is served by that model on chat and on embeddings (llama-server's way), not 404."""
+    config = Config.model_validate({
+        "models": [_model(MEAN, "mean")],
+        "server": {"default_model": MEAN, "unknown_model": "default"},
+        "workers": {"count": 1, "budget_bytes": 2_000_000_000},
+    })
+    server = start_server(config)
+    try:
+        with server.client(timeout=120) as http:
+            r = http.post("/v1/embeddings", json={"model": "text-embedding-3-small",
+                                                  "input": TEXTS[0]})
+            assert r.status_code == 200, r.text
+            assert len(r.json()["data"][0]["embedding"]) == _n_embd()
+            r = http.post("/v1/chat/completions", json={
+                "model": "gpt-4o-mini", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "Hello"}]})
+            assert r.status_code == 200, r.text
+            assert r.json()["model"] == MEAN
+    finally:
+        server.stop()

@@ -39,8 +39,9 @@ def model_name(ctx: AppContext, asked: str | None) -> str:
     """The model a request is served by, on every API: the default model when it names none
     (``server.default_model``), a configured model or one of its ``model_aliases`` (``name``
     and Ollama's ``name:latest`` being one name); an unknown name is returned as it is (the
-    caller's lookup answers 404), or with ``server.unknown_model = "default"`` on a one-model
-    server, the default model."""
+    caller's lookup answers 404), or with ``server.unknown_model = "default"`` on a server
+    of one configured model, the default model (a model's own embedding model, which
+    ``--embedding`` adds beside it, does not make it a two-model server)."""
     server = ctx.config.server
     if not asked:
         return ctx.config.default_model
@@ -49,7 +50,7 @@ def model_name(ctx: AppContext, asked: str | None) -> str:
             return name
         if name in server.model_aliases:
             return server.model_aliases[name]
-    if server.unknown_model == "default" and len(ctx.runtime.specs) == 1:
+    if server.unknown_model == "default" and len(ctx.config.models) == 1:
         return ctx.config.default_model
     return asked
 
