@@ -10,6 +10,15 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from sluice.backends.base import ModelSpec, ReasoningFormat
 from sluice.backends.faults import FaultPlan
 from sluice.config._base import _Strict
+from sluice.config.sampling import (
+    MinP,
+    Penalty,
+    PenaltyLastN,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+    TopP,
+)
 from sluice.policy.capacity.keep_alive import PINNED, STAY, parse_keep_alive
 
 
@@ -62,20 +71,16 @@ class SamplingConfig(_Strict):
     (temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, no penalties over 64 tokens).
     Field names and ranges as in a request."""
 
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_k: int | None = Field(default=None, ge=0, le=100_000)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repetition_penalty: float | None = Field(
-        default=None, gt=0.0, le=10.0,
-        validation_alias=AliasChoices("repetition_penalty", "repeat_penalty"))
-    """llama.cpp's repeat penalty; 1 is off."""
-    penalty_last_n: int | None = Field(
-        default=None, ge=-1, le=1_000_000,
-        validation_alias=AliasChoices("penalty_last_n", "repeat_last_n"))
-    """Recent tokens the penalties look at; -1 = the whole context."""
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    min_p: MinP | None = None
+    repetition_penalty: RepetitionPenalty | None = Field(
+        default=None, validation_alias=AliasChoices("repetition_penalty", "repeat_penalty"))
+    penalty_last_n: PenaltyLastN | None = Field(
+        default=None, validation_alias=AliasChoices("penalty_last_n", "repeat_last_n"))
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     """The seed of a request that sends none (llama-server's ``--seed``); unset: each
     request its own (its id)."""

@@ -22,6 +22,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from sluice.backends.base import ModelSpec
+from sluice.config.sampling import (
+    MinP,
+    Penalty,
+    PenaltyLastN,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+    TopP,
+)
 from sluice.engine.request import Constraint, Final
 from sluice.policy.capacity.keep_alive import KeepAlive, parse_keep_alive
 from sluice.server.errors import bad_param
@@ -46,14 +55,14 @@ class Options(_Wire):
 
     num_predict: int | None = Field(default=None, ge=-2, le=1_000_000)
     num_ctx: int | None = Field(default=None, ge=1, le=10_000_000)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_k: int | None = Field(default=None, ge=0, le=100_000)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    repeat_last_n: int | None = Field(default=None, ge=-1, le=1_000_000)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    temperature: Temperature | None = None
+    top_k: TopK | None = None
+    top_p: TopP | None = None
+    min_p: MinP | None = None
+    repeat_penalty: RepetitionPenalty | None = None
+    repeat_last_n: PenaltyLastN | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     seed: int | None = None
     stop: StopList | None = None
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
+from sluice.config.sampling import Temperature, TopK, TopP
 from sluice.server.schemas.base import (
     MAX_TOOLS,
     DeadlineMs,
@@ -177,10 +178,10 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1, le=1_000_000)
     stop_sequences: StopList | None = None
     stream: StrictBool = False
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: Temperature | None = None
     """Left out: the model's default, as every sampling field on every surface."""
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0, le=100_000)
+    top_p: TopP | None = None
+    top_k: TopK | None = None
     metadata: Metadata | None = None
     output_config: OutputConfig | None = None
     # sluice extensions

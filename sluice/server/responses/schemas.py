@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from sluice.config.sampling import Temperature, TopP
 from sluice.server.schemas.base import (
     MAX_TOOLS,
     DeadlineMs,
@@ -174,9 +175,9 @@ class ResponsesRequest(_Body):
     items."""
     instructions: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
     max_output_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: Temperature | None = None
     """Left out: the model's default, as every sampling field on every surface."""
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: TopP | None = None
     tools: list[FunctionTool] | None = Field(default=None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedTool | None = None
     parallel_tool_calls: StrictBool | None = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, StrictBool, model_validator
 
+from sluice.config.sampling import MinP, Temperature, TopK, TopP
 from sluice.server.schemas.base import (
     MAX_TOOLS,
     DeadlineMs,
@@ -25,11 +26,11 @@ class InferRequest(_Body):
     deadline_ms: DeadlineMs | None = None
     max_new_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     stream: StrictBool = False
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    temperature: Temperature | None = None
     """``None`` (or left out) = the model's default, as for the other sampling controls."""
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0, le=100_000)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    min_p: MinP | None = None
     seed: int | None = None
     stop: StopList | None = None
     """As chat's: at most ``MAX_STOP`` sequences of 1 to ``MAX_STOP_CHARS`` characters."""

@@ -7,6 +7,15 @@ from typing import Any
 
 from pydantic import AliasChoices, Field, StrictBool, field_validator
 
+from sluice.config.sampling import (
+    MinP,
+    Penalty,
+    PenaltyLastN,
+    RepetitionPenalty,
+    Temperature,
+    TopK,
+    TopP,
+)
 from sluice.server.schemas.base import (
     MAX_CHOICES,
     MAX_LOGIT_BIAS,
@@ -31,31 +40,26 @@ class _Sampling(_Body):
     max_tokens: int | None = Field(default=None, ge=1, le=1_000_000)
     # Sampling controls: ``None`` (or left out) = the model's default
     # (``sluice.engine.sampling_defaults``: the GGUF's, the config's, llama-server's).
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     stop: Stop | None = None
     seed: int | None = None
     """Any integer (reduced to 64 bits); without one, the request id seeds sampling."""
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     logit_bias: dict[str, float] | None = Field(default=None, max_length=MAX_LOGIT_BIAS)
     """Token id (as a string key) → bias in [-100, 100]; -100 bans the token."""
     user: str | None = Field(default=None, max_length=256)
     # llama-server's and vLLM's sampling extensions
-    repetition_penalty: float | None = Field(
-        default=None, gt=0.0, le=10.0,
-        validation_alias=AliasChoices("repetition_penalty", "repeat_penalty"))
-    """llama.cpp's repeat penalty (vLLM: ``repetition_penalty``); 1 is off."""
-    penalty_last_n: int | None = Field(
-        default=None, ge=-1, le=1_000_000,
-        validation_alias=AliasChoices("penalty_last_n", "repeat_last_n"))
-    """Recent tokens the penalties look at; -1 = the whole context, 0 = none."""
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0, le=100_000)
-    """0 = no top-k cut."""
+    repetition_penalty: RepetitionPenalty | None = Field(
+        default=None, validation_alias=AliasChoices("repetition_penalty", "repeat_penalty"))
+    penalty_last_n: PenaltyLastN | None = Field(
+        default=None, validation_alias=AliasChoices("penalty_last_n", "repeat_last_n"))
+    min_p: MinP | None = None
+    top_k: TopK | None = None
     grammar: str | None = Field(default=None, max_length=100_000)
     """llama-server's GBNF grammar the output must match."""
     json_schema: dict[str, Any] | None = None
