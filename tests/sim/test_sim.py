@@ -56,14 +56,14 @@ def worker(budget_bytes: int = 2_000 * MB, **kw: Any) -> WorkerConfig:
     return WorkerConfig(worker_id=0, budget_bytes=budget_bytes, **kw)
 
 
-def fleet_config(**kw: object) -> SimConfig:
+def fleet_config(**kw: Any) -> SimConfig:
     models = {m.model_id: m for m in (oneshot("a"), oneshot("b", 0.002, 0.0005), chat())}
     base = SimConfig(models=models, workers=2, worker=worker(800 * MB),
                      queue=QueueConfig(queue_capacity=32))
     queue = {k: kw.pop(k) for k in list(kw) if k in QUEUE_FIELDS}
     limits = {k: kw.pop(k) for k in list(kw) if k in WORKER_FIELDS}
-    return replace(base, queue=replace(base.queue, **queue),  # type: ignore[arg-type]
-                   worker=replace(base.worker, **limits), **kw)  # type: ignore[arg-type]
+    return replace(base, queue=replace(base.queue, **queue),
+                   worker=replace(base.worker, **limits), **kw)
 
 
 WORKLOADS = [
