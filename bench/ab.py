@@ -12,7 +12,7 @@ A side is ``LABEL=REF[+KEY=VALUE...]``: ``REF`` is a git commit (checked out int
 temporary worktree and served from there with this Python environment) or ``.`` for this
 checkout; each ``+KEY=VALUE`` is one more TOML line of the ``[workers]`` table, or of the
 model's table when ``KEY`` starts with ``model.`` (``+model.speculation="off"``). The server
-settings are the headline's (``bench/llm_bench.py``: 8 slots over 8192 cells, 2 threads,
+settings are the headline's (``bench/lib/llm_runs.py``: 8 slots over 8192 cells, 2 threads,
 streamed completions of 128 new tokens, EOS ignored).
 
     python bench/ab.py --name core --side now=. --side before=59601b8~1 --clients 8
@@ -44,19 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib.llama_server import find as find_llama_server
 from bench.lib.llama_server import llama_server_cmd
+from bench.lib.llm_runs import MAX_TOKENS, N_CTX, N_SLOTS, THREADS, measure, sluice_toml
 from bench.lib.loadgen import closed_loop
 from bench.lib.model_tables import BENCH_MODELS, GEMMA
 from bench.lib.prompts import PROMPTS
 from bench.lib.report import commit, machine, markdown_table, ratio
 from bench.lib.servers import free_port, running, sluice_cmd
-from bench.llm_bench import (
-    MAX_TOKENS,
-    N_CTX,
-    N_SLOTS,
-    THREADS,
-    measure,
-    sluice_toml,
-)
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"

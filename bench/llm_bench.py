@@ -43,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.lib.ceiling import raw_ceiling
 from bench.lib.llama_server import LLAMA_CPP_PYTHON_VERSION, llama_server_cmd
 from bench.lib.llama_server import find as find_llama_server
-from bench.lib.loadgen import closed_loop, open_loop, summarize
-from bench.lib.model_tables import BENCH_MODELS, GEMMA, llm_table, server_tables
+from bench.lib.llm_runs import MAX_TOKENS, N_CTX, N_SLOTS, THREADS, measure, sluice_toml
+from bench.lib.loadgen import closed_loop, summarize
+from bench.lib.model_tables import BENCH_MODELS, GEMMA
 from bench.lib.prompts import PROMPTS, SYSTEM_PREFIX
 from bench.lib.report import (
     GOODPUT_TITLE,
@@ -60,44 +61,8 @@ from bench.lib.report import (
 from bench.lib.servers import free_port, running, sluice_cmd
 
 RESULTS = Path(__file__).resolve().parent / "results"
-N_CTX, N_SLOTS, THREADS, MAX_TOKENS = 8192, 8, 2, 128
 PEER = "llama-server"
 SLUICE = "sluice-continuous"
-
-
-def sluice_toml(model: str, gguf: Path, mode: str, prefix_reuse: bool = True,
-                workers_extra: str = "", model_extra: str = "") -> str:
-    """sluice serving ``gguf`` as ``model`` with llama-server's settings: 8 slots over 8192
-    cells, 2 threads, batches of up to 512 tokens; ``workers_extra`` and ``model_extra`` are
-    more TOML lines of the ``[workers]`` table (``isolation = "process"``) and of the
-    model's (``speculation = "off"``)."""
-    return server_tables(model, 512, 256, budget_bytes=4_000_000_000) + workers_extra + f"""
-[engine]
-mode = "{mode}"
-max_batch_tokens = 512
-prefill_chunk_tokens = 256
-static_max_wait_ms = 50
-prefix_reuse = {"true" if prefix_reuse else "false"}
-""" + llm_table(model, str(gguf), n_ctx=N_CTX, n_seq_max=N_SLOTS, n_threads=THREADS,
-                extra=model_extra)
-
-
-def measure(name: str, base_url: str, model: str, plan: dict[str, Any]) -> dict[str, Any]:
-    """Run one closed- or open-loop phase against ``base_url``; its summary row."""
-    if plan["kind"] == "closed":
-        samples, wall = asyncio.run(closed_loop(
-            base_url, model, PROMPTS, concurrency=plan["concurrency"],
-            n_requests=plan["n_requests"], max_tokens=MAX_TOKENS))
-    else:
-        samples, wall = asyncio.run(open_loop(
-            base_url, model, PROMPTS, rate_per_s=plan["rate_per_s"],
-            n_requests=plan["n_requests"], max_tokens=MAX_TOKENS, seed=plan["seed"]))
-    row = {**plan, **summarize(samples, wall, ttft_slo_s=TTFT_SLO_S, tpot_slo_s=TPOT_SLO_S),
-           "system": name}
-    print(f"  {name:18s} {plan['label']:>6s}: {row['tokens_per_s']:7.1f} tok/s  "
-          f"ttft p50 {ms(row['ttft_p50_s'])} p95 {ms(row['ttft_p95_s'])}  "
-          f"tpot p50 {ms(row['tpot_p50_s'])}  errors {row['errors']}", flush=True)
-    return row
 
 
 def headline(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

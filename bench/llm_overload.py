@@ -51,6 +51,7 @@ import httpx
 
 from bench.lib.llama_server import LLAMA_CPP_PYTHON_VERSION, llama_server_cmd
 from bench.lib.llama_server import find as find_llama_server
+from bench.lib.llm_runs import THREADS
 from bench.lib.loadgen import Sample, closed_loop, summarize
 from bench.lib.model_tables import BENCH_MODELS, GEMMA
 from bench.lib.prompts import PROMPTS
@@ -66,7 +67,6 @@ from bench.lib.simulated import (
     predict_closed_loop,
     token_counts,
 )
-from bench.llm_bench import THREADS
 from sluice.cli.costs import read_status
 from sluice.config import default_config
 from sluice.sim import Arrival

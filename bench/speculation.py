@@ -74,6 +74,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib.llama_server import LLAMA_CPP_PYTHON_VERSION, llama_server_cmd
 from bench.lib.llama_server import find as find_llama_server
+from bench.lib.llm_runs import THREADS
 from bench.lib.loadgen import percentile
 from bench.lib.model_tables import BENCH_MODELS, llm_table, server_tables
 from bench.lib.prompts import PROMPTS
@@ -87,7 +88,6 @@ from bench.lib.simulated import (
     point_costs,
     predict_closed_loop,
 )
-from bench.llm_bench import THREADS
 from sluice.cli.costs import read_status
 from sluice.config import Config, load_config
 from sluice.sim import Arrival

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from sluice.policy.capacity.quota import QuotaLimits
 from sluice.policy.queues.control_core import QueueConfig
 from sluice.policy.step.step_cost import StepCost
+from sluice.policy.worker_config import WorkerConfig
 from sluice.sim import SimConfig, SimModel, generate, parse_spec, simulate
 from sluice.sim.costs import ModelCost
 
@@ -44,8 +45,9 @@ def oneshot_fleet() -> tuple[SimConfig, float]:
     enc = SimModel("enc", "oneshot", 300 * MB, 0.5, ModelCost(0.0, (1, 8), (0.005, 0.012)))
     quota = QuotaLimits(requests_per_s=1000.0, request_burst=1000.0, tokens_per_s=None,
                         token_capacity=1.0, max_concurrent=None)
-    config = SimConfig(models={"enc": enc}, replicas=32, workers=8, budget_bytes=1000 * MB,
-                       queue=QueueConfig(queue_capacity=256), inbox_capacity=8,
+    config = SimConfig(models={"enc": enc}, replicas=32, workers=8,
+                       worker=WorkerConfig(0, budget_bytes=1000 * MB, inbox_capacity=8),
+                       queue=QueueConfig(queue_capacity=256),
                        tenant_limits={"t0": quota})
     rate = 0.8 * 256 / 0.005
     return config, rate
@@ -56,7 +58,8 @@ def llm_fleet() -> tuple[SimConfig, float]:
                     ModelCost(1.0, step=StepCost(0.012, 0.0038, 0.00012)),
                     n_seq_max=8, n_ctx_total=8192)
     config = SimConfig(models={"chat": chat}, replicas=32, workers=1,
-                       queue=QueueConfig(queue_capacity=64), inbox_capacity=8)
+                       worker=WorkerConfig(0, budget_bytes=2000 * MB, inbox_capacity=8),
+                       queue=QueueConfig(queue_capacity=64))
     # 8 sequences of 32 tokens: about 32 steps of ~45 ms → ~5.5 requests/s a replica
     return config, 0.8 * 32 * 5.5
 

@@ -43,7 +43,7 @@ def fleet_config(args: argparse.Namespace) -> SimConfig:
     sim = SimConfig.from_config(config, costs, base)
     changes: dict[str, Any] = {k: v for k, v in {
         "replicas": args.replicas, "workers": args.workers,
-        "replica_router": args.replica_router, "max_batch_size": args.max_batch,
+        "replica_router": args.replica_router,
     }.items() if v is not None}
     queue = {k: v for k, v in {
         "scheduler": args.scheduler, "router": args.router,
@@ -51,9 +51,13 @@ def fleet_config(args: argparse.Namespace) -> SimConfig:
     }.items() if v is not None}
     if queue:
         changes["queue"] = dataclasses.replace(sim.queue, **queue)
+    worker = sim.worker
+    if args.max_batch is not None:
+        worker = dataclasses.replace(worker, max_batch_size=args.max_batch)
     if args.max_batch_tokens is not None:
-        changes["engine"] = dataclasses.replace(sim.engine,
-                                                max_batch_tokens=args.max_batch_tokens)
+        worker = dataclasses.replace(worker, engine=dataclasses.replace(
+            worker.engine, max_batch_tokens=args.max_batch_tokens))
+    changes["worker"] = worker
     return dataclasses.replace(sim, **changes)
 
 

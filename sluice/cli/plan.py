@@ -17,7 +17,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from sluice.sim.plan import parse_slo, plan, waiting_target
+    from sluice.sim.plan import parse_slo, plan, shaped, waiting_target
 
     config = fleet_config(args)
     spec, arrivals = workload(args)
@@ -46,14 +46,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "candidates": [dataclasses.asdict(c) for c in candidates],
     }
     if best.replicas is not None and spec is not None and slo.ttft_p95_s is not None:
-        shaped = dataclasses.replace(config,
-                                     queue=dataclasses.replace(config.queue,
-                                                               scheduler=best.scheduler),
-                                     max_batch_size=best.max_batch_size,
-                                     engine=dataclasses.replace(
-                                         config.engine, max_batch_tokens=best.max_batch_tokens))
-        result["autoscaling"] = waiting_target(shaped, spec, best.replicas, slo.ttft_p95_s,
-                                               seed=args.seed)
+        best_config = shaped(config, best.scheduler, best.max_batch_size,
+                             best.max_batch_tokens)
+        result["autoscaling"] = waiting_target(best_config, spec, best.replicas,
+                                               slo.ttft_p95_s, seed=args.seed)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.json:

@@ -122,7 +122,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         report, fleet = simulate(config, _progress(arrivals, _expected(spec)), ttft_slo_s=slo)
     report["config"] = {"replicas": config.replicas, "workers": config.workers,
                         "scheduler": config.queue.scheduler, "router": config.queue.router,
-                        "max_batch_size": config.max_batch_size,
+                        "max_batch_size": config.worker.max_batch_size,
                         "workload": args.workload or args.trace, "seed": args.seed,
                         "clients": args.clients}
     if args.out:

@@ -20,9 +20,9 @@ from sluice.config.tenants import QuotaConfig, TenantConfig
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import RuntimeConfig
 from sluice.engine.variants import GroupSpec
-from sluice.engine.worker import WorkerConfig
 from sluice.policy.queues.control_core import QueueConfig
 from sluice.policy.variants.planner import PlannerConfig
+from sluice.policy.worker_config import WorkerConfig
 
 
 class Config(_Strict):

@@ -22,7 +22,7 @@ import numpy as np
 from sluice.engine.chooser import TokenChooser
 from sluice.engine.request import SamplingParams
 from sluice.engine.sampling import MIN_TEMPERATURE, sample_token
-from sluice.policy.step.speculation import AcceptanceRate, NgramIndex
+from sluice.policy.step.speculation import AcceptanceRate, GateArms, NgramIndex
 
 
 def drafts_for(params: SamplingParams, chooser: TokenChooser, thinking: object | None) -> bool:
@@ -86,10 +86,15 @@ class SpeculationState:
     """``accepted_tokens / draft_tokens`` (``None`` before any draft)."""
     last_step_draft_tokens: int = 0
     last_step_accepted_tokens: int = 0
+    draft_gate: tuple[GateArms, ...] = ()
+    """Its draft gate's measured tokens/s of plain and drafting steps per decode batch
+    size, and the arm it prefers (``DraftGate.state``): set when the worker publishes its
+    state, since the gate measures every decode step, not only the verifying ones."""
 
     def after(self, drafted: int, accepted: int) -> SpeculationState:
         """The counters once a step verified ``drafted`` tokens and the model agreed with
         ``accepted`` of them."""
         total, kept = self.draft_tokens + drafted, self.accepted_tokens + accepted
         return SpeculationState(self.mode, total, kept, self.verify_steps + 1,
-                                kept / total if total else None, drafted, accepted)
+                                kept / total if total else None, drafted, accepted,
+                                self.draft_gate)

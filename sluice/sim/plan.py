@@ -126,6 +126,17 @@ def fewest_replicas(config: SimConfig, arrivals: Sequence[Arrival], slo: Slo,
     return hi, summary, misses, len(results)
 
 
+def shaped(config: SimConfig, scheduler: str, max_batch_size: int,
+           max_batch_tokens: int) -> SimConfig:
+    """``config`` with one candidate's settings: its queue's scheduler, its workers'
+    one-shot batch size and continuous-batching step tokens."""
+    worker = dataclasses.replace(
+        config.worker, max_batch_size=max_batch_size,
+        engine=dataclasses.replace(config.worker.engine, max_batch_tokens=max_batch_tokens))
+    return dataclasses.replace(
+        config, queue=dataclasses.replace(config.queue, scheduler=scheduler), worker=worker)
+
+
 def plan(config: SimConfig, arrivals: Sequence[Arrival], slo: Slo, *,
          schedulers: Sequence[str] = (), max_batch_sizes: Sequence[int] = (),
          max_batch_tokens: Sequence[int] = (), max_replicas: int = 64,
@@ -133,13 +144,10 @@ def plan(config: SimConfig, arrivals: Sequence[Arrival], slo: Slo, *,
     """Every combination, best first (fewest replicas, then lowest TTFT p95)."""
     out = []
     for sched in schedulers or (config.queue.scheduler,):
-        for batch in max_batch_sizes or (config.max_batch_size,):
-            for tokens in max_batch_tokens or (config.engine.max_batch_tokens,):
-                shaped = dataclasses.replace(
-                    config, queue=dataclasses.replace(config.queue, scheduler=sched),
-                    max_batch_size=batch,
-                    engine=dataclasses.replace(config.engine, max_batch_tokens=tokens))
-                n, summary, misses, runs = fewest_replicas(shaped, arrivals, slo, max_replicas)
+        for batch in max_batch_sizes or (config.worker.max_batch_size,):
+            for tokens in max_batch_tokens or (config.worker.engine.max_batch_tokens,):
+                n, summary, misses, runs = fewest_replicas(
+                    shaped(config, sched, batch, tokens), arrivals, slo, max_replicas)
                 cand = Candidate(sched, batch, tokens, n, summary, misses, runs)
                 if progress is not None:
                     progress(cand)

@@ -39,7 +39,7 @@ def make_tracker(config: SimConfig) -> VariantTracker | None:
             cost = m.cost
             variants[v] = VariantInfo(
                 accuracy=m.accuracy,
-                servers=config.workers if m.memory_bytes <= config.budget_bytes else 1,
+                servers=config.workers if m.memory_bytes <= config.worker.budget_bytes else 1,
                 profile_s=dict(zip(cost.batch_sizes, cost.batch_times_s, strict=True)),
                 length_prior=cost.length_prior,
             )

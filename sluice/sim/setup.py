@@ -4,7 +4,8 @@
 parsed ``sluice.config.Config``, taken by its attributes so this layer imports nothing
 above ``policy/``), plus cost files (``sluice.sim.costs``); overrides for replicas,
 workers, scheduler and batch size are ``dataclasses.replace`` on the result (the
-scheduler, router and queue capacity on its ``queue``, the runtime's own ``QueueConfig``).
+scheduler, router and queue capacity on its ``queue``, the runtime's own ``QueueConfig``;
+a worker's limits on its ``worker``, the runtime's own ``WorkerConfig``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from typing import Any
 from sluice.policy.capacity.keep_alive import STAY, KeepAlive, configured_keep_alive
 from sluice.policy.capacity.quota import QuotaLimits
 from sluice.policy.queues.control_core import QueueConfig
-from sluice.policy.step.step_data import EngineConfig
 from sluice.policy.variants.variant_tracker import GroupPlan
+from sluice.policy.worker_config import WorkerConfig
 from sluice.sim.costs import ModelCost, model_cost
 from sluice.sim.engine import SimDrafting
 
@@ -74,12 +75,12 @@ class SimConfig:
     replicas: int = 1
     workers: int = 1
     """Workers per replica."""
-    budget_bytes: int = 2_000_000_000
-    inbox_capacity: int = 8
-    eviction: str = "lru"
-    max_batch_size: int = 8
-    max_wait_s: float = 0.005
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    worker: WorkerConfig = field(
+        default_factory=lambda: WorkerConfig(worker_id=0, budget_bytes=2_000_000_000))
+    """What every simulated worker runs (its memory budget, inbox, eviction, one-shot
+    batching and engine settings): ``from_config`` takes the runtime's own object
+    (``RuntimeConfig.workers[0]``); its ``worker_id`` and watchdogs are the runtime's
+    alone (simulated workers are numbered by their replica, and never stall)."""
     queue: QueueConfig = field(default_factory=QueueConfig)
     """The queue's settings: ``from_config`` takes the runtime's own object
     (``RuntimeConfig.queue``), so the replica's ``ControlCore`` is built from what the
@@ -95,7 +96,7 @@ class SimConfig:
     server loads its default model at start-up, before it is ready)."""
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "workers", "inbox_capacity", "max_batch_size"):
+        for name in ("replicas", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         for m in self.preload:
@@ -117,14 +118,13 @@ class SimConfig:
     def capacity_per_replica(self) -> int:
         if self.replica_capacity is not None:
             return self.replica_capacity
-        return self.queue.queue_capacity + self.workers * self.inbox_capacity
+        return self.queue.queue_capacity + self.workers * self.worker.inbox_capacity
 
     @classmethod
     def from_config(cls, config: Any, costs: Mapping[str, Mapping[str, Any]] | None = None,
                     base_dir: Path | None = None) -> SimConfig:
         """From a parsed ``sluice.config.Config`` and optional cost entries."""
         rc = config.runtime_config()
-        worker = rc.workers[0]
         models = {}
         for spec in rc.models:
             opts = dict(spec.options)
@@ -149,12 +149,7 @@ class SimConfig:
                                   g.default_deadline_s) for g in rc.groups),
             replicas=1,
             workers=len(rc.workers),
-            budget_bytes=worker.budget_bytes,
-            inbox_capacity=worker.inbox_capacity,
-            eviction=worker.eviction,
-            max_batch_size=worker.max_batch_size,
-            max_wait_s=worker.max_wait_s,
-            engine=worker.engine,
+            worker=rc.workers[0],
             queue=rc.queue,
             tenant_limits={t.id: t.limits.quota_limits() for t in config.tenants
                            if not t.limits.quota_limits().unlimited},

@@ -59,7 +59,7 @@ class SimWorker:
         self.loop = loop
         self.owner = owner
         self.inbox: deque[tuple[SimRequest, float]] = deque()
-        self.residency = Residency(config.budget_bytes, config.eviction)
+        self.residency = Residency(config.worker.budget_bytes, config.worker.eviction)
         self.engines: dict[str, SimEngine] = {}
         self.busy = False
         self.oneshot_active = 0
@@ -83,7 +83,7 @@ class SimWorker:
             res = self.residency
             v = self._view = WorkerView(
                 worker_id=self.worker_id, queue_depth=depth, active_count=active,
-                inbox_free=max(0, self.config.inbox_capacity - depth),
+                inbox_free=max(0, self.config.worker.inbox_capacity - depth),
                 budget_bytes=res.budget_bytes, free_bytes=res.free_bytes,
                 resident=self._resident, evictable_bytes=res.evictable_bytes,
             )
@@ -168,8 +168,8 @@ class SimWorker:
                 engine.waiting.append(req)
                 continue
             decision = decide_batch([r.model for r, _ in self.inbox], enqueued_s, now,
-                                    max_batch_size=self.config.max_batch_size,
-                                    max_wait_s=self.config.max_wait_s)
+                                    max_batch_size=self.config.worker.max_batch_size,
+                                    max_wait_s=self.config.worker.max_wait_s)
             if decision.take == 0:
                 if decision.wait_until_s is not None:
                     self._wake_later(decision.wait_until_s)
@@ -212,7 +212,7 @@ class SimWorker:
             if step is None:
                 raise ValueError(f"generative model {model.model_id} has no step cost")
             self.engines[model.model_id] = SimEngine(
-                self.config.engine, step, model.n_ctx_total, model.n_seq_max,
+                self.config.worker.engine, step, model.n_ctx_total, model.n_seq_max,
                 functools.partial(model.cost.jitter, self._rng), model.tpot_target_s,
                 model.cost.step_s, model.drafting, self._rng)
         self.loads += 1

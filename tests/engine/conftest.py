@@ -11,8 +11,8 @@ from sluice.backends.base import ModelSpec
 from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.runtime import Runtime, RuntimeConfig
-from sluice.engine.worker import WorkerConfig
 from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.worker_config import WorkerConfig
 
 MB = 1_000_000
 

@@ -14,9 +14,10 @@ from sluice.backends.base import ModelSpec
 from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.request import Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime, RuntimeConfig
-from sluice.engine.worker import ModelState, WorkerConfig
+from sluice.engine.worker import ModelState
 from sluice.policy.capacity.keep_alive import PINNED, KeepAlive
 from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.worker_config import WorkerConfig
 from tests.engine.conftest import MB, generative, oneshot
 from tests.engine.test_runtime import wait_for
 

@@ -10,8 +10,8 @@ from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.request import Request
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.variants import GroupSpec, VariantPlanner
-from sluice.engine.worker import WorkerConfig
 from sluice.policy.variants.planner import PlannerConfig
+from sluice.policy.worker_config import WorkerConfig
 from tests.server.live import wait_for
 
 

@@ -9,8 +9,8 @@ from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.request import Request, RequestStatus
 from sluice.engine.runtime import Runtime, RuntimeConfig
 from sluice.engine.variants import GroupSpec
-from sluice.engine.worker import WorkerConfig
 from sluice.policy.variants.planner import PlannerConfig
+from sluice.policy.worker_config import WorkerConfig
 
 
 class Clock:

@@ -277,8 +277,27 @@ def test_the_draft_gate_measures_plain_steps_first_then_drafting_then_keeps_the_
     gate.observe(1, True, 3, 0.04)
     gate.observe(1, True, 3, 0.04)
     assert [gate.allow(1) for _ in range(3)] == [True, True, True]  # 75 beats 33 tok/s
-    plain, draft = gate.rates()[8]
-    assert plain == pytest.approx(80.0) and draft == pytest.approx(9 / 0.14)
+    one, eight = gate.state()
+    assert (eight.batch, eight.drafting) == (8, False)  # 64 tok/s drafting loses to 80
+    assert eight.plain_tokens_per_s == pytest.approx(80.0)
+    assert eight.draft_tokens_per_s == pytest.approx(9 / 0.14)
+    assert (one.batch, one.drafting) == (1, True)
+    for _ in range(3):
+        gate.state()
+    # reading the state takes no turn: turns 9 to 12 follow, the 12th explores
+    assert [gate.allow(8) for _ in range(4)] == [False, False, False, True]
+
+
+def test_the_draft_gate_state_shows_an_unmeasured_arm_as_none_and_the_rule_it_follows() -> None:
+    from sluice.policy.step.speculation import DraftGate, GateArms
+
+    gate = DraftGate(min_samples=2)
+    assert gate.state() == ()
+    gate.observe(2, False, 2, 0.1)
+    assert gate.state() == (GateArms(2, 20.0, None, False),)  # one plain step of 20 tok/s
+    gate.observe(2, False, 2, 0.1)
+    assert gate.state()[0].drafting  # plain measured: drafting is to be measured next
+    assert [gate.allow(2) for _ in range(3)] == [True] * 3
 
 
 def test_the_draft_gate_follows_a_change_and_ignores_empty_steps() -> None:
@@ -288,10 +307,15 @@ def test_the_draft_gate_follows_a_change_and_ignores_empty_steps() -> None:
     gate.observe(4, False, 4, 0.1)  # 40 tok/s
     gate.observe(4, True, 4, 0.2)  # 20 tok/s
     gate.observe(4, True, 4, 0.0)  # no time measured: ignored
-    assert gate.rates()[4] == (pytest.approx(40.0), pytest.approx(20.0))
+    (arms,) = gate.state()
+    assert (arms.plain_tokens_per_s, arms.draft_tokens_per_s) == (
+        pytest.approx(40.0), pytest.approx(20.0))
+    assert not arms.drafting
     for _ in range(4):  # the text starts repeating: drafts accepted, 100 tok/s
         gate.observe(4, True, 10, 0.1)
-    assert gate.rates()[4][1] > 40.0
+    (arms,) = gate.state()
+    assert arms.draft_tokens_per_s is not None and arms.draft_tokens_per_s > 40.0
+    assert arms.drafting
     assert gate.allow(4) or gate.allow(4)  # wins now (one of two turns explores plain)
     with pytest.raises(ValueError):
         DraftGate(explore_every=1)

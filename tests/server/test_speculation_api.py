@@ -60,6 +60,11 @@ def test_drafts_are_counted_and_a_request_can_turn_them_off(
         buckets = [b for w in tally for m in w["models"] for k, b in m["step_times"].items()
                    if k.endswith("+draft")]
         assert sum(b["draft_tokens"] for b in buckets) == state["draft_tokens"]
+        # one client, so every decode step ran one sequence: the plain request's steps
+        # and the drafted one's are the gate's two arms at batch 1
+        (gate,) = state["draft_gate"]
+        assert gate["batch"] == 1 and isinstance(gate["drafting"], bool)
+        assert gate["plain_tokens_per_s"] > 0 and gate["draft_tokens_per_s"] > 0
 
 
 def test_a_model_with_speculation_off_drafts_nothing(serve: Callable[..., LiveServer]) -> None:
@@ -68,6 +73,7 @@ def test_a_model_with_speculation_off_drafts_nothing(serve: Callable[..., LiveSe
         _complete(c)
         state = _speculation(c)
         assert state["mode"] == "off" and state["draft_tokens"] == 0
+        assert state["draft_gate"] == []  # an engine that never drafts measures no arm
         assert metric_sum(scrape(c), "sluice_spec_draft_tokens_total") == 0
 
 

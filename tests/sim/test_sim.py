@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import fields, replace
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from sluice.policy.step.step_cost import StepCost
 from sluice.policy.step.step_data import EngineConfig
 from sluice.policy.variants.planner import PlannerConfig
 from sluice.policy.variants.variant_tracker import GroupPlan, VariantInfo, VariantTracker
+from sluice.policy.worker_config import WorkerConfig
 from sluice.sim import (
     Arrival,
     SimConfig,
@@ -46,14 +48,22 @@ def chat(model_id: str = "chat", mb: int = 500, n_seq: int = 8, ctx_per_seq: int
 
 
 QUEUE_FIELDS = {f.name for f in fields(QueueConfig)}
+WORKER_FIELDS = {f.name for f in fields(WorkerConfig)}
 
 
-def fleet_config(**kw: object) -> SimConfig:
+def worker(budget_bytes: int = 2_000 * MB, **kw: Any) -> WorkerConfig:
+    """What every simulated worker runs: ``WorkerConfig``'s defaults but for ``kw``."""
+    return WorkerConfig(worker_id=0, budget_bytes=budget_bytes, **kw)
+
+
+def fleet_config(**kw: Any) -> SimConfig:
     models = {m.model_id: m for m in (oneshot("a"), oneshot("b", 0.002, 0.0005), chat())}
-    base = SimConfig(models=models, workers=2, budget_bytes=800 * MB,
+    base = SimConfig(models=models, workers=2, worker=worker(800 * MB),
                      queue=QueueConfig(queue_capacity=32))
     queue = {k: kw.pop(k) for k in list(kw) if k in QUEUE_FIELDS}
-    return replace(base, queue=replace(base.queue, **queue), **kw)  # type: ignore[arg-type]
+    limits = {k: kw.pop(k) for k in list(kw) if k in WORKER_FIELDS}
+    return replace(base, queue=replace(base.queue, **queue),
+                   worker=replace(base.worker, **limits), **kw)
 
 
 WORKLOADS = [
@@ -111,8 +121,9 @@ def test_md1_queue_matches_pollaczek_khinchine() -> None:
     ρ / (2 μ (1 - ρ)) exactly."""
     service_s, rho = 0.010, 0.7
     model = SimModel("m", "oneshot", MB, 0.0, ModelCost(0.0, (1,), (service_s,)))
-    config = SimConfig(models={"m": model}, workers=1, max_batch_size=1, max_wait_s=0.0,
-                       queue=QueueConfig(queue_capacity=10_000), inbox_capacity=1)
+    config = SimConfig(models={"m": model}, workers=1,
+                       worker=worker(max_batch_size=1, max_wait_s=0.0, inbox_capacity=1),
+                       queue=QueueConfig(queue_capacity=10_000))
     spec = parse_spec(f"poisson:rate={rho / service_s},requests=40000,model=m")
     report, _ = simulate(config, generate(spec, seed=11))
     mean_wait_s = report["overall"]["e2e_s"]["mean"] - service_s
@@ -141,7 +152,7 @@ def test_a_lone_llm_request_costs_its_steps_exactly() -> None:
 def test_continuous_batching_admits_into_free_slots_and_kv() -> None:
     """Two slots of 64 tokens: at most two sequences at once; a third waits for a slot."""
     config = SimConfig(models={"chat": chat(n_seq=2, ctx_per_seq=64)}, workers=1,
-                       engine=EngineConfig(kv_block_tokens=16))
+                       worker=worker(engine=EngineConfig(kv_block_tokens=16)))
     arrivals = [Arrival(0.0, "chat", prompt_tokens=8, output_tokens=24) for _ in range(3)]
     _, fleet = simulate(config, arrivals, keep_requests=True)
     assert fleet.requests is not None
@@ -172,7 +183,7 @@ def test_a_retained_prefix_serves_requests_that_arrive_one_at_a_time() -> None:
         spec = parse_spec("poisson:rate=2,requests=60,model=chat,prompt=240,output=8,"
                           "prefixes=1,prefix_tokens=200")
         config = SimConfig(models={"chat": chat()}, workers=1,
-                           engine=EngineConfig(retain_prefixes=retain))
+                           worker=worker(engine=EngineConfig(retain_prefixes=retain)))
         report, _ = simulate(config, generate(spec, seed=3))
         return float(report["overall"]["ttft_s"]["mean"])
     assert run(True) < 0.6 * run(False)
@@ -290,7 +301,7 @@ def test_a_first_token_deadline_refuses_what_would_miss_it() -> None:
         model = replace(chat(step=step), ttft_deadline_s=ttft_deadline_s)
         report, fleet = simulate(SimConfig(models={"chat": model},
                                            queue=QueueConfig(queue_capacity=10_000),
-                                           inbox_capacity=10_000), arrivals,
+                                           worker=worker(inbox_capacity=10_000)), arrivals,
                                  keep_requests=True)
         assert fleet.requests is not None
         return report, fleet.requests
@@ -387,7 +398,7 @@ def test_inputs_lengths_reach_the_batch_cost_and_the_planner() -> None:
         "small": SimModel("small", "oneshot", 100 * MB, 0.0, ModelCost(
             0.0, (1, 2), (0.005, 0.008), length_prior=prior), accuracy=0.8)}
     config = SimConfig(models=models, groups=(SimGroup("g", ("big", "small")),),
-                       preload=("big", "small"), budget_bytes=1000 * MB)
+                       preload=("big", "small"), worker=worker(1000 * MB))
     lengths = [50, 300, 100, 300]
     arrivals = [Arrival(float(i), "g", deadline_s=0.1, input_chars=n)
                 for i, n in enumerate(lengths)]
@@ -419,8 +430,8 @@ def test_a_replan_reaches_requests_waiting_in_an_inbox_and_caps_their_batch() ->
             0.0, (1, 8), (0.005, 0.012)), accuracy=0.8),
     }
     config = SimConfig(models=models, groups=(SimGroup("g", ("big", "small")),),
-                       preload=("slow", "big", "small"), budget_bytes=1000 * MB,
-                       inbox_capacity=16, max_wait_s=0.005)
+                       preload=("slow", "big", "small"),
+                       worker=worker(1000 * MB, inbox_capacity=16, max_wait_s=0.005))
     arrivals = [Arrival(0.0, "slow")]
     arrivals += [Arrival(0.010 + 0.001 * i, "g", deadline_s=0.3) for i in range(8)]
     arrivals += [Arrival(0.195, "g", deadline_s=1.0)]
@@ -498,7 +509,7 @@ def test_the_simulated_planner_starts_from_the_servers_recent_arrivals() -> None
         return [r.plan_reason for r in fleet.requests]
 
     config = SimConfig(models=models, groups=(group,), preload=("big", "small"),
-                       budget_bytes=1000 * MB)
+                       worker=worker(1000 * MB))
     assert simulated(config.with_arrivals({"g": {"arrivals": published}})) == reasons
     fresh = simulated(config)
     assert fresh[0] == "low_load" and fresh != reasons  # started from none, as before
@@ -511,7 +522,8 @@ def test_a_model_idle_past_its_keep_alive_is_loaded_again(keep_alive: KeepAlive,
     """The simulated worker lets an idle model go by the server's keep-alive rule: a
     request 0.5 s after the last finds it loaded; one 5 s later pays the load again."""
     model = replace(oneshot("a"), keep_alive=keep_alive)
-    config = SimConfig(models={"a": model}, workers=1, preload=(), max_wait_s=0.0)
+    config = SimConfig(models={"a": model}, workers=1, preload=(),
+                       worker=worker(max_wait_s=0.0))
     arrivals = [Arrival(0.0, "a"), Arrival(0.5, "a"), Arrival(5.0, "a")]
     _, fleet = simulate(config, arrivals, keep_requests=True)
     assert fleet.requests is not None
@@ -584,9 +596,12 @@ def test_the_queue_is_the_runtimes_own_settings() -> None:
     assert config.runtime_config().queue == expected
     sim = SimConfig.from_config(config)
     assert sim.queue == expected
-    assert sim.capacity_per_replica == 7 + sim.workers * sim.inbox_capacity
+    assert sim.worker == config.runtime_config().workers[0]
+    assert sim.capacity_per_replica == 7 + sim.workers * sim.worker.inbox_capacity
     with pytest.raises(ValueError, match="queue_capacity must be >= 1, got 0"):
         QueueConfig(queue_capacity=0)
+    with pytest.raises(ValueError, match="inbox_capacity must be >= 1, got 0"):
+        worker(inbox_capacity=0)
 
 
 def test_closed_loop_clients_each_keep_one_request_in_flight() -> None:
@@ -612,7 +627,7 @@ def test_closed_loop_clients_each_keep_one_request_in_flight() -> None:
 def test_closed_loop_refused_clients_ask_again_and_every_request_ends_once() -> None:
     """More clients than the queue holds: the refused ones send their next request at
     once; every request still ends exactly once and the completed ones count tokens."""
-    config = replace(fleet_config(workers=1, queue_capacity=1), inbox_capacity=1)
+    config = fleet_config(workers=1, queue_capacity=1, inbox_capacity=1)
     requests = [Arrival(0.0, "chat", prompt_tokens=10, output_tokens=8)] * 40
     report, fleet = simulate_closed_loop(config, requests, clients=12, keep_requests=True)
     assert fleet.requests is not None and len(fleet.requests) == 40

@@ -15,8 +15,8 @@ from sluice.backends.synthetic import SyntheticBackend
 from sluice.engine.continuous import EngineConfig
 from sluice.engine.request import Event, Final, Request, RequestStatus, SamplingParams
 from sluice.engine.runtime import Runtime, RuntimeConfig
-from sluice.engine.worker import WorkerConfig
 from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.worker_config import WorkerConfig
 from tests.engine.conftest import generative
 from tests.server.live import wait_for
 

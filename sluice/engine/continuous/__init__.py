@@ -50,6 +50,7 @@ thread-safe state machines.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -121,6 +122,11 @@ class ContinuousEngine(StepLoop):
     @property
     def active_count(self) -> int:
         return len(self.running)
+
+    def speculation_state(self) -> SpeculationState:
+        """Its drafting counters with its draft gate's measurements, as a value for the
+        worker's published state."""
+        return dataclasses.replace(self.speculation, draft_gate=self.draft_gate.state())
 
     def next_wakeup_s(self, now: float) -> float | None:
         """Static mode: when the oldest waiting request stops waiting for a full batch."""

@@ -10,8 +10,8 @@ from typing import Literal
 from sluice.backends.base import ModelSpec
 from sluice.backends.faults import FaultPlan
 from sluice.engine.variants import GroupSpec
-from sluice.engine.worker import WorkerConfig
 from sluice.policy.queues.control_core import QueueConfig
+from sluice.policy.worker_config import WorkerConfig
 
 
 @dataclass(frozen=True)

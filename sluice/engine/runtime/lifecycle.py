@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from sluice.engine.request import RequestStatus
 from sluice.engine.runtime.pump import Pump
 from sluice.engine.supervisor import Recovery, WorkerStatus
-from sluice.engine.worker import Worker, WorkerConfig, WorkerState
+from sluice.engine.worker import Worker, WorkerState
 from sluice.engine.worker.process import AnyWorker, ProcessWorker
+from sluice.policy.worker_config import WorkerConfig
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ no lock but its own mailbox's. ``supervisor`` reads the thread's ``Heartbeat``.
 ``Worker`` is composed of one mixin per side over the fields ``base.WorkerBase`` declares:
 ``control`` (the control plane's calls, any thread), ``loop`` (the thread's loop and its
 inbound messages) and ``models`` (residency, admin operations, the published state);
-``types`` holds the configuration and the snapshots.
+``types`` holds the snapshots; its configuration is ``sluice.policy.worker_config.WorkerConfig``,
+which the simulator's workers run on too.
 """
 
 from __future__ import annotations
@@ -33,12 +34,12 @@ from sluice.engine.worker.types import (
     IDLE_POLL_S,
     Heartbeat,
     ModelState,
-    WorkerConfig,
     WorkerFault,
     WorkerState,
     spec_keep_alive,
 )
 from sluice.policy.capacity.residency import Residency
+from sluice.policy.worker_config import WorkerConfig
 
 
 class Worker(Control, Loop):
@@ -107,7 +108,6 @@ __all__ = [
     "ModelState",
     "Outbox",
     "Worker",
-    "WorkerConfig",
     "WorkerFault",
     "WorkerState",
     "spec_keep_alive",

@@ -19,8 +19,9 @@ from sluice.engine.oneshot import OneShotExecutor
 from sluice.engine.request import Request
 from sluice.engine.work_item import WorkItem
 from sluice.engine.worker.calls import Calls
-from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
+from sluice.engine.worker.types import Heartbeat, WorkerFault, WorkerState
 from sluice.policy.capacity.residency import Residency
+from sluice.policy.worker_config import WorkerConfig
 
 Outbox = queue.SimpleQueue[tuple[Any, tuple[Outbound, ...]]]
 """The runtime's outbox: (the sending worker, a run of its messages), in the order sent."""

@@ -31,7 +31,8 @@ from typing import Any
 from sluice.backends.base import Backend, ModelSpec
 from sluice.backends.faults import FaultInjector
 from sluice.engine.messages import Outbound, Reply, Run
-from sluice.engine.worker import Worker, WorkerConfig
+from sluice.engine.worker import Worker
+from sluice.policy.worker_config import WorkerConfig
 
 THREAD_DIED_EXIT = 70
 """The exit code of a worker process whose worker thread died of an exception."""

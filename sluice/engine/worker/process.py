@@ -62,8 +62,9 @@ from sluice.engine.worker import Worker
 from sluice.engine.worker.base import Outbox
 from sluice.engine.worker.calls import Calls, failed, settle
 from sluice.engine.worker.child import THREAD_DIED_EXIT, serve
-from sluice.engine.worker.types import Heartbeat, WorkerConfig, WorkerFault, WorkerState
+from sluice.engine.worker.types import Heartbeat, WorkerFault, WorkerState
 from sluice.policy.types import WorkerView
+from sluice.policy.worker_config import WorkerConfig
 
 log = logging.getLogger("sluice.worker")
 

@@ -1,4 +1,4 @@
-"""A worker's configuration and what it publishes of itself: its ``Heartbeat``, the
+"""What a worker publishes of itself: its ``Heartbeat``, the
 ``WorkerFault`` its thread died of, and ``WorkerState`` snapshots (one ``ModelState`` per
 resident model) that go to the control plane in ``State`` messages."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from sluice.backends.base import ModelSpec
-from sluice.engine.continuous import EngineConfig, SlotState
+from sluice.engine.continuous import SlotState
 from sluice.engine.speculation import SpeculationState
 from sluice.engine.step_times import StepBucket
 from sluice.policy.capacity.keep_alive import KeepAlive, configured_keep_alive
@@ -19,36 +19,6 @@ from sluice.policy.step.width import WidthPlan
 
 IDLE_POLL_S = 0.5
 """Longest sleep of an idle worker (it is woken at once by new work)."""
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """One worker's limits."""
-
-    worker_id: int
-    budget_bytes: int
-    """Model memory budget (estimated bytes)."""
-    inbox_capacity: int = 8
-    """Requests routed here and not yet running, at most."""
-    eviction: str = "lru"
-    """``lru`` or ``cost_aware``."""
-    max_batch_size: int = 8
-    """One-shot dynamic batches: members at most."""
-    max_wait_s: float = 0.005
-    """One-shot dynamic batches: how long the head waits for company."""
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    watchdog_s: float = 30.0
-    """A worker holding work that shows no progress for this long (one step, one batch)
-    is declared dead and replaced."""
-    load_watchdog_s: float = 600.0
-    """The same allowance while it loads a model, runs a freshly loaded model's first
-    step, or runs an admin call."""
-
-    def __post_init__(self) -> None:
-        for name in ("watchdog_s", "load_watchdog_s"):
-            value = getattr(self, name)
-            if not value > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
 
 
 @dataclass(frozen=True, slots=True)

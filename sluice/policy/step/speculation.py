@@ -268,6 +268,22 @@ class _Arm:
         self.samples += 1
 
 
+@dataclass(frozen=True, slots=True)
+class GateArms:
+    """The draft gate at one decode batch size, as the status page shows it."""
+
+    batch: int
+    """Decoding sequences of the steps measured."""
+    plain_tokens_per_s: float | None
+    """Smoothed output tokens per second of its steps that verified no drafts (None:
+    none measured)."""
+    draft_tokens_per_s: float | None
+    """The same of its steps that verified drafts (None: none measured)."""
+    drafting: bool
+    """The arm the gate takes at this size outside its exploration turns
+    (``DraftGate.prefers_drafting``)."""
+
+
 @dataclass(slots=True)
 class DraftGate:
     """The measured check on the priced rule: per decode batch size, the output tokens per
@@ -300,17 +316,30 @@ class DraftGate:
                              f"required, got {self.explore_every}, {self.min_samples}, "
                              f"{self.alpha}")
 
+    def _measured(self, arms: dict[int, _Arm], batch: int) -> bool:
+        arm = arms.get(batch)
+        return arm is not None and arm.samples >= self.min_samples
+
+    def prefers_drafting(self, batch: int) -> bool:
+        """Whether steps at ``batch`` decoding sequences draft outside exploration turns:
+        not before the plain arm is measured (plain steps are what drafting must beat),
+        then until the drafting arm is measured (to measure it), then while drafting's
+        measured rate is at least the plain one's. Pure."""
+        if not self._measured(self._plain, batch):
+            return False
+        if not self._measured(self._draft, batch):
+            return True
+        return self._draft[batch].rate >= self._plain[batch].rate
+
     def allow(self, batch: int) -> bool:
-        """May the next step at ``batch`` decoding sequences draft?"""
-        plain = self._plain.get(batch)
-        if plain is None or plain.samples < self.min_samples:
-            return False  # measure plain steps first: they are what drafting must beat
-        draft = self._draft.get(batch)
-        if draft is None or draft.samples < self.min_samples:
-            return True  # then let the priced rule draft, to measure it
+        """May the next step at ``batch`` decoding sequences draft? Once both arms are
+        measured, each call is a turn, and every ``explore_every``-th takes the losing
+        arm."""
+        wins = self.prefers_drafting(batch)
+        if not (self._measured(self._plain, batch) and self._measured(self._draft, batch)):
+            return wins
         turn = self._turns.get(batch, 0) + 1
         self._turns[batch] = turn
-        wins = draft.rate >= plain.rate
         return (not wins) if turn % self.explore_every == 0 else wins
 
     def observe(self, batch: int, drafted: bool, tokens: int, seconds: float) -> None:
@@ -321,8 +350,11 @@ class DraftGate:
         arms = self._draft if drafted else self._plain
         arms.setdefault(batch, _Arm()).observe(tokens / seconds, self.alpha)
 
-    def rates(self) -> dict[int, tuple[float | None, float | None]]:
-        """Per batch size: (plain, drafting) measured tokens/s, None where unmeasured."""
-        sizes = sorted({*self._draft, *self._plain})
-        return {b: (self._plain[b].rate if b in self._plain else None,
-                    self._draft[b].rate if b in self._draft else None) for b in sizes}
+    def state(self) -> tuple[GateArms, ...]:
+        """Each batch size with a measured step, smallest first: both arms' measured
+        tokens/s and the arm it prefers. Pure (no exploration turn is taken)."""
+        return tuple(
+            GateArms(b, self._plain[b].rate if b in self._plain else None,
+                     self._draft[b].rate if b in self._draft else None,
+                     self.prefers_drafting(b))
+            for b in sorted({*self._draft, *self._plain}))
