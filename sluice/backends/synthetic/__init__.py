@@ -17,13 +17,16 @@ n-gram drafts are accepted often but not always (speculation tests). Drafted tok
 their position would. ``chat_template`` (a Jinja source) renders chats in place of the
 ``role: content`` turns, as a GGUF's own template would (a load error if it does not
 compile).
+
+Modules: ``cost`` (``CostModel``: service times and injected faults from the options;
+``digest``, the hash outputs derive from), ``tokenizer`` (``SyntheticTokenizer``,
+``SPECIAL_TOKENS``), ``oneshot`` (``SyntheticOneShot``, ``word_overlap``), ``generative``
+(``SyntheticGenerative``, ``SEQUENCE_FILE``), ``backend`` (``SyntheticBackend``).
 """
 
-from sluice.backends.synthetic.generative import (
-    SyntheticBackend,
-    SyntheticGenerative,
-    SyntheticOneShot,
-    SyntheticTokenizer,
-)
+from sluice.backends.synthetic.backend import SyntheticBackend
+from sluice.backends.synthetic.generative import SyntheticGenerative
+from sluice.backends.synthetic.oneshot import SyntheticOneShot
+from sluice.backends.synthetic.tokenizer import SyntheticTokenizer
 
 __all__ = ["SyntheticBackend", "SyntheticGenerative", "SyntheticOneShot", "SyntheticTokenizer"]
