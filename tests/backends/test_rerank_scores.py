@@ -20,7 +20,7 @@ from sluice.backends.base import (
 )
 from sluice.backends.onnx import cosine_scores, model_files
 from sluice.backends.packaged import MINILM_ENCODER_ID
-from sluice.backends.synthetic import word_overlap
+from sluice.backends.synthetic.oneshot import word_overlap
 from sluice.config import ModelConfig
 from sluice.server.rerank_wire import ranked
 

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sluice.backends.base import ModelSpec
-from sluice.backends.synthetic import SPECIAL_TOKENS, SyntheticGenerative
+from sluice.backends.synthetic import SyntheticGenerative
+from sluice.backends.synthetic.tokenizer import SPECIAL_TOKENS
 from sluice.engine.continuous import ContinuousEngine, EngineConfig
 from sluice.engine.request import Request, RequestStatus, SamplingParams, TokenEvent
 

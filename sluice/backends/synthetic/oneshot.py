@@ -1,0 +1,68 @@
+"""Synthetic one-shot models: embeddings and classification scores from a hash, rerank
+scores by word overlap."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from sluice.backends.base import (
+    ModelSpec,
+    OneShotModel,
+    RerankPair,
+    RerankScore,
+    rerank_pairs,
+)
+from sluice.backends.synthetic.cost import CostModel, digest, sleep
+
+_WORD = re.compile(r"\w+")
+
+
+def word_overlap(pair: RerankPair) -> RerankScore:
+    """The synthetic rerank score: the share of the query's distinct lowercase words
+    (``\\w+`` runs, so punctuation does not count) that the document holds, in [0, 1];
+    tokens: those words."""
+    query, document = _WORD.findall(pair.query.lower()), _WORD.findall(pair.document.lower())
+    wanted = set(query)
+    score = len(wanted & set(document)) / len(wanted) if wanted else 0.0
+    return RerankScore(score, len(query), len(document))
+
+
+class SyntheticOneShot(OneShotModel):
+    """Embeddings (unit vectors of ``dim``) or classification scores, from a hash; rerank
+    scores by ``word_overlap``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self._cost = CostModel(spec)
+        self.dim = int(spec.options.get("dim", 8))
+        labels = spec.options.get("labels", ("negative", "positive"))
+        self.labels: tuple[str, ...] = tuple(labels)
+        self.batch_sizes: list[int] = []
+        self.closed = False
+
+    def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
+        self._cost.next_call("run_batch")
+        self.batch_sizes.append(len(inputs))
+        fixed = self._cost.option_s(self.spec, "batch_fixed_s", 0.002)
+        per_item = self._cost.option_s(self.spec, "per_item_s", 0.001)
+        sleep(fixed + per_item * len(inputs))
+        if self.spec.task == "rerank":
+            return [word_overlap(p) for p in rerank_pairs(inputs)]
+        return [self._one(x) for x in inputs]
+
+    def _one(self, text: Any) -> Any:
+        raw = np.frombuffer(digest(self.spec.model_id, text) * 4, dtype=np.uint8)[: self.dim]
+        vec = raw.astype(np.float32) - 127.5
+        vec /= float(np.linalg.norm(vec)) or 1.0
+        if self.spec.task == "classification":
+            scores = np.exp(vec[: len(self.labels)])
+            probs = scores / scores.sum()
+            return {lab: float(p) for lab, p in zip(self.labels, probs, strict=True)}
+        return vec.tolist()
+
+    def close(self) -> None:
+        self.closed = True
