@@ -27,7 +27,7 @@ from sluice.server.schemas.base import (
     check_json_schema,
     check_unique_names,
 )
-from sluice.server.schemas.messages import JsonSchemaFormat
+from sluice.server.schemas.messages import FunctionDef, JsonSchemaFormat
 
 MAX_TEXT_CHARS = 4_000_000
 MAX_INPUT_ITEMS = 1024
@@ -114,21 +114,18 @@ InputItem = Annotated[
 """An input item by its ``type`` (a message may leave it out)."""
 
 
-class FunctionTool(_Body):
+class FunctionTool(FunctionDef):
+    """A Responses function tool: chat's function fields at the tool's top level, and
+    ``parameters`` must describe an object (the Responses API's rule)."""
+
     type: Literal["function"]
-    name: FunctionName
-    description: str | None = Field(default=None, max_length=100_000)
-    parameters: dict[str, Any] | None = None
-    strict: StrictBool | None = None
 
     @field_validator("parameters")
     @classmethod
-    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        if v is None:
-            return v
-        if v.get("type", "object") != "object":
+    def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None and v.get("type", "object") != "object":
             raise ValueError("parameters must be a JSON schema with type 'object'")
-        return check_json_schema(v, "parameters")
+        return None if v is None else check_json_schema(v, "parameters")
 
 
 class NamedTool(_Body):

@@ -120,10 +120,7 @@ def _thinking_only(message: dict[str, Any]) -> bool:
 def tool_plan(body: ResponsesRequest) -> ToolPlan:
     """Function ``tools`` and ``tool_choice`` on the constraint engine (a required or named
     call is constrained to the function's parameters)."""
-    tools = [{"type": "function", "function": {
-        k: v for k, v in (("name", t.name), ("description", t.description),
-                          ("parameters", t.parameters)) if v is not None}}
-        for t in body.tools or []]
+    tools = [t.as_tool() for t in body.tools or []]
     choice = body.tool_choice
     mode = (choice.name if isinstance(choice, NamedTool) else choice) or "auto"
     strict = any(bool(t.strict) for t in body.tools or [])

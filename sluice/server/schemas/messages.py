@@ -105,17 +105,21 @@ class FunctionDef(_Body):
     def _schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
         return None if v is None else check_json_schema(v, "parameters")
 
+    def as_tool(self) -> dict[str, Any]:
+        """The function as a tool that chat templates take (no unknown fields, no
+        ``strict``)."""
+        spec = {k: v for k, v in (("name", self.name), ("description", self.description),
+                                  ("parameters", self.parameters)) if v is not None}
+        return {"type": "function", "function": spec}
+
 
 class ToolDef(_Body):
     type: Literal["function"]
     function: FunctionDef
 
     def as_dict(self) -> dict[str, Any]:
-        """The tool as chat templates take it (no unknown fields, no ``strict``)."""
-        fn = self.function
-        spec = {k: v for k, v in (("name", fn.name), ("description", fn.description),
-                                  ("parameters", fn.parameters)) if v is not None}
-        return {"type": "function", "function": spec}
+        """The tool as chat templates take it."""
+        return self.function.as_tool()
 
 
 class NamedFunction(_Body):
