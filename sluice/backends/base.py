@@ -155,6 +155,15 @@ class RerankScore(NamedTuple):
     document_tokens: int
 
 
+class Embedding(NamedTuple):
+    """The output of an ``embedding`` model for one input: its vector, and the tokens the
+    model read for it (after truncation, special tokens included), which is what the
+    embedding routes report as usage."""
+
+    vector: list[float]
+    n_tokens: int
+
+
 @dataclass(frozen=True, slots=True)
 class ForwardChunk:
     """Tokens of one sequence to feed in one forward pass.

@@ -32,6 +32,7 @@ import numpy as np
 
 from sluice.backends.base import (
     BackendError,
+    Embedding,
     ModelLoadError,
     ModelSpec,
     OneShotModel,
@@ -213,9 +214,9 @@ class OnnxOneShot(OneShotModel):
             pairs = rerank_pairs(inputs)
             return self._run(lambda: cosine_scores(pairs, self.encoder.embed_counted))
         texts = [x if isinstance(x, str) else str(x) for x in inputs]
-        emb = self._run(lambda: self.encoder.embed(texts))
+        emb, tokens = self._run(lambda: self.encoder.embed_counted(texts))
         if self.head is None:
-            return [row.tolist() for row in emb]
+            return [Embedding(row.tolist(), n) for row, n in zip(emb, tokens, strict=True)]
         probs = self.head.probabilities(emb)
         labels = self.head.labels
         return [{lab: float(p) for lab, p in zip(labels, row, strict=True)} for row in probs]

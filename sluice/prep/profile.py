@@ -186,7 +186,8 @@ def cross_check(config: RuntimeConfig, backends: dict[str, Backend], manifest: d
             if same != len(texts):
                 problems.append(f"{len(texts) - same} of {len(texts)} labels differ")
             if emb_spec is not None:
-                vecs = np.array([_wait(rt, emb_spec.model_id, [t])[0].result for t in texts],
+                vecs = np.array([_wait(rt, emb_spec.model_id, [t])[0].result.vector
+                                 for t in texts],
                                 dtype=np.float32)
                 cos = np.sum(vecs * ref_emb, axis=1) / np.maximum(
                     np.linalg.norm(vecs, axis=1) * np.linalg.norm(ref_emb, axis=1), 1e-12)

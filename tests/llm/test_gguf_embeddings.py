@@ -74,6 +74,13 @@ def test_a_generative_gguf_embeds_through_its_embedding_model(live: LiveServer) 
         np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
         np.testing.assert_allclose(vectors[0], vectors[2], atol=1e-6)  # same text, same vector
         assert float(vectors[0] @ vectors[1]) < 0.99  # different texts differ
+        # usage: the tokens the model read (its own tokenizer, BOS included), not words
+        counts = [http.post("/tokenize", json={"model": MEAN, "prompt": t,
+                                               "add_special_tokens": True}).json()["count"]
+                  for t in TEXTS]
+        assert counts[0] != len(TEXTS[0].split())
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] == usage["total_tokens"] == sum(counts)
         # alone, in another batch: the same vector; no model named: the default model's
         alone = http.post("/v1/embeddings", json={"input": TEXTS[0]})
         np.testing.assert_allclose(alone.json()["data"][0]["embedding"], vectors[0],
@@ -94,6 +101,7 @@ def test_a_generative_gguf_embeds_through_its_embedding_model(live: LiveServer) 
     with ollama.Client(host=live.url, timeout=120) as client:
         embed = client.embed(model=MEAN, input=TEXTS[:2])
         np.testing.assert_allclose(np.array(embed.embeddings), vectors[:2], atol=1e-5)
+        assert embed.prompt_eval_count == sum(counts[:2])
         older = client.embeddings(model=MEAN, prompt=TEXTS[1])
         np.testing.assert_allclose(older.embedding, vectors[1], atol=1e-5)
         assert "embedding" in client.show(MEAN).capabilities

@@ -57,8 +57,12 @@ def test_embeddings_through_the_server(onnx_server: LiveServer,
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-4)
     assert vecs[0] @ vecs[1] > vecs[0] @ vecs[2]  # the two reviews are closer
     v = small_manifest["variants"]["l3-fp32"]
-    ref = Encoder(v["path"], v["tokenizer"]).embed(texts)
+    ref, tokens = Encoder(v["path"], v["tokenizer"]).embed_counted(texts)
     assert np.min(np.sum(ref * vecs, axis=1)) >= 0.999
+    # usage: the tokens the encoder read ([CLS] and [SEP] included), not the words
+    assert tokens[0] != len(texts[0].split())
+    usage = r.json()["usage"]
+    assert usage["prompt_tokens"] == usage["total_tokens"] == sum(tokens)
     assert g.status_code == 200, g.text
     assert g.headers["x-sluice-variant"] == f"embed-{prep.by_accuracy(small_manifest)[0]}"
 

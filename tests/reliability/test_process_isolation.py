@@ -25,6 +25,7 @@ from tests.server.live import (
     metric_sum,
     scrape,
     synth_chat,
+    synth_embed,
     wait_for,
 )
 
@@ -186,3 +187,17 @@ def test_a_worker_process_that_hangs_is_killed_and_replaced(
         assert _pids(live)["steady"] == pids["steady"]
         [recovery] = c.get("/status.json").json()["recoveries"]
     assert recovery["cause"].startswith("stopped making progress"), recovery
+
+
+def test_embeddings_cross_the_process_boundary_with_their_token_counts(
+    serve: Callable[..., LiveServer],
+) -> None:
+    """An embedding model in a worker process: its results (vector and tokens read) come
+    back through the pipe, and usage is the model's count (BOS and words), summed."""
+    live = serve(config_with(models=[synth_embed("emb")],
+                             workers={"count": 1, "isolation": "process"}))
+    with live.client() as c:
+        r = c.post("/v1/embeddings", json={"model": "emb", "input": ["one", "two words"]})
+    assert r.status_code == 200, r.text
+    assert [len(d["embedding"]) for d in r.json()["data"]] == [16, 16]
+    assert r.json()["usage"] == {"prompt_tokens": 2 + 3, "total_tokens": 2 + 3}

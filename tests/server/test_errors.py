@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sluice.backends.base import ModelSpec
+from sluice.backends.base import Embedding, ModelSpec
 from sluice.backends.synthetic import SyntheticBackend, SyntheticOneShot
 from tests.server.live import (
     LiveServer,
@@ -455,7 +455,7 @@ class _NanOneShot(SyntheticOneShot):
     """An embedding model whose output cannot be encoded as JSON."""
 
     def run_batch(self, inputs: Any) -> list[Any]:
-        return [[math.nan] * self.dim for _ in inputs]
+        return [Embedding([math.nan] * self.dim, 1) for _ in inputs]
 
 
 class _NanBackend(SyntheticBackend):

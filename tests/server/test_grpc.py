@@ -128,10 +128,11 @@ def test_infer_serves_a_group_and_says_which_variant(channel: grpc.Channel) -> N
 def test_embed_matches_http(live: LiveServer, channel: grpc.Channel) -> None:
     resp = stub(channel).Embed(pb.EmbedRequest(model="synth-a", input=["one", "two words"]),
                                timeout=5)
-    assert resp.usage.prompt_tokens == 3
+    assert resp.usage.prompt_tokens == 2 + 3  # each input's BOS and words
     with live.client() as c:
         r = c.post("/v1/embeddings", json={"model": "synth-a", "input": ["one", "two words"]})
     http = [d["embedding"] for d in r.json()["data"]]
+    assert r.json()["usage"]["prompt_tokens"] == resp.usage.prompt_tokens
     assert len(resp.data) == len(http) == 2
     for got, want in zip(resp.data, http, strict=True):
         assert list(got.values) == pytest.approx(want, rel=1e-6)

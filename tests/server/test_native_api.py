@@ -39,6 +39,7 @@ def test_infer_one_shot_embedding(client: httpx.Client) -> None:
     assert body["finish_reason"] == "stop"
     same = client.post("/v1/embeddings", json={"model": "synth-a", "input": "hello"}).json()
     assert body["output"] == same["data"][0]["embedding"]
+    assert body["usage"]["prompt_tokens"] == same["usage"]["prompt_tokens"] == 2
 
 
 def test_infer_one_shot_classification(client: httpx.Client) -> None:

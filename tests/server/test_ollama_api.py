@@ -84,8 +84,9 @@ def test_list_show_and_ps(client: ollama.Client) -> None:
 
 
 def test_embed_and_the_older_embeddings(client: ollama.Client) -> None:
-    r = client.embed(model=EMBED, input=["one", "two"])
+    r = client.embed(model=EMBED, input=["one", "two words"])
     assert len(r.embeddings) == 2 and len(r.embeddings[0]) == 16
+    assert r.prompt_eval_count == 2 + 3  # each input's BOS and words, as the model read them
     assert r.embeddings[0] != r.embeddings[1]
     old = client.embeddings(model=EMBED, prompt="one")
     assert list(old.embedding) == pytest.approx(r.embeddings[0])

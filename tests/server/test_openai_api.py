@@ -234,7 +234,7 @@ def test_embeddings_float_and_base64_agree(oai: openai.OpenAI) -> None:
     for v in vectors:
         assert math.isclose(math.sqrt(sum(x * x for x in v)), 1.0, rel_tol=1e-5)
     assert vectors[0] != vectors[1] != vectors[2]
-    assert as_float.usage.prompt_tokens == 3
+    assert as_float.usage.prompt_tokens == 3 * 2  # BOS and the word, as the model reads it
 
     # The client's default asks for base64 and decodes it: the same float32 values.
     default = oai.embeddings.create(model="synth-a", input=inputs)
@@ -257,6 +257,20 @@ def test_embeddings_base64_on_the_wire(synthetic_server: LiveServer) -> None:
     decoded = np.frombuffer(base64.b64decode(raw), dtype="<f4")
     assert decoded.shape == (16,)
     assert decoded.tolist() == pytest.approx(plain["data"][0]["embedding"], abs=1e-7)
+
+
+def test_embedding_usage_counts_the_tokens_the_model_read(
+    oai: openai.OpenAI, synthetic_server: LiveServer
+) -> None:
+    spec = next(m for m in synthetic_server.config.models if m.id == "synth-a").spec()
+    embed_tok = SyntheticTokenizer(spec)
+    inputs = ["the meaning of life", "is 42"]
+    counts = [len(embed_tok.tokenize(t, add_bos=True)) for t in inputs]
+    assert counts == [5, 3]  # BOS included: not the whitespace word count
+    one = oai.embeddings.create(model="synth-a", input=inputs[0])
+    assert one.usage.prompt_tokens == one.usage.total_tokens == counts[0]
+    both = oai.embeddings.create(model="synth-a", input=inputs)
+    assert both.usage.prompt_tokens == both.usage.total_tokens == sum(counts)
 
 
 def test_embedding_is_a_pure_function_of_the_input(oai: openai.OpenAI) -> None:

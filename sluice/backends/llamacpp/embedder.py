@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.backends.base import BackendError, ModelLoadError, ModelSpec
+from sluice.backends.base import BackendError, Embedding, ModelLoadError, ModelSpec
 from sluice.backends.llamacpp.native import NumpyBatch, free_native, load_llama_model, tokenize
 from sluice.backends.llamacpp.options import LlamaCppOptions
 
@@ -42,7 +42,8 @@ def file_pooling(lib: Any, model: Any) -> str | None:
 
 
 class LlamaCppEmbedder:
-    """A GGUF that embeds: ``run_batch`` maps texts to unit vectors of ``n_embd`` floats.
+    """A GGUF that embeds: ``run_batch`` maps texts to ``Embedding``s, unit vectors of
+    ``n_embd`` floats with the count of ``tokens`` each was pooled from.
 
     Invariants: every returned vector has ``n_embd`` entries and L2 norm 1 (a zero vector
     stays zero); the same text gives the same vector whatever batch it runs in, up to
@@ -96,7 +97,7 @@ class LlamaCppEmbedder:
         if not self._finalizer.alive:
             raise BackendError(f"{self.spec.model_id}: model is closed")
         seqs = [self.tokens(str(x)) for x in inputs]
-        out: list[list[float]] = []
+        out: list[Embedding] = []
         start = 0
         while start < len(seqs):
             end, used = start, 0
@@ -104,7 +105,9 @@ class LlamaCppEmbedder:
                    and used + len(seqs[end]) <= self.n_ctx):
                 used += len(seqs[end])
                 end += 1
-            out.extend(self._embed(seqs[start:end]))
+            vectors = self._embed(seqs[start:end])
+            out.extend(Embedding(v, len(ids)) for v, ids in zip(vectors, seqs[start:end],
+                                                                 strict=True))
             start = end
         return out
 

@@ -1,5 +1,5 @@
-"""Synthetic one-shot models: embeddings and classification scores from a hash, rerank
-scores by word overlap."""
+"""Synthetic one-shot models: embeddings (counted in ``SyntheticTokenizer`` tokens, BOS
+included) and classification scores from a hash, rerank scores by word overlap."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from sluice.backends.base import (
+    Embedding,
     ModelSpec,
     OneShotModel,
     RerankPair,
@@ -17,6 +18,7 @@ from sluice.backends.base import (
     rerank_pairs,
 )
 from sluice.backends.synthetic.cost import CostModel, digest, sleep
+from sluice.backends.synthetic.tokenizer import SyntheticTokenizer
 
 _WORD = re.compile(r"\w+")
 
@@ -32,13 +34,15 @@ def word_overlap(pair: RerankPair) -> RerankScore:
 
 
 class SyntheticOneShot(OneShotModel):
-    """Embeddings (unit vectors of ``dim``) or classification scores, from a hash; rerank
-    scores by ``word_overlap``."""
+    """Embeddings (unit vectors of ``dim``, with the ``SyntheticTokenizer`` tokens of the
+    input as llama-server counts them: BOS and the words) or classification scores, from a
+    hash; rerank scores by ``word_overlap``."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self._cost = CostModel(spec)
         self.dim = int(spec.options.get("dim", 8))
+        self.tokenizer = SyntheticTokenizer(spec)
         labels = spec.options.get("labels", ("negative", "positive"))
         self.labels: tuple[str, ...] = tuple(labels)
         self.batch_sizes: list[int] = []
@@ -62,7 +66,7 @@ class SyntheticOneShot(OneShotModel):
             scores = np.exp(vec[: len(self.labels)])
             probs = scores / scores.sum()
             return {lab: float(p) for lab, p in zip(self.labels, probs, strict=True)}
-        return vec.tolist()
+        return Embedding(vec.tolist(), len(self.tokenizer.tokenize(str(text), add_bos=True)))
 
     def close(self) -> None:
         self.closed = True

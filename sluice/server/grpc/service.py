@@ -36,6 +36,7 @@ from sluice.server.core import (
     TextPrompt,
     admit,
     check_text_input,
+    embedded,
     embedding_spec,
     final_api_error,
     model_list,
@@ -245,7 +246,8 @@ class InferenceService(pb_grpc.InferenceServicer):
                 out.classification.scores.update(scores)
                 out.classification.label = max(scores, key=scores.__getitem__) if scores else ""
             else:
-                out.embedding.values.extend(float(x) for x in final.result)
+                [vector], _ = embedded([final])
+                out.embedding.values.extend(float(x) for x in vector)
             return out
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:
@@ -256,10 +258,10 @@ class InferenceService(pb_grpc.InferenceServicer):
             embedder = embedding_spec(self.ctx, body.model).model_id
             inputs = [body.input] if isinstance(body.input, str) else list(body.input)
             finals, reqs = await self._one_shot(call, tenant, embedder, inputs)
-            n_tokens = sum(len(x.split()) for x in inputs)
+            vectors, n_tokens = embedded(finals)
             return pb.EmbedResponse(
                 model=body.model,
-                data=[pb.Embedding(values=[float(x) for x in f.result]) for f in finals],
+                data=[pb.Embedding(values=[float(x) for x in v]) for v in vectors],
                 usage=usage(n_tokens, 0), decision=decision(reqs[-1]))
 
     async def ListModels(self, request: pb.ListModelsRequest,

@@ -33,6 +33,7 @@ from sluice.server.core import (
     ServeRequest,
     TextPrompt,
     decision_headers,
+    embedded,
     embedding_spec,
     final_api_error,
     model_name,
@@ -267,7 +268,9 @@ async def generate(request: Request) -> Response:
 
 
 async def _embed_inputs(request: Request, asked: str, inputs: list[str],
-                        keep_alive: float | str | None) -> tuple[list[Any], float]:
+                        keep_alive: float | str | None) -> tuple[list[list[float]], int, float]:
+    """The vectors of ``inputs``, the tokens the model read for them, and the seconds the
+    call took."""
     ctx = ctx_of(request)
     tenant = ctx.auth.tenant(request)
     model = model_name(ctx, asked)
@@ -280,22 +283,24 @@ async def _embed_inputs(request: Request, asked: str, inputs: list[str],
     started = time.monotonic()
     finals, _ = await one_shot(request, embedder, tenant, inputs, None, None,
                                wire.keep_alive_of(keep_alive))
-    return [f.result for f in finals], time.monotonic() - started
+    vectors, n_tokens = embedded(finals)
+    return vectors, n_tokens, time.monotonic() - started
 
 
 async def _embed(request: Request) -> Response:
     body = await _body(request, wire.EmbedRequest)
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-    vectors, seconds = await _embed_inputs(request, body.model, inputs, body.keep_alive)
+    vectors, n_tokens, seconds = await _embed_inputs(request, body.model, inputs,
+                                                     body.keep_alive)
     return JSONResponse({"model": body.model, "embeddings": vectors,
                          "total_duration": int(seconds * 1e9), "load_duration": 0,
-                         "prompt_eval_count": sum(len(x.split()) for x in inputs)},
+                         "prompt_eval_count": n_tokens},
                         headers=_headers(body))
 
 
 async def _embeddings(request: Request) -> Response:
     body = await _body(request, wire.EmbeddingsRequest)
-    vectors, _ = await _embed_inputs(request, body.model, [body.prompt], body.keep_alive)
+    vectors, _, _ = await _embed_inputs(request, body.model, [body.prompt], body.keep_alive)
     return JSONResponse({"embedding": vectors[0]}, headers=_headers(body))
 
 

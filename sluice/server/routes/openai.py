@@ -19,6 +19,7 @@ from sluice.server.core import (
     TextPrompt,
     TokenPrompt,
     decision_headers,
+    embedded,
     embedding_spec,
     model_list,
     model_name,
@@ -155,12 +156,12 @@ async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -
     inputs = [body.input] if isinstance(body.input, str) else list(body.input)
     finals, reqs = await one_shot(request, embedder, tenant, inputs, body.priority,
                                   body.deadline_ms)
-    n_tokens = sum(len(str(x).split()) for x in inputs)
+    vectors, n_tokens = embedded(finals)
     payload = {
         "object": "list",
         "data": [{"object": "embedding", "index": i,
-                  "embedding": _encode(f.result, body.encoding_format)}
-                 for i, f in enumerate(finals)],
+                  "embedding": _encode(v, body.encoding_format)}
+                 for i, v in enumerate(vectors)],
         "model": model,
         "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens},
     }

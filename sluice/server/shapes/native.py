@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sluice.backends.base import Embedding
 from sluice.engine.request import Final, TokenEvent
+from sluice.server.core.embeddings import embedded
 from sluice.server.shapes.base import Shape, usage
 
 
@@ -23,12 +25,15 @@ class InferShape(Shape):
                 "finish_reason": finish_reason}
 
     def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
+        output, prompt_tokens = final.result, final.prompt_tokens
+        if isinstance(final.result, Embedding):
+            [output], prompt_tokens = embedded([final])
         return {
             "id": self.id,
             "object": self.object_name,
             "created": self.created,
             "model": self.model,
-            "output": final.text if final.result is None else final.result,
+            "output": final.text if final.result is None else output,
             "finish_reason": final.finish_reason,
-            "usage": usage(final.prompt_tokens, final.completion_tokens),
+            "usage": usage(prompt_tokens, final.completion_tokens),
         }
