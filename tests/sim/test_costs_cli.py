@@ -100,7 +100,7 @@ def test_sluice_costs_takes_the_window_from_a_live_server_and_simulate_reads_it(
     assert "step_cost" in entry  # the engine's learned line, no base given
     report = tmp_path / "r.json"
     assert main(["simulate", "-c", str(SYNTHETIC_TOML), "--costs", str(out), "-w",
-                 "poisson:rate=20,duration=5,model=synth-chat,output=16", "--out",
+                 "poisson:rate=8,duration=10,model=synth-chat,output=16", "--out",
                  str(report)]) == 0
     done = json.loads(report.read_text())["models"]["synth-chat"]
     assert done["states"]["completed"] == done["offered"] > 50
