@@ -103,6 +103,9 @@ CLASSES: dict[str, tuple[str, str]] = {
              "over 10 characters: it is the only case with the suite's 5th and 6th prompts, "
              "and sluice's seeded sampler draws other tokens than llama.cpp's (every other "
              "case of the test passes)"),
+    "test_embedding.py::test_embedding_pooling_none_oai": (
+        "a", "--pooling none (one vector per token, on /embeddings only) is refused at start "
+             "by name: sluice embeds one pooled vector per input"),
     "test_compat_oai_responses.py::test_responses_stream_with_llama_telemetry": (
         "b", "deliberate: a response cut by max_output_tokens ends with OpenAI's "
              "response.incomplete (status incomplete), where llama-server sends "
