@@ -7,7 +7,6 @@ from typing import Any
 
 from sluice.backends.base import Embedding
 from sluice.engine.request import Final, TokenEvent
-from sluice.server.core.embeddings import embedded
 from sluice.server.shapes.base import Shape, usage
 
 
@@ -25,15 +24,17 @@ class InferShape(Shape):
                 "finish_reason": finish_reason}
 
     def full(self, final: Final, events: Sequence[TokenEvent] = ()) -> dict[str, Any]:
-        output, prompt_tokens = final.result, final.prompt_tokens
-        if isinstance(final.result, Embedding):
-            [output], prompt_tokens = embedded([final])
+        result = final.result
+        output: Any = final.text if result is None else result
+        prompt_tokens = final.prompt_tokens
+        if isinstance(result, Embedding):  # the vector, and the tokens the model read
+            output, prompt_tokens = result.vector, result.n_tokens
         return {
             "id": self.id,
             "object": self.object_name,
             "created": self.created,
             "model": self.model,
-            "output": final.text if final.result is None else output,
+            "output": output,
             "finish_reason": final.finish_reason,
             "usage": usage(prompt_tokens, final.completion_tokens),
         }
