@@ -123,6 +123,7 @@ class Models(WorkerBase):
             )
         self._send(ModelEvent(spec.model_id, "loaded", seconds))
         self._publish()
+        self._flush()  # its residency reaches the control side before its first step runs
 
     def _unload(self, model_id: str) -> None:
         self._residency.evict(model_id)
