@@ -18,13 +18,15 @@ request's ``Started``, ``Token``, ``Progress`` and ``Done``; a step's or batch's
 ``BatchDone``; ``Moved`` (the answer to ``Retarget``); ``ModelEvent``; ``IdleModels``
 (asks which idle models no live request needs); ``Room`` (the inbox has room again);
 ``Reply`` (the answer to ``Load``, ``Unload`` or ``Call``); ``State`` (the worker's
-snapshot). The runtime's pump (``sluice.engine.runtime.pump``) is the only reader: it
-turns them into request state, listeners, metrics and planner observations, so no lock
-of the runtime is ever taken on a worker's thread.
+snapshot); and ``Fence``, which only the control side puts there. The runtime's pump
+(``sluice.engine.runtime.pump``) is the only reader: it turns them into request state,
+listeners, metrics and planner observations, so no lock of the runtime is ever taken on a
+worker's thread.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -235,7 +237,15 @@ class State:
     state: WorkerState
 
 
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Put on the outbox by the control side, never by a worker: the pump sets ``reached``
+    once it has applied every message queued before it."""
+
+    reached: threading.Event
+
+
 Outbound = (Started | Token | Progress | Done | Batch | BatchDone | Moved | ModelEvent | IdleModels
-            | Room | Reply | State)
+            | Room | Reply | State | Fence)
 Send = Callable[[Outbound], None]
 """Puts one outbound message on the runtime's outbox (the worker's sender bound in)."""

@@ -95,16 +95,20 @@ class Supervisor:
         workers: Callable[[], Sequence[AnyWorker]],
         replace: Callable[[int], AnyWorker],
         end_held: Callable[[int, str], int],
+        applied: Callable[[AnyWorker], bool],
         clock: Callable[[], float],
         observer: Observer,
         poll_s: float,
     ) -> None:
         """``replace(index)`` builds and starts a new worker in slot ``index`` (same id and
         limits) and returns it; ``end_held(worker_id, message)`` ends the live requests
-        routed to that worker and returns how many it ended."""
+        routed to that worker and returns how many it ended; ``applied(worker)`` returns
+        once the control side has applied every message the worker sent (a dead worker's
+        residency is read after it, so its replacement loads what it held)."""
         self._workers = workers
         self._replace = replace
         self._end_held = end_held
+        self._applied = applied
         self._clock = clock
         self._observer = observer
         self._poll_s = poll_s
@@ -190,6 +194,9 @@ class Supervisor:
         self._observer.worker_died(worker_id, "died" if worker.fault else "stalled", failed)
         if not worker.is_alive():
             worker.close_models()
+            if not self._applied(worker):
+                log.warning("worker %d: its last messages were not applied in time; its "
+                            "replacement loads the models known so far", worker_id)
         models = tuple(sorted(worker.state.resident))
         record = Recovery(worker_id, cause, failed, detected_s - died_s, models=models)
         pending = _Pending(index, died_s, record)

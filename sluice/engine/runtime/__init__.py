@@ -98,7 +98,8 @@ class Runtime(AsyncAPI, Dispatch, Lifecycle, Admin):
         self._stopped = False
         self.dispatcher_fault = None
         self.supervisor = Supervisor(
-            lambda: self.workers, self._replace_worker, self._end_held, clock, self.observer,
+            lambda: self.workers, self._replace_worker, self._end_held, self._await_applied,
+            clock, self.observer,
             poll_s=min(MAX_SUPERVISOR_POLL_S,
                        min(w.watchdog_s for w in config.workers) / 4))
         self.workers = [self._new_worker(w) for w in config.workers]

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 
 from sluice.engine.messages import (
     Batch,
     BatchDone,
     Done,
+    Fence,
     IdleModels,
     ModelEvent,
     Moved,
@@ -38,6 +40,9 @@ from sluice.engine.runtime.settlement import Settlement
 from sluice.engine.worker.process import AnyWorker
 
 log = logging.getLogger("sluice.runtime")
+
+FENCE_TIMEOUT_S = 5.0
+"""How long ``_await_applied`` waits for the pump to reach its fence."""
 
 
 class Pump(Settlement):
@@ -75,6 +80,16 @@ class Pump(Settlement):
         if self._pump.is_alive():
             self._pump.join(5.0)
 
+    def _await_applied(self, worker: AnyWorker) -> bool:
+        """Wait until the pump has applied every message on the outbox now (``worker``'s
+        among them: a dead worker's last ``State`` before the supervisor reads it); False
+        if the pump is not running or did not get there in ``FENCE_TIMEOUT_S``."""
+        if not self._pump.is_alive():
+            return False
+        fence = Fence(threading.Event())
+        self._outbox.put((worker, (fence,)))
+        return fence.reached.wait(FENCE_TIMEOUT_S)
+
     def drain_outbox(self) -> None:
         """Apply every message waiting in the outbox, on this thread."""
         room = False
@@ -106,6 +121,9 @@ class Pump(Settlement):
 
     def _dispatch_message(self, worker: AnyWorker, message: Outbound) -> bool:
         worker_id = worker.config.worker_id
+        if isinstance(message, Fence):
+            message.reached.set()
+            return False
         if isinstance(message, Token):
             req = worker.routed.get(message.request_id)
             if req is not None:
