@@ -155,6 +155,39 @@ class RerankScore(NamedTuple):
     document_tokens: int
 
 
+@dataclass(frozen=True, slots=True)
+class EmbedInput:
+    """One input of an ``embedding`` model given as more than a text: token ids and texts
+    in order (each text tokenized where it stands, after BOS: llama-server's mixed prompt;
+    OpenAI's token-id input is all ids), and whether an input longer than the model's
+    context is cut to it (``truncate``, Ollama's default) rather than refused. A plain
+    ``str`` input means ``EmbedInput((text,))``: refused when too long."""
+
+    pieces: tuple[int | str, ...]
+    truncate: bool = False
+
+    @property
+    def text(self) -> str | None:
+        """The input as one text when it holds no token ids, else ``None``."""
+        if all(isinstance(p, str) for p in self.pieces):
+            return "".join(p for p in self.pieces if isinstance(p, str))
+        return None
+
+
+def embed_input(x: Any) -> EmbedInput:
+    """An embedding model's input as an ``EmbedInput`` (a ``str`` becomes one piece)."""
+    return x if isinstance(x, EmbedInput) else EmbedInput((str(x),))
+
+
+class InputError(NamedTuple):
+    """What a one-shot model returns in place of an output for an input it cannot run,
+    while the rest of its batch runs: that request alone fails with the API error ``code``
+    (``context_length_exceeded``, ``invalid_request_error``) and ``message``."""
+
+    code: str
+    message: str
+
+
 class Embedding(NamedTuple):
     """The output of an ``embedding`` model for one input: its vector, and the tokens the
     model read for it (after truncation, special tokens included), which is what the
@@ -226,7 +259,8 @@ class OneShotModel(Protocol):
     spec: ModelSpec
 
     def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
-        """One output per input, in order. Raises ``BackendError`` on failure."""
+        """One output per input, in order: an ``InputError`` for an input that fails
+        alone. Raises ``BackendError`` when the batch fails."""
         ...
 
     def close(self) -> None:

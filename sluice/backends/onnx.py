@@ -33,6 +33,8 @@ import numpy as np
 from sluice.backends.base import (
     BackendError,
     Embedding,
+    EmbedInput,
+    InputError,
     ModelLoadError,
     ModelSpec,
     OneShotModel,
@@ -213,7 +215,13 @@ class OnnxOneShot(OneShotModel):
         if self.spec.task == "rerank":
             pairs = rerank_pairs(inputs)
             return self._run(lambda: cosine_scores(pairs, self.encoder.embed_counted))
-        texts = [x if isinstance(x, str) else str(x) for x in inputs]
+        texts = [_text(x) for x in inputs]
+        runnable = [t for t in texts if isinstance(t, str)]
+        done = iter(self._encoded(runnable) if runnable else [])
+        return [t if isinstance(t, InputError) else next(done) for t in texts]
+
+    def _encoded(self, texts: list[str]) -> list[Any]:
+        """An ``Embedding`` per text, or its class probabilities under the head."""
         emb, tokens = self._run(lambda: self.encoder.embed_counted(texts))
         if self.head is None:
             return [Embedding(row.tolist(), n) for row, n in zip(emb, tokens, strict=True)]
@@ -230,6 +238,18 @@ class OnnxOneShot(OneShotModel):
 
     def close(self) -> None:
         self.closed = True
+
+
+def _text(x: Any) -> str | InputError:
+    """A one-shot input as the text this lane encodes (cut to ``max_tokens``); an input of
+    token ids fails alone, since a client's ids are not this tokenizer's."""
+    if not isinstance(x, EmbedInput):
+        return x if isinstance(x, str) else str(x)
+    text = x.text
+    if text is None:
+        return InputError("invalid_request_error",
+                          "this model takes text inputs only, not token ids")
+    return text
 
 
 class OnnxBackend:

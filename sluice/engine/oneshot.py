@@ -5,15 +5,16 @@ batch in one call.
 The worker owns the inbox and the resident set; this object decides how many requests
 at the inbox head run now as one batch (``plan``, through the pure ``decide_batch``
 policy) and runs a batch (``run``): every member ends in exactly one terminal state —
-completed, failed with the backend's error, or expired when the batch ends past its
-deadline (never completed late). Owned by the worker thread; not thread-safe.
+completed, failed with the backend's error (the whole batch) or its ``InputError``
+(that input alone), or expired when the batch ends past its deadline (never completed
+late). Owned by the worker thread; not thread-safe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from sluice.backends.base import OneShotModel
+from sluice.backends.base import InputError, OneShotModel
 from sluice.engine.messages import Batch, BatchDone, Send
 from sluice.engine.request import Request, RequestStatus, end_stopped
 from sluice.policy.variants.batcher import decide_batch
@@ -107,7 +108,9 @@ class OneShotExecutor:
         done = self._clock()
         self._send(BatchDone(model_id, len(live), done - started_s))
         for r, out in zip(live, outputs, strict=True):
-            if r.deadline_s is not None and done >= r.deadline_s:  # never complete late
+            if isinstance(out, InputError):  # this input fails alone
+                r.finish(RequestStatus.FAILED, done, error=out.message, error_code=out.code)
+            elif r.deadline_s is not None and done >= r.deadline_s:  # never complete late
                 r.finish(RequestStatus.EXPIRED, done, error="deadline passed while running",
                          error_code="deadline")
             else:

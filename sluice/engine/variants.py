@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sluice.backends.base import ModelSpec
+from sluice.backends.base import EmbedInput, ModelSpec
 from sluice.engine.request import Request, RequestStatus
 from sluice.policy.variants.planner import VariantChoice
 from sluice.policy.variants.service_estimator import LengthPrior
@@ -186,12 +186,19 @@ class VariantPlanner:
             }
 
 
+CHARS_PER_TOKEN = 4
+"""Characters a token id stands for in ``input_length`` (about one English token's)."""
+
+
 def input_length(req: Request) -> int:
-    """A one-shot request's input size in characters (its longest text; 0: not text):
-    what its batch's time grows with, as the batch is padded to its longest member."""
+    """A one-shot request's input size in characters (its longest text; an
+    ``EmbedInput``'s texts, a token id counted as ``CHARS_PER_TOKEN``; 0: not text): what
+    its batch's time grows with, as the batch is padded to its longest member."""
     data = req.input
     if isinstance(data, str):
         return len(data)
+    if isinstance(data, EmbedInput):
+        return sum(len(p) if isinstance(p, str) else CHARS_PER_TOKEN for p in data.pieces)
     if isinstance(data, (list, tuple)):
         return max((len(x) for x in data if isinstance(x, str)), default=0)
     return 0

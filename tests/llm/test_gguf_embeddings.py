@@ -145,3 +145,38 @@ def test_a_one_model_server_serves_any_name_with_embeddings_on() -> None:
             assert r.json()["model"] == MEAN
     finally:
         server.stop()
+
+
+def test_token_ids_embed_as_their_text_and_a_long_input_is_refused_alone(
+        live: LiveServer) -> None:
+    """The ids of a text embed to its vector (OpenAI's token-id input); an id outside the
+    vocabulary and an input past the embedding context (256 tokens here) are 400s in
+    OpenAI's shape (``context_length_exceeded``, "too large", as llama-server words it),
+    which Ollama's ``truncate`` (its default) cuts to fit instead; the server serves on."""
+    long_text = "This is a test " * 512
+    with live.client(timeout=120) as http:
+        ids = http.post("/tokenize", json={"model": MEAN, "prompt": TEXTS[0],
+                                           "add_special_tokens": True}).json()["tokens"]
+        text = http.post("/v1/embeddings", json={"model": MEAN, "input": TEXTS[0]}).json()
+        by_ids = http.post("/v1/embeddings", json={"model": MEAN, "input": ids})
+        assert by_ids.status_code == 200, by_ids.text
+        np.testing.assert_allclose(by_ids.json()["data"][0]["embedding"],
+                                   text["data"][0]["embedding"], atol=1e-5)
+        assert by_ids.json()["usage"]["prompt_tokens"] == len(ids)
+        two = http.post("/v1/embeddings", json={"model": MEAN, "input": [ids, ids[:3]]})
+        assert two.status_code == 200 and len(two.json()["data"]) == 2
+        outside = http.post("/v1/embeddings", json={"model": MEAN,
+                                                    "input": [[1, 10**9], TEXTS[1]]})
+        assert_error(outside, 400, code="invalid_request_error")
+        assert "vocabulary" in outside.json()["error"]["message"]
+        too_long = http.post("/v1/embeddings", json={"model": MEAN, "input": long_text})
+        assert_error(too_long, 400, code="context_length_exceeded")
+        assert "too large" in too_long.json()["error"]["message"]
+        again = http.post("/v1/embeddings", json={"model": MEAN, "input": TEXTS[1]})
+        assert again.status_code == 200, again.text
+    with ollama.Client(host=live.url, timeout=120) as client:
+        cut = client.embed(model=MEAN, input=long_text)
+        assert cut.prompt_eval_count == 256 and len(cut.embeddings) == 1
+        with pytest.raises(ollama.ResponseError) as refused:
+            client.embed(model=MEAN, input=long_text, truncate=False)
+        assert refused.value.status_code == 400 and "too large" in refused.value.error

@@ -280,6 +280,44 @@ def test_embedding_is_a_pure_function_of_the_input(oai: openai.OpenAI) -> None:
     assert two.data[1].embedding == one.data[0].embedding
 
 
+def test_embedding_inputs_of_token_ids(oai: openai.OpenAI,
+                                       synthetic_server: LiveServer) -> None:
+    """OpenAI's token-id inputs (``list[int]``, ``list[list[int]]``) and llama-server's
+    mixed prompts (ids and texts in one list: one prompt) embed one vector per prompt, and
+    usage counts each id as one token; a text-only prompt given as a list embeds as its
+    text does."""
+    one = oai.embeddings.create(model="synth-a", input=[12, 34, 56], encoding_format="float")
+    assert len(one.data) == 1 and one.usage.prompt_tokens == 3
+    many = oai.embeddings.create(model="synth-a", input=[[12, 34, 56], [7, 8]],
+                                 encoding_format="float")
+    assert [d.index for d in many.data] == [0, 1]
+    assert many.data[0].embedding == one.data[0].embedding
+    assert many.data[1].embedding != one.data[0].embedding
+    assert many.usage.prompt_tokens == 5
+    with synthetic_server.client() as c:
+        mixed = c.post("/v1/embeddings", json={"model": "synth-a",
+                                               "input": [12, 34, "is 42", 56]})
+        assert mixed.status_code == 200, mixed.text
+        assert len(mixed.json()["data"]) == 1
+        assert mixed.json()["usage"]["prompt_tokens"] == 3 + 2  # 3 ids and "is 42"
+        nested = c.post("/v1/embeddings", json={"model": "synth-a",
+                                                "input": ["same", [12, "x"]]}).json()
+        plain = c.post("/v1/embeddings", json={"model": "synth-a", "input": "same"}).json()
+        assert len(nested["data"]) == 2
+        assert nested["data"][0]["embedding"] == plain["data"][0]["embedding"]
+
+
+@pytest.mark.parametrize("bad", [[12, [34]], [], [True, 2], [[1], None], {"a": 1}])
+def test_a_malformed_embedding_input_is_a_400_and_the_server_serves(
+        synthetic_server: LiveServer, bad: object) -> None:
+    with synthetic_server.client() as c:
+        r = c.post("/v1/embeddings", json={"model": "synth-a", "input": bad})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        ok = c.post("/v1/embeddings", json={"model": "synth-a", "input": [1, 2]})
+        assert ok.status_code == 200, ok.text
+
+
 # -- models -------------------------------------------------------------------------------
 
 

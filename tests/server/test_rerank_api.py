@@ -200,6 +200,9 @@ def test_a_server_without_a_reranker_answers_501(synthetic_server: LiveServer) -
         err = assert_error(c.post("/v1/rerank", json={"query": QUERY, "documents": DOCS}),
                            501, code="rerank_not_supported")
         assert 'task = "rerank"' in err["message"]
+        # a malformed body is the client's error whatever the server serves: 400 first
+        assert_error(c.post("/v1/rerank", json={"query": QUERY, "documents": []}), 400,
+                     param="documents")
         chat = c.post("/v1/chat/completions", json={
             "model": "synth-chat", "messages": [{"role": "user", "content": "hi"}],
             "max_tokens": 2})

@@ -5,9 +5,12 @@ The context has one KV pool (``kv_unified``) of ``n_ctx`` cells, which is also i
 (``n_batch = n_ubatch = n_ctx``), so every input is pooled from a single forward pass, as a
 non-causal encoder needs. A batch of inputs is packed into as few ``llama_decode`` calls as
 the pool and ``n_seq_max`` allow, one sequence id per input; the KV is cleared before each.
-An input longer than ``n_ctx`` tokens is cut to its first ``n_ctx`` (as Ollama's
-``truncate`` does by default and the ONNX lane's ``max_tokens``); an empty one embeds the
-vocabulary's leading special tokens, or the end-of-text token when it has none.
+An input is a text or an ``EmbedInput`` (token ids and texts in order). One longer than
+``n_ctx`` tokens fails alone with ``InputError`` ``context_length_exceeded`` (OpenAI's and
+llama-server's answer), unless it asks to be cut to its first ``n_ctx`` (``truncate``:
+Ollama's default); one holding a token id outside the vocabulary fails alone with
+``invalid_request_error``. An empty one embeds the vocabulary's leading special tokens, or
+the end-of-text token when it has none.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from sluice.backends.base import BackendError, Embedding, ModelLoadError, ModelSpec
+from sluice.backends.base import (
+    BackendError,
+    Embedding,
+    EmbedInput,
+    InputError,
+    ModelLoadError,
+    ModelSpec,
+    embed_input,
+)
 from sluice.backends.llamacpp.native import NumpyBatch, free_native, load_llama_model, tokenize
 from sluice.backends.llamacpp.options import LlamaCppOptions
 
@@ -78,26 +89,43 @@ class LlamaCppEmbedder:
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
         self.n_seq_max = options.n_seq_max
         self.n_embd = int(lib.llama_model_n_embd_out(self._model))
+        self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self._batch = NumpyBatch(lib, self.n_ctx)
 
     def close(self) -> None:
         """Free the context and the model. Idempotent."""
         self._finalizer()
 
-    def tokens(self, text: str) -> list[int]:
-        """The ids an input is embedded from (special tokens added and parsed, as
-        llama-server does), cut to ``n_ctx``; never empty."""
-        ids = tokenize(self._lib, self._vocab, text, add_bos=True, special=True)
+    def tokens(self, x: str | EmbedInput) -> list[int] | InputError:
+        """The ids an input is embedded from (BOS added, special-token text parsed, as
+        llama-server does; never empty), or why it cannot be: a token id outside the
+        vocabulary, or more than ``n_ctx`` tokens when it does not ask to be cut."""
+        item = embed_input(x)
+        n_vocab = self.n_vocab
+        ids: list[int] = []
+        for piece in item.pieces:
+            if isinstance(piece, str):
+                ids += tokenize(self._lib, self._vocab, piece, add_bos=not ids, special=True)
+            elif 0 <= piece < n_vocab:
+                ids.append(piece)
+            else:
+                return InputError("invalid_request_error",
+                                  f"token id {piece} is outside the vocabulary [0, {n_vocab})")
         if not ids:
             eos = int(self._lib.llama_vocab_eos(self._vocab))
             ids = [eos if eos >= 0 else 0]
+        if len(ids) > self.n_ctx and not item.truncate:
+            return InputError("context_length_exceeded",
+                              f"input ({len(ids)} tokens) is too large to process: the "
+                              f"model's context holds {self.n_ctx} tokens")
         return ids[: self.n_ctx]
 
     def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
         if not self._finalizer.alive:
             raise BackendError(f"{self.spec.model_id}: model is closed")
-        seqs = [self.tokens(str(x)) for x in inputs]
-        out: list[Embedding] = []
+        prepared = [self.tokens(x) for x in inputs]
+        seqs = [ids for ids in prepared if not isinstance(ids, InputError)]
+        vectors: list[list[float]] = []
         start = 0
         while start < len(seqs):
             end, used = start, 0
@@ -105,11 +133,11 @@ class LlamaCppEmbedder:
                    and used + len(seqs[end]) <= self.n_ctx):
                 used += len(seqs[end])
                 end += 1
-            vectors = self._embed(seqs[start:end])
-            out.extend(Embedding(v, len(ids)) for v, ids in zip(vectors, seqs[start:end],
-                                                                 strict=True))
+            vectors += self._embed(seqs[start:end])
             start = end
-        return out
+        pooled = iter(vectors)
+        return [ids if isinstance(ids, InputError) else Embedding(next(pooled), len(ids))
+                for ids in prepared]
 
     def _embed(self, seqs: Sequence[list[int]]) -> list[list[float]]:
         """One ``llama_decode`` over ``seqs`` (sequence ids 0..), pooled per sequence."""
@@ -136,3 +164,4 @@ class LlamaCppEmbedder:
             norm = float(np.linalg.norm(vec))
             vectors.append((vec / norm if norm > 0 else vec).tolist())
         return vectors
+

@@ -11,10 +11,12 @@ import numpy as np
 
 from sluice.backends.base import (
     Embedding,
+    EmbedInput,
     ModelSpec,
     OneShotModel,
     RerankPair,
     RerankScore,
+    embed_input,
     rerank_pairs,
 )
 from sluice.backends.synthetic.cost import CostModel, digest, sleep
@@ -58,15 +60,27 @@ class SyntheticOneShot(OneShotModel):
             return [word_overlap(p) for p in rerank_pairs(inputs)]
         return [self._one(x) for x in inputs]
 
-    def _one(self, text: Any) -> Any:
-        raw = np.frombuffer(digest(self.spec.model_id, text) * 4, dtype=np.uint8)[: self.dim]
+    def _one(self, x: Any) -> Any:
+        key = x
+        if isinstance(x, EmbedInput):  # a text-only input embeds as its text does
+            key = x.pieces if x.text is None else x.text
+        raw = np.frombuffer(digest(self.spec.model_id, key) * 4, dtype=np.uint8)[: self.dim]
         vec = raw.astype(np.float32) - 127.5
         vec /= float(np.linalg.norm(vec)) or 1.0
         if self.spec.task == "classification":
             scores = np.exp(vec[: len(self.labels)])
             probs = scores / scores.sum()
             return {lab: float(p) for lab, p in zip(self.labels, probs, strict=True)}
-        return Embedding(vec.tolist(), len(self.tokenizer.tokenize(str(text), add_bos=True)))
+        return Embedding(vec.tolist(), self._n_tokens(x))
+
+    def _n_tokens(self, x: Any) -> int:
+        """Tokens an input reads: its texts' (BOS before a leading one) and its ids."""
+        item = embed_input(x)
+        n = 0
+        for piece in item.pieces:
+            n += (len(self.tokenizer.tokenize(piece, add_bos=n == 0))
+                  if isinstance(piece, str) else 1)
+        return n
 
     def close(self) -> None:
         self.closed = True

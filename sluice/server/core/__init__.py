@@ -27,7 +27,7 @@ from sluice.server.core.controls import (
     ttft_deadline,
     ttft_target,
 )
-from sluice.server.core.embeddings import embedded
+from sluice.server.core.embeddings import embed_inputs, embedded
 from sluice.server.core.generate import (
     ChatPrompt,
     Generation,
@@ -67,6 +67,7 @@ __all__ = [
     "check_text_input",
     "controls",
     "decision_headers",
+    "embed_inputs",
     "embedded",
     "embedding_spec",
     "final_api_error",

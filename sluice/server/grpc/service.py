@@ -36,6 +36,7 @@ from sluice.server.core import (
     TextPrompt,
     admit,
     check_text_input,
+    embed_inputs,
     embedded,
     embedding_spec,
     final_api_error,
@@ -219,8 +220,8 @@ class InferenceService(pb_grpc.InferenceServicer):
                       "ignore_eos": body.ignore_eos},
             deadline_ms=deadline, names=names)
 
-    async def _one_shot(self, call: _Call, tenant: TenantConfig, model: str, inputs: list[str]
-                        ) -> tuple[list[Final], list[RtRequest]]:
+    async def _one_shot(self, call: _Call, tenant: TenantConfig, model: str,
+                        inputs: list[Any]) -> tuple[list[Final], list[RtRequest]]:
         """Admit one request per input and await them all; cancelled with the call."""
         reqs = one_shot_requests(self.ctx, call.headers, model, tenant, inputs, None,
                                  deadline_ms(call.context))
@@ -256,8 +257,8 @@ class InferenceService(pb_grpc.InferenceServicer):
             body = validated(EmbeddingRequest, {"model": request.model,
                                                 "input": list(request.input)})
             embedder = embedding_spec(self.ctx, body.model).model_id
-            inputs = [body.input] if isinstance(body.input, str) else list(body.input)
-            finals, reqs = await self._one_shot(call, tenant, embedder, inputs)
+            finals, reqs = await self._one_shot(call, tenant, embedder,
+                                                embed_inputs(body.input))
             vectors, n_tokens = embedded(finals)
             return pb.EmbedResponse(
                 model=body.model,

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from sluice.backends.base import EmbedInput
 from sluice.config import QuotaConfig, TenantConfig
 from sluice.engine.observer import Observer
 from sluice.engine.request import Event, Final, RequestStatus
@@ -45,9 +46,13 @@ class TokenBounds:
 
 def estimate_tokens(req: RtRequest) -> int:
     """Tokens reserved at admission: prompt (once) + ``max_tokens`` for each of the ``n``
-    choices (generative), or the input's whitespace-separated words (one-shot; at least 1)."""
+    choices (generative), or the input's whitespace-separated words and token ids
+    (one-shot; at least 1)."""
     if req.kind == "generative":
         return len(req.prompt_tokens) + req.params.max_tokens * req.params.n
+    if isinstance(req.input, EmbedInput):
+        return max(1, sum(len(p.split()) if isinstance(p, str) else 1
+                          for p in req.input.pieces))
     return max(1, len(str(req.input).split()))
 
 

@@ -24,6 +24,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
 import sluice
+from sluice.backends.base import EmbedInput
 from sluice.backends.chat import parse_tool_calls
 from sluice.engine.request import Final, PromptProgress, RequestStatus, TokenEvent
 from sluice.server import ollama_wire as wire
@@ -33,6 +34,7 @@ from sluice.server.core import (
     ServeRequest,
     TextPrompt,
     decision_headers,
+    embed_inputs,
     embedded,
     embedding_spec,
     final_api_error,
@@ -267,7 +269,7 @@ async def generate(request: Request) -> Response:
 # -- embeddings -------------------------------------------------------------------------
 
 
-async def _embed_inputs(request: Request, asked: str, inputs: list[str],
+async def _embed_inputs(request: Request, asked: str, inputs: list[str | EmbedInput],
                         keep_alive: float | str | None) -> tuple[list[list[float]], int, float]:
     """The vectors of ``inputs``, the tokens the model read for them, and the seconds the
     call took."""
@@ -289,7 +291,7 @@ async def _embed_inputs(request: Request, asked: str, inputs: list[str],
 
 async def _embed(request: Request) -> Response:
     body = await _body(request, wire.EmbedRequest)
-    inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+    inputs = embed_inputs(body.input, truncate=body.truncate)
     vectors, n_tokens, seconds = await _embed_inputs(request, body.model, inputs,
                                                      body.keep_alive)
     return JSONResponse({"model": body.model, "embeddings": vectors,
@@ -300,7 +302,9 @@ async def _embed(request: Request) -> Response:
 
 async def _embeddings(request: Request) -> Response:
     body = await _body(request, wire.EmbeddingsRequest)
-    vectors, _, _ = await _embed_inputs(request, body.model, [body.prompt], body.keep_alive)
+    vectors, _, _ = await _embed_inputs(request, body.model,  # cut to fit, as Ollama does
+                                        embed_inputs(body.prompt, truncate=True),
+                                        body.keep_alive)
     return JSONResponse({"embedding": vectors[0]}, headers=_headers(body))
 
 

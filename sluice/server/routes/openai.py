@@ -19,6 +19,7 @@ from sluice.server.core import (
     TextPrompt,
     TokenPrompt,
     decision_headers,
+    embed_inputs,
     embedded,
     embedding_spec,
     model_list,
@@ -153,7 +154,7 @@ async def embeddings(body: EmbeddingRequest, request: Request, tenant: Tenant) -
     headers = body_headers(request, body)
     model = model_name(ctx_of(request), body.model)
     embedder = embedding_spec(ctx_of(request), model).model_id
-    inputs = [body.input] if isinstance(body.input, str) else list(body.input)
+    inputs = embed_inputs(body.input)
     finals, reqs = await one_shot(request, embedder, tenant, inputs, body.priority,
                                   body.deadline_ms)
     vectors, n_tokens = embedded(finals)

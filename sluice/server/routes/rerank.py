@@ -25,8 +25,8 @@ async def rerank(body: RerankRequest, request: Request, tenant: Tenant) -> Respo
     """The documents ranked by relevance to the query, highest first."""
     ctx = ctx_of(request)
     headers = body_headers(request, body)
+    documents = body.document_texts(ctx.config.server.rerank_max_documents)  # 400 first
     model = rerank_model(ctx, body.model)
-    documents = body.document_texts(ctx.config.server.rerank_max_documents)
     pairs = [RerankPair(body.query, d) for d in documents]
     finals, reqs = await one_shot(request, model, tenant, list(pairs), body.priority,
                                   body.deadline_ms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool, ValidationInfo, field_validator
+from pydantic import Field, StrictBool, StrictInt, StrictStr, ValidationInfo, field_validator
 
 from sluice.server.schemas.base import (
     MAX_TOOLS,
@@ -15,6 +15,7 @@ from sluice.server.schemas.base import (
     _Body,
     check_unique_names,
 )
+from sluice.server.schemas.embedding import EmbedValue, prompts
 from sluice.server.schemas.messages import ChatMessage, NamedToolChoice, ResponseFormat, ToolDef
 from sluice.server.schemas.sampling import TemplateKwargs, _Sampling
 
@@ -109,7 +110,9 @@ class CompletionRequest(_Sampling):
 
 class EmbeddingRequest(_Body):
     model: str | None = Field(default=None, min_length=1, max_length=256)
-    input: str | list[str] = Field()
+    input: list[StrictStr | StrictInt | list[StrictStr | StrictInt]] | StrictStr = Field()
+    """A text, a list of texts, token ids (``list[int]``, ``list[list[int]]``), or
+    llama-server's mixed prompts of ids and texts (``core.embeddings.prompts``)."""
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(default=None, max_length=256)
     priority: Priority | None = None
@@ -117,10 +120,17 @@ class EmbeddingRequest(_Body):
 
     @field_validator("input")
     @classmethod
-    def _inputs(cls, v: str | list[str]) -> str | list[str]:
-        items = [v] if isinstance(v, str) else v
+    def _inputs(cls, v: EmbedValue) -> EmbedValue:
+        if isinstance(v, list) and any(isinstance(x, int) for x in v) and any(
+                isinstance(x, list) for x in v):
+            raise ValueError("a list holding token ids is one prompt: it cannot also hold "
+                             "lists")
+        items = prompts(v)
         if not items or len(items) > 256:
-            raise ValueError("input must hold 1 to 256 texts")
-        if any(len(s) > 100_000 for s in items):
+            raise ValueError("input must hold 1 to 256 prompts")
+        if any(len(p) > 100_000 for p in items):
+            raise ValueError("each input must be at most 100000 characters or token ids")
+        if any(len(t) > 100_000 for p in items if isinstance(p, list)
+               for t in p if isinstance(t, str)):
             raise ValueError("each input must be at most 100000 characters")
         return v
