@@ -110,6 +110,13 @@ CLASSES: dict[str, tuple[str, str]] = {
         "b", "deliberate: a response cut by max_output_tokens ends with OpenAI's "
              "response.incomplete (status incomplete), where llama-server sends "
              "response.completed; the progress events and timings the test reads are there"),
+    "test_router.py::test_router_props": (
+        "a", "sluice has no router process: one server holds every model of the folder in "
+             "residency under a memory budget (--models-max and --no-models-autoload are "
+             "not served), so /props describes the default model, without a router's role"),
+    "test_router.py::test_router_delete_model": (
+        "a", "deliberate: no model downloads (POST /models) and no DELETE /models: sluice "
+             "serves packaged or local files, which it never deletes"),
 }
 """Test id (``file::test[params]``, fnmatch patterns allowed) → (class, reason), for the
 tests that pass on llama-server and fail on sluice, written by reading each failure."""

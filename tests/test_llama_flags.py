@@ -52,6 +52,11 @@ def test_llama_server_flags_map_to_the_config(tmp_path: Path) -> None:
     assert model.default_max_tokens == 64
     assert model.embeddings is not None and model.embeddings.pooling == "last"
     assert [s.model_id for s in model.specs()] == ["tiny", "tiny:embedding"]
+    for flags in (["--reranking"], ["--embedding", "--pooling", "rank"]):  # llama-server's
+        [ranker] = serve_config([str(path), *flags]).models
+        assert ranker.embedding_id is None and ranker.rerank_id == f"{ranker.id}:rerank"
+        assert [(s.model_id, s.task) for s in ranker.specs()][1] == (ranker.rerank_id,
+                                                                     "rerank")
     assert config.server.hosts == ["127.0.0.1", "::1"]
     assert config.server.cors_origins == ["http://a.test", "http://b.test"]
     assert config.server.slot_save_path == str(tmp_path)
@@ -110,7 +115,6 @@ def test_reasoning_flags_reach_the_model_spec() -> None:
     (["--context-shift"], "--context-shift: sluice does not shift a full context"),
     (["--props"], "--props: sluice does not change its settings at run time"),
     (["--pooling", "none"], "--pooling none: per-token embeddings are not served"),
-    (["--embedding", "--pooling", "rank"], "--pooling rank: reranking is not served"),
     (["--pooling", "mean"], "--pooling mean: embeddings are off (add --embedding)"),
     (["--n-predict", "0"], "--n-predict 0: give -1"),
     (["--chat-template", "{% for m in messages %}"],

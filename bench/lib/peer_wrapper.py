@@ -40,10 +40,9 @@ with that setting (its default refuses an unknown name with 404).
 It drops, for sluice, the flags that only tune llama.cpp's kernels or llama-server's own
 parts: ``--no-jinja`` (sluice renders every template as Jinja), ``--ubatch-size``, ``-fa``,
 ``-ctk`` / ``-ctv``, ``--swa-full``, ``--cache-ram``, ``--no-cache-idle-slots``,
-``--models-max``, ``--no-models-autoload``, ``--backend_sampling`` (where llama.cpp samples:
-on its compute backend, a kernel placement) and ``--reranking`` (sluice reranks with an
-ONNX model from its config, not a flag). Any flag not named here reaches ``sluice serve`` as
-given, which refuses it.
+``--models-max``, ``--no-models-autoload`` and ``--backend_sampling`` (where llama.cpp
+samples: on its compute backend, a kernel placement). Any flag not named here reaches
+``sluice serve`` as given, which refuses it.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ _SLUICE_DROP_VALUED = {"--ubatch-size", "-ub", "-fa", "--flash-attn", "-ctk",
                        "--cache-type-k", "-ctv", "--cache-type-v", "--cache-ram",
                        "--models-max"}
 _SLUICE_DROP = {"--no-jinja", "--swa-full", "--no-cache-idle-slots",
-                "--no-models-autoload", "--reranking", "--rerank", "--offline",
+                "--no-models-autoload", "--offline",
                 "--backend_sampling", "--backend-sampling"}
 _THREADS = {"--threads", "-t", "--threads-batch", "-tb"}
 

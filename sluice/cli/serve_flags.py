@@ -23,7 +23,6 @@ def split_values(values: str | list[str]) -> list[str]:
 REFUSED_POOLING = {
     "none": "per-token embeddings are not served (OpenAI's and Ollama's embeddings are one "
             "vector per input); use mean, cls or last",
-    "rank": "reranking is not served from llama-server's flags; use mean, cls or last",
 }
 
 
@@ -69,7 +68,8 @@ def llama_flags_config(args: argparse.Namespace, config: Config) -> Config:
         batch_size=args.batch_size, n_gpu_layers=args.n_gpu_layers, chat_template=template,
         no_repack=args.no_repack, kv_unified=args.kv_unified, temperature=args.temp,
         seed=None if args.seed is None or args.seed < 0 else args.seed,
-        n_predict=args.n_predict, embedding=args.embedding, pooling=args.pooling,
+        n_predict=args.n_predict, embedding=args.embedding or args.reranking,
+        pooling="rank" if args.reranking else args.pooling,
         api_keys=tuple(keys), aliases=tuple(args.alias or ()),
         tags=tuple(split_values(args.tags or [])), verbose=args.verbose,
         keep_alive=args.keep_alive or os.environ.get("SLUICE_KEEP_ALIVE"),
@@ -189,7 +189,10 @@ def add_llama_server_flags(p: argparse.ArgumentParser) -> None:
                         "Ollama's embed routes (generation stays on)")
     p.add_argument("--pooling", choices=["mean", "cls", "last", "none", "rank"],
                    help="how --embedding pools an input's tokens (default: the file's own, "
-                        "else mean; none and rank are refused)")
+                        "else mean; rank: the model reranks instead; none is refused)")
+    p.add_argument("--reranking", "--rerank", action="store_true",
+                   help="every model also reranks, as MODEL:rerank, on /v1/rerank, with its "
+                        "file's classifier head (--embedding --pooling rank)")
     p.add_argument("--no-context-shift", action="store_true",
                    help="accepted: sluice never shifts a context (a request that does not "
                         "fit is refused)")

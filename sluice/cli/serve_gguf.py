@@ -57,7 +57,8 @@ class LlamaFlags:
     embedding: bool = False
     """Every generative model also embeds (``[models.embeddings]``)."""
     pooling: str | None = None
-    """``mean``, ``cls`` or ``last`` (``None``: the file's own, else mean)."""
+    """``mean``, ``cls`` or ``last`` (``None``: the file's own, else mean); ``rank``: every
+    generative model reranks instead (``--reranking``)."""
     api_keys: tuple[str, ...] = ()
     aliases: tuple[str, ...] = field(default=())
     """One per file in order; each may name more names after commas (``a,b``)."""

@@ -38,6 +38,7 @@ from sluice.config.load import (
 )
 from sluice.config.models import (
     EMBEDDING_SUFFIX,
+    RERANK_SUFFIX,
     EmbeddingsConfig,
     FaultsConfig,
     GroupConfig,
@@ -60,6 +61,7 @@ __all__ = [
     "DEFAULT_TPOT_TARGET_MS",
     "DEFAULT_TTFT_TARGET_MS",
     "EMBEDDING_SUFFIX",
+    "RERANK_SUFFIX",
     "SECRET_FIELD_WORDS",
     "BatchingConfig",
     "ClusterConfig",

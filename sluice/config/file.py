@@ -43,7 +43,7 @@ class Config(_Strict):
     @field_validator("models")
     @classmethod
     def _unique_models(cls, models: list[ModelConfig]) -> list[ModelConfig]:
-        ids = [i for m in models for i in (m.id, m.embedding_id) if i is not None]
+        ids = [i for m in models for i in (m.id, m.embedding_id, m.rerank_id) if i is not None]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise ValueError(f"duplicate model ids: {dupes}")

@@ -96,6 +96,8 @@ class SamplingConfig(_Strict):
 
 EMBEDDING_SUFFIX = ":embedding"
 """A generative model ``m`` with ``[models.embeddings]`` embeds through ``m:embedding``."""
+RERANK_SUFFIX = ":rerank"
+"""... and reranks through ``m:rerank`` when its ``pooling`` is ``rank``."""
 
 
 class EmbeddingsConfig(_Strict):
@@ -103,25 +105,32 @@ class EmbeddingsConfig(_Strict):
     context over the same file with embeddings on, pooled per input and L2-normalised; a
     one-shot model of its own in residency (loaded on first use, evicted like any other)."""
 
-    pooling: Literal["mean", "cls", "last"] | None = None
+    pooling: Literal["mean", "cls", "last", "rank"] | None = None
     """How the token states of an input become one vector (llama-server's ``--pooling``);
-    unset: the file's own (``<arch>.pooling_type``), else ``mean``."""
+    unset: the file's own (``<arch>.pooling_type``), else ``mean``. ``rank``
+    (llama-server's ``--reranking``): the model reranks instead, as ``<id>:rerank`` on
+    ``/v1/rerank``, scoring each (query, document) with the file's classifier head."""
     n_ctx: int = Field(default=2048, ge=16, le=1_048_576)
-    """Tokens of one input at most (longer inputs are cut to it, as Ollama's ``truncate``
-    does and the ONNX lane's ``max_tokens``); also the tokens of one forward pass."""
+    """Tokens of one input at most (a longer one is refused, unless Ollama's ``truncate``
+    asks for the cut); also the tokens of one forward pass."""
     memory_bytes: int | None = Field(default=None, gt=0)
     """Its resident size; unset: worked out from the file by ``sluice serve FILE.gguf``,
     else the generative model's ``memory_bytes`` (the same weights, an upper bound)."""
 
+    @property
+    def reranks(self) -> bool:
+        return self.pooling == "rank"
+
     def spec(self, model_id: str, of: ModelSpec) -> ModelSpec:
-        """The one-shot spec that embeds for the generative model ``of``."""
+        """The one-shot spec that embeds (or reranks) for the generative model ``of``."""
         keys = ("path", "n_threads", "n_gpu_layers", "verbose", "extra_bufts")
         options: dict[str, Any] = {k: of.options[k] for k in keys if k in of.options}
         options.update(n_ctx=self.n_ctx, n_batch=self.n_ctx, kv_unified=True)
         if self.pooling is not None:
             options["pooling"] = self.pooling
         return ModelSpec(
-            model_id=model_id, kind="oneshot", backend="llamacpp", task="embedding",
+            model_id=model_id, kind="oneshot", backend="llamacpp",
+            task="rerank" if self.reranks else "embedding",
             memory_bytes=self.memory_bytes or of.memory_bytes, load_cost_s=of.load_cost_s,
             options=options, keep_alive_s=of.keep_alive_s, pinned=of.pinned)
 
@@ -225,7 +234,8 @@ class ModelConfig(_Strict):
         if self.task == "rerank" and (self.kind != "oneshot"
                                       or self.backend not in ("onnx", "synthetic")):
             raise ValueError(f"task: rerank is served by a one-shot onnx (or synthetic) model, "
-                             f"not a {self.kind} {self.backend} one")
+                             f"not a {self.kind} {self.backend} one (a reranker GGUF: a "
+                             f"generative model with [models.embeddings] pooling = \"rank\")")
         if self.embeddings is not None and (self.backend != "llamacpp"
                                             or self.kind != "generative"):
             raise ValueError(f"embeddings: only a generative llamacpp model embeds this way "
@@ -236,14 +246,24 @@ class ModelConfig(_Strict):
     @property
     def embedding_id(self) -> str | None:
         """The id of the one-shot model that embeds for this one (``None``: it does not)."""
-        return None if self.embeddings is None else f"{self.id}{EMBEDDING_SUFFIX}"
+        if self.embeddings is None or self.embeddings.reranks:
+            return None
+        return f"{self.id}{EMBEDDING_SUFFIX}"
+
+    @property
+    def rerank_id(self) -> str | None:
+        """The id of the one-shot model that reranks for this one (``None``: it does not)."""
+        if self.embeddings is None or not self.embeddings.reranks:
+            return None
+        return f"{self.id}{RERANK_SUFFIX}"
 
     def specs(self) -> list[ModelSpec]:
-        """This model's spec, and its embedding model's after it when it embeds."""
+        """This model's spec, and its embedding (or rerank) model's after it."""
         spec = self.spec()
-        if self.embeddings is None or self.embedding_id is None:
+        companion = self.embedding_id or self.rerank_id
+        if self.embeddings is None or companion is None:
             return [spec]
-        return [spec, self.embeddings.spec(self.embedding_id, spec)]
+        return [spec, self.embeddings.spec(companion, spec)]
 
     def spec(self) -> ModelSpec:
         keep_alive = PINNED if self.pinned else (

@@ -180,3 +180,47 @@ def test_token_ids_embed_as_their_text_and_a_long_input_is_refused_alone(
         with pytest.raises(ollama.ResponseError) as refused:
             client.embed(model=MEAN, input=long_text, truncate=False)
         assert refused.value.status_code == 400 and "too large" in refused.value.error
+
+
+def test_a_gguf_started_with_reranking_serves_rerank() -> None:
+    """``pooling = "rank"`` (llama-server's ``--reranking``) adds ``MODEL:rerank``:
+    ``/v1/rerank`` naming the model, or no model, scores every document through llama.cpp's
+    rank pooling (SmolLM2 has no classifier head, so the scores rank nothing meaningful,
+    as on llama-server: the shape, the order by score and ``top_n`` are what is checked);
+    the model does not embed; a pair past the context is a 400; the model still chats."""
+    entry = _model(MEAN, None)
+    entry["embeddings"] = {"pooling": "rank", "n_ctx": 128, "memory_bytes": 150_000_000}
+    config = Config.model_validate({
+        "models": [entry], "server": {"default_model": MEAN},
+        "workers": {"count": 1, "budget_bytes": 2_000_000_000}})
+    server = start_server(config)
+    docs = ["A cat sat on the mat.", "Paris is the capital of France.", "Cats purr."]
+    try:
+        with server.client(timeout=120) as http:
+            for body in ({"query": "cats", "documents": docs},
+                         {"model": MEAN, "query": "cats", "documents": docs}):
+                r = http.post("/v1/rerank", json=body)
+                assert r.status_code == 200, r.text
+                results = r.json()["results"]
+                assert sorted(x["index"] for x in results) == [0, 1, 2]
+                scores = [x["relevance_score"] for x in results]
+                assert scores == sorted(scores, reverse=True)
+                assert all(np.isfinite(scores))
+                assert r.json()["usage"]["prompt_tokens"] > 0
+            top = http.post("/v1/rerank", json={"query": "cats", "documents": docs,
+                                                "top_n": 2})
+            assert [x["index"] for x in top.json()["results"]] == [
+                x["index"] for x in results[:2]]
+            listed = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+            assert listed[f"{MEAN}:rerank"]["task"] == "rerank"
+            assert f"{MEAN}:embedding" not in listed
+            assert_error(http.post("/v1/embeddings", json={"model": MEAN, "input": "x"}), 400,
+                         code="model_kind_mismatch")
+            long = http.post("/v1/rerank", json={"query": "cats",
+                                                 "documents": ["word " * 400]})
+            assert_error(long, 400, code="context_length_exceeded")
+            ok = http.post("/v1/completions", json={"model": MEAN, "prompt": "Hello",
+                                                    "max_tokens": 2})
+            assert ok.status_code == 200, ok.text
+    finally:
+        server.stop()

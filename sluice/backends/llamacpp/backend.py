@@ -1,6 +1,6 @@
 """The ``llamacpp`` backend: builds ``LlamaCppGenerative`` models, one-shot
-``LlamaCppEmbedder``s (``task = "embedding"``) and vocab-only ``LlamaCppTokenizer``s from
-specs."""
+``LlamaCppEmbedder``s (``task = "embedding"`` or ``"rerank"``) and vocab-only
+``LlamaCppTokenizer``s from specs."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from sluice.backends.llamacpp.tokenizer import LlamaCppTokenizer
 
 class LlamaCppBackend:
     """Loads GGUF models into ``LlamaCppGenerative`` (generative), ``LlamaCppEmbedder``
-    (one-shot embedding) and vocab-only ``LlamaCppTokenizer``s."""
+    (one-shot embedding or rerank) and vocab-only ``LlamaCppTokenizer``s."""
 
     name = "llamacpp"
 
     def load(self, spec: ModelSpec) -> LlamaCppGenerative | LlamaCppEmbedder:
         options = LlamaCppOptions.from_spec(spec)
-        if spec.kind == "oneshot" and spec.task == "embedding":
+        if spec.kind == "oneshot" and spec.task in ("embedding", "rerank"):
             return LlamaCppEmbedder(init_llama(options.verbose), spec, options)
         if spec.kind != "generative":
             raise ModelLoadError(f"{spec.model_id}: the llamacpp backend serves generative "
-                                 f"and embedding models, not {spec.task}")
+                                 f"embedding and rerank models, not {spec.task}")
         return LlamaCppGenerative(init_llama(options.verbose), spec, options)
 
     def load_tokenizer(self, spec: ModelSpec) -> LlamaCppTokenizer:

@@ -1,5 +1,11 @@
 """Embeddings from a GGUF: a one-shot model over its own llama.cpp context with embeddings
-on (llama-server's ``--embedding``), one L2-normalised vector per input.
+on (llama-server's ``--embedding``), one L2-normalised vector per input; or, with
+``pooling = "rank"`` (llama-server's ``--reranking``), a rerank model: one score per
+(query, document) pair, read from the file's classifier head over the pair's tokens laid
+out as llama-server lays them (the file's ``rerank`` template, else BOS, query, EOS, SEP,
+document, EOS as its vocabulary adds them). A file without a classifier head scores by the
+first value of its pooled state, as llama-server does: a ranking only a real reranker GGUF
+makes meaningful.
 
 The context has one KV pool (``kv_unified``) of ``n_ctx`` cells, which is also its batch
 (``n_batch = n_ubatch = n_ctx``), so every input is pooled from a single forward pass, as a
@@ -29,7 +35,10 @@ from sluice.backends.base import (
     InputError,
     ModelLoadError,
     ModelSpec,
+    RerankPair,
+    RerankScore,
     embed_input,
+    rerank_pairs,
 )
 from sluice.backends.llamacpp.native import NumpyBatch, free_native, load_llama_model, tokenize
 from sluice.backends.llamacpp.options import LlamaCppOptions
@@ -45,7 +54,7 @@ def file_pooling(lib: Any, model: Any) -> str | None:
     if lib.llama_model_meta_val_str(model, key, buf, len(buf)) < 0:
         return None
     codes = {lib.LLAMA_POOLING_TYPE_MEAN: "mean", lib.LLAMA_POOLING_TYPE_CLS: "cls",
-             lib.LLAMA_POOLING_TYPE_LAST: "last"}
+             lib.LLAMA_POOLING_TYPE_LAST: "last", lib.LLAMA_POOLING_TYPE_RANK: "rank"}
     try:
         return codes.get(int(buf.value.decode()))
     except ValueError:
@@ -54,7 +63,8 @@ def file_pooling(lib: Any, model: Any) -> str | None:
 
 class LlamaCppEmbedder:
     """A GGUF that embeds: ``run_batch`` maps texts to ``Embedding``s, unit vectors of
-    ``n_embd`` floats with the count of ``tokens`` each was pooled from.
+    ``n_embd`` floats with the count of ``tokens`` each was pooled from; with ``rank``
+    pooling, ``RerankPair``s to ``RerankScore``s (the head's first output, unnormalised).
 
     Invariants: every returned vector has ``n_embd`` entries and L2 norm 1 (a zero vector
     stays zero); the same text gives the same vector whatever batch it runs in, up to
@@ -89,6 +99,7 @@ class LlamaCppEmbedder:
         self.n_ctx = int(lib.llama_n_ctx(self._ctx))
         self.n_seq_max = options.n_seq_max
         self.n_embd = int(lib.llama_model_n_embd_out(self._model))
+        self.n_cls_out = max(1, int(lib.llama_model_n_cls_out(self._model)))
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
         self._batch = NumpyBatch(lib, self.n_ctx)
 
@@ -120,12 +131,56 @@ class LlamaCppEmbedder:
                               f"model's context holds {self.n_ctx} tokens")
         return ids[: self.n_ctx]
 
+    def pair_tokens(self, pair: RerankPair) -> tuple[list[int], int] | InputError:
+        """A rerank pair's ids as llama-server lays them out, and how many of them are the
+        query's; or ``context_length_exceeded`` past ``n_ctx``."""
+        lib, vocab = self._lib, self._vocab
+        template = lib.llama_model_chat_template(self._model, b"rerank")
+        query = tokenize(lib, vocab, pair.query, add_bos=False, special=False)
+        if template:
+            text = (template.decode("utf-8", "replace").replace("{query}", pair.query)
+                    .replace("{document}", pair.document))
+            ids = tokenize(lib, vocab, text, add_bos=False, special=True)
+        else:
+            eos = int(lib.llama_vocab_eos(vocab))
+            if eos == lib.LLAMA_TOKEN_NULL:
+                eos = int(lib.llama_vocab_sep(vocab))
+            bos = [int(lib.llama_vocab_bos(vocab))] if lib.llama_vocab_get_add_bos(vocab) else []
+            end = [eos] if lib.llama_vocab_get_add_eos(vocab) else []
+            sep = [int(lib.llama_vocab_sep(vocab))] if lib.llama_vocab_get_add_sep(vocab) else []
+            document = tokenize(lib, vocab, pair.document, add_bos=False, special=False)
+            ids = [*bos, *query, *end, *sep, *document, *end]
+        if not ids:
+            ids = [max(0, int(lib.llama_vocab_eos(vocab)))]
+        if len(ids) > self.n_ctx:
+            return InputError("context_length_exceeded",
+                              f"query and document ({len(ids)} tokens) are too large to "
+                              f"process: the model's context holds {self.n_ctx} tokens")
+        return ids, min(len(query), len(ids))
+
     def run_batch(self, inputs: Sequence[Any]) -> list[Any]:
         if not self._finalizer.alive:
             raise BackendError(f"{self.spec.model_id}: model is closed")
+        if self.pooling == "rank":
+            return self._scores(rerank_pairs(inputs))
         prepared = [self.tokens(x) for x in inputs]
         seqs = [ids for ids in prepared if not isinstance(ids, InputError)]
-        vectors: list[list[float]] = []
+        pooled = iter(_unit(v) for v in self._pooled(seqs))
+        return [ids if isinstance(ids, InputError) else Embedding(next(pooled), len(ids))
+                for ids in prepared]
+
+    def _scores(self, pairs: Sequence[RerankPair]) -> list[RerankScore | InputError]:
+        prepared = [self.pair_tokens(p) for p in pairs]
+        runnable = [p for p in prepared if not isinstance(p, InputError)]
+        pooled = iter(self._pooled([ids for ids, _ in runnable]))
+        return [p if isinstance(p, InputError)
+                else RerankScore(float(next(pooled)[0]), p[1], len(p[0]) - p[1])
+                for p in prepared]
+
+    def _pooled(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
+        """The pooled output of each of ``seqs``, in as few ``llama_decode`` calls as the
+        pool and ``n_seq_max`` allow."""
+        out: list[np.ndarray] = []
         start = 0
         while start < len(seqs):
             end, used = start, 0
@@ -133,13 +188,11 @@ class LlamaCppEmbedder:
                    and used + len(seqs[end]) <= self.n_ctx):
                 used += len(seqs[end])
                 end += 1
-            vectors += self._embed(seqs[start:end])
+            out += self._embed(seqs[start:end])
             start = end
-        pooled = iter(vectors)
-        return [ids if isinstance(ids, InputError) else Embedding(next(pooled), len(ids))
-                for ids in prepared]
+        return out
 
-    def _embed(self, seqs: Sequence[list[int]]) -> list[list[float]]:
+    def _embed(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """One ``llama_decode`` over ``seqs`` (sequence ids 0..), pooled per sequence."""
         lib, b = self._lib, self._batch
         lib.llama_memory_clear(self._mem, True)
@@ -155,13 +208,18 @@ class LlamaCppEmbedder:
         rc = lib.llama_decode(self._ctx, b.struct)
         if rc != 0:
             raise BackendError(f"{self.spec.model_id}: llama_decode failed with code {rc}")
+        width = self.n_cls_out if self.pooling == "rank" else self.n_embd
         vectors = []
         for seq_id in range(len(seqs)):
             ptr = lib.llama_get_embeddings_seq(self._ctx, seq_id)
             if not ptr:
-                raise BackendError(f"{self.spec.model_id}: no pooled embedding for a sequence")
-            vec = np.ctypeslib.as_array(ptr, shape=(self.n_embd,)).astype(np.float64)
-            norm = float(np.linalg.norm(vec))
-            vectors.append((vec / norm if norm > 0 else vec).tolist())
+                raise BackendError(f"{self.spec.model_id}: no pooled output for a sequence")
+            vectors.append(np.ctypeslib.as_array(ptr, shape=(width,)).astype(np.float64))
         return vectors
 
+
+def _unit(vec: np.ndarray) -> list[float]:
+    """``vec`` L2-normalised (a zero vector stays zero)."""
+    norm = float(np.linalg.norm(vec))
+    unit: list[float] = (vec / norm if norm > 0 else vec).tolist()
+    return unit

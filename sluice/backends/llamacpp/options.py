@@ -16,8 +16,9 @@ from sluice.backends.packaged import (
     packaged_gguf_path,
 )
 
-POOLING_TYPES = ("mean", "cls", "last")
-"""The poolings an embedding model may name (llama.cpp's ``LLAMA_POOLING_TYPE_*``)."""
+POOLING_TYPES = ("mean", "cls", "last", "rank")
+"""The poolings a one-shot GGUF may name (llama.cpp's ``LLAMA_POOLING_TYPE_*``): ``rank``
+scores (query, document) pairs with the file's classifier head (a rerank model)."""
 KV_CELL_ALIGN = 256
 """llama.cpp rounds each sequence's KV cells up to a multiple of this."""
 
@@ -76,8 +77,9 @@ class LlamaCppOptions:
     """Let llama.cpp repack weights into extra CPU buffer types (AMX, AVX); ``None`` =
     yes unless the CPU has AMX, where llama.cpp 0.3.36's AMX matmul segfaults."""
     pooling: str | None = None
-    """One-shot embedding models: ``mean``, ``cls`` or ``last`` (how an input's token states
-    become one vector); ``None`` = the file's own (``<arch>.pooling_type``), else mean."""
+    """One-shot models: ``mean``, ``cls`` or ``last`` (how an input's token states become
+    one vector), or ``rank`` (a rerank model's score); ``None`` = the file's own
+    (``<arch>.pooling_type``), else mean."""
 
     @classmethod
     def from_spec(cls, spec: ModelSpec) -> LlamaCppOptions:

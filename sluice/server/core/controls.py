@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sluice.backends.base import ModelSpec, Tokenizer
-from sluice.config import TenantConfig
+from sluice.config import RERANK_SUFFIX, TenantConfig
 from sluice.engine.request import Request as RtRequest
 from sluice.engine.worker import spec_keep_alive
 from sluice.server.context import AppContext
@@ -87,12 +87,13 @@ def embedding_spec(ctx: AppContext, model: str) -> ModelSpec:
 
 RERANK_HOWTO = ('configure a one-shot model with task = "rerank" (docs/models.md, "Rerankers"), '
                 'such as the packaged encoder: backend = "onnx", options.path = '
-                '"packaged:all-minilm-l6-v2"')
+                '"packaged:all-minilm-l6-v2"; or start a reranker GGUF with --reranking')
 
 
 def rerank_model(ctx: AppContext, asked: str | None) -> str:
     """The model a rerank request is served by: the one it names (``model_name``: 404
-    unknown; 400 ``model_kind_mismatch`` when it does not rerank); naming none, the default
+    unknown; a generative model's ``MODEL:rerank`` when it has one; 400
+    ``model_kind_mismatch`` when it does not rerank); naming none, the default
     model if it reranks, else the first configured reranker, else 501
     ``rerank_not_supported`` (llama-server without ``--reranking``)."""
     if asked:
@@ -100,6 +101,9 @@ def rerank_model(ctx: AppContext, asked: str | None) -> str:
         spec = ctx.runtime.spec_for(model)
         if spec is None:
             raise unknown_model(model)
+        companion = ctx.runtime.spec_for(f"{model}{RERANK_SUFFIX}")
+        if spec.task != "rerank" and companion is not None and companion.task == "rerank":
+            return companion.model_id  # a GGUF started with --reranking
         if spec.task != "rerank":
             raise bad_param("model", f"The model '{model}' does not rerank: {RERANK_HOWTO}",
                             code="model_kind_mismatch")
