@@ -20,11 +20,12 @@ BUSY = tuple(LineEntry(0, 100) for _ in range(5))  # 5 running, each ~100 steps 
 
 
 def width(waiting: int, left_s: float | None = 1.0, running: tuple[LineEntry, ...] = BUSY,
-          slots: int = 16, target_s: float | None = TARGET_S):
+          slots: int = 16, target_s: float | None = TARGET_S,
+          cycle_ratio: float | None = None):
     line = [LineEntry(4, 50)] * waiting
     return plan_width(COST, tpot_target_s=target_s, margin=MARGIN, slots=slots,
                       context_tokens_per_seq=0, running=running, waiting=line,
-                      ttft_left_s=[left_s] * waiting)
+                      ttft_left_s=[left_s] * waiting, cycle_ratio=cycle_ratio)
 
 
 def test_without_a_tpot_target_every_slot_runs() -> None:
@@ -50,6 +51,20 @@ def test_widening_stops_at_the_tpot_target_itself() -> None:
     # 6 waiting: 9 wide (92 ms) starts 4 of them; 10 would take 102 ms, past the target.
     plan = width(6)
     assert (plan.concurrency, plan.reason, plan.on_time, plan.within_both) == (9, "ttft", 4, 9)
+
+
+def test_widening_stops_where_the_measured_cycle_passes_the_target() -> None:
+    # Cycles measured 1.25x the predicted step: 7 wide (72 ms predicted, 90 ms a cycle)
+    # is the widest within the target; 8 (82 ms, 102.5 ms a cycle) would put every
+    # running request past it. Unmeasured, or a model that runs long (ratio < 1), widens
+    # as the prediction alone allows.
+    plan = width(6, cycle_ratio=1.25)
+    assert (plan.concurrency, plan.reason) == (7, "ttft")
+    assert width(6, cycle_ratio=None).concurrency == width(6, cycle_ratio=0.8).concurrency == 9
+    # a cycle that misses the target even at the budget's width: the budget stands, or
+    # the most tokens/s when some of the line would be late
+    assert width(6, cycle_ratio=2.0).reason in ("tpot", "throughput")
+    assert width(6, cycle_ratio=2.0).within_both == 0
 
 
 def test_a_line_that_widening_cannot_help_keeps_the_budget() -> None:

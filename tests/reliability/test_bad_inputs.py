@@ -475,6 +475,12 @@ CASES = [
     Case("token id outside the vocabulary", post(
         "/v1/completions", {"model": CHAT, "prompt": [5, 99_999]}, AUTH), 400,
         "invalid_value", "prompt"),
+    Case("/v1/embeddings: an empty input list", post(
+        "/v1/embeddings", {"model": "synth-a", "input": []}, AUTH), 400, "invalid_value",
+        "input"),
+    Case("/v1/embeddings: token ids and a list in one prompt", post(
+        "/v1/embeddings", {"model": "synth-a", "input": [12, [34]]}, AUTH), 400,
+        "invalid_value", "input"),
     Case("n above the sequence slots", chat({"n": 9}), 400, "invalid_value", "n"),
     Case("top_logprobs above 20", chat({"logprobs": True, "top_logprobs": 21}), 400,
          "invalid_value", "top_logprobs"),

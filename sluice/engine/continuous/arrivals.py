@@ -100,9 +100,10 @@ class Arrivals(Retirement):
                           [left_s(r.first_token_due_s, now) for r in ahead])
 
     def _shape(self) -> EngineShape:
-        """The learned step-time model, the TPOT target, slots, KV and margin."""
+        """The learned step-time model, the TPOT target, slots, KV, margin and cycle ratio."""
         return EngineShape(self.step_cost.current(), self.tpot_target_s,
-                           self.model.n_seq_max, self.kv, self.tpot_margin.margin())
+                           self.model.n_seq_max, self.kv, self.tpot_margin.margin(),
+                           self.tpot_margin.cycle_ratio())
 
     def predict_ttft(self, prompt_tokens: int, n: int = 1, position: int | None = None,
                      max_tokens: int = DEFAULT_NEW_TOKENS_GUESS,

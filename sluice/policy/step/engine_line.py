@@ -50,13 +50,16 @@ def left_s(due_s: float | None, now: float) -> float | None:
 @dataclass(frozen=True, slots=True)
 class EngineShape:
     """What an engine's decisions on its line read besides the line: the step-time model,
-    the TPOT target, its slots and KV pool, and the margin learned so far."""
+    the TPOT target, its slots and KV pool, and the margin and cycle ratio learned so far
+    (``TpotMargin``)."""
 
     cost: StepCost
     tpot_target_s: float | None
     n_seq_max: int
     kv: KVBlockAllocator
     margin: float
+    cycle_ratio: float | None = None
+    """Measured inter-token cycle over predicted step (None: not yet measured)."""
 
     def predict_ttft(self, line: EngineLine, prompt_tokens: int, n: int, max_tokens: int,
                      ttft_left_s: float | None = None) -> TtftPrediction:
@@ -66,7 +69,7 @@ class EngineShape:
             kv=self.kv, running=line.running, held_tokens=line.held_tokens,
             waiting=line.waiting, prompt_tokens=prompt_tokens, n=n, max_tokens=max_tokens,
             margin=self.margin, waiting_ttft_left_s=line.waiting_left_s,
-            ttft_left_s=ttft_left_s)
+            ttft_left_s=ttft_left_s, cycle_ratio=self.cycle_ratio)
 
 
 def step_budget(shape: EngineShape, continuous: bool, line: Callable[[], EngineLine],
@@ -83,7 +86,7 @@ def step_budget(shape: EngineShape, continuous: bool, line: Callable[[], EngineL
     width = engine_width(shape.cost, tpot_target_s=shape.tpot_target_s, margin=shape.margin,
                          n_seq_max=shape.n_seq_max, kv=shape.kv, running=ln.running,
                          held_tokens=ln.held_tokens, waiting=ln.waiting,
-                         ttft_left_s=ln.waiting_left_s)
+                         ttft_left_s=ln.waiting_left_s, cycle_ratio=shape.cycle_ratio)
     return TpotBudget(shape.cost, shape.tpot_target_s, shape.margin,
                       limit_s=width.step_limit_s), width
 

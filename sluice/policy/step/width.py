@@ -8,10 +8,14 @@ half a minute each). ``plan_width`` makes the TPOT target soft: it binds while t
 requests still get their first tokens by their first-token targets; when they would not,
 the planner widens the batch past the budget, to the width the step-time model says
 gets the most requests within **both** targets, and among those the narrowest (the least
-TPOT spent for them). A request meets the TPOT target at a width whose predicted decode
-step is within ``tpot_target_s`` itself (the margin is slack for noise, spent only under
-this pressure), and its first-token target when the line's event simulation
-(``line_first_tokens_s``) gives it a first token by then. When no width keeps any
+TPOT spent for them). A request meets the TPOT target at a width whose predicted cycle is
+within ``tpot_target_s`` itself (the margin is slack for noise, spent only under this
+pressure): the predicted decode step times the measured cycle ratio (``cycle_ratio``, the
+worst recent span's real inter-token cycle over its predicted step, from
+``TpotMargin``; 1 while unmeasured or below 1), so a step-time model that runs short on
+this host does not widen the batch into a TPOT that no request then meets. It meets its
+first-token target when the line's event simulation (``line_first_tokens_s``) gives it a
+first token by then. When no width keeps any
 request within the TPOT target (the model is slower than the target even alone), the
 planner takes the width with the most tokens/s. A request that is late at the chosen
 width is refused on arrival with a computed Retry-After (the engine's and the simulator's
@@ -73,10 +77,11 @@ class WidthPlan:
 
 def plan_width(cost: StepCost, *, tpot_target_s: float | None, margin: float, slots: int,
                context_tokens_per_seq: float, running: Sequence[LineEntry],
-               waiting: Sequence[LineEntry],
-               ttft_left_s: Sequence[float | None]) -> WidthPlan:
+               waiting: Sequence[LineEntry], ttft_left_s: Sequence[float | None],
+               cycle_ratio: float | None = None) -> WidthPlan:
     """The width for the next steps; ``ttft_left_s[i]``: seconds until ``waiting[i]``'s
-    first-token target (None: it has none). ``slots`` >= 1 bounds every width."""
+    first-token target (None: it has none); ``cycle_ratio``: measured cycle over predicted
+    step (None: unmeasured). ``slots`` >= 1 bounds every width."""
     if len(ttft_left_s) != len(waiting):
         raise ValueError("ttft_left_s needs one entry per waiting request")
     slots = max(1, slots)
@@ -88,6 +93,12 @@ def plan_width(cost: StepCost, *, tpot_target_s: float | None, margin: float, sl
         return WidthPlan(slots, None, "no_target", slots, len(waiting), len(waiting),
                          len(running) + len(waiting), step_at(slots))
     budget_limit_s = TpotBudget(cost, tpot_target_s, margin).step_limit_s
+    cycle_per_step = max(1.0, cycle_ratio or 1.0)
+    target_s = tpot_target_s
+
+    def meets_tpot(c: int) -> bool:
+        return step_at(c) * cycle_per_step <= target_s
+
     base = max_concurrency(cost, budget_limit_s, slots, context_tokens_per_seq)
 
     def on_time_at(c: int) -> int:
@@ -105,12 +116,12 @@ def plan_width(cost: StepCost, *, tpot_target_s: float | None, margin: float, sl
 
     everyone = len(running) + len(waiting)
     base_on_time = on_time_at(base)
-    if step_at(base) <= tpot_target_s:
+    if meets_tpot(base):
         if base_on_time == len(waiting):
             return plan(base, "tpot", base_on_time, everyone)
         best_c, best_on_time = base, base_on_time
         c = base + 1
-        while c <= slots and step_at(c) <= tpot_target_s:
+        while c <= slots and meets_tpot(c):
             on_time = on_time_at(c)
             if on_time > best_on_time:
                 best_c, best_on_time = c, on_time
@@ -134,7 +145,8 @@ def engine_slots(n_seq_max: int, kv: KVBlockAllocator, reserve_tokens: int) -> i
 def engine_width(cost: StepCost, *, tpot_target_s: float | None, margin: float,
                  n_seq_max: int, kv: KVBlockAllocator, running: Sequence[LineEntry],
                  held_tokens: Sequence[int], waiting: Sequence[LineEntry],
-                 ttft_left_s: Sequence[float | None]) -> WidthPlan:
+                 ttft_left_s: Sequence[float | None],
+                 cycle_ratio: float | None = None) -> WidthPlan:
     """``plan_width`` for one engine's state, as the engine and the simulator both ask it:
     the slots its KV pool holds at the largest waiting request's ``prompt + max_tokens``;
     each sequence attends to the mean of ``held_tokens`` (the KV positions the running
@@ -147,7 +159,7 @@ def engine_width(cost: StepCost, *, tpot_target_s: float | None, margin: float,
     return plan_width(cost, tpot_target_s=tpot_target_s, margin=margin,
                       slots=engine_slots(n_seq_max, kv, reserve),
                       context_tokens_per_seq=context, running=running, waiting=waiting,
-                      ttft_left_s=ttft_left_s)
+                      ttft_left_s=ttft_left_s, cycle_ratio=cycle_ratio)
 
 
 def arrival_due_s(ttft_target_s: float | None, ttft_deadline_s: float | None,
@@ -172,7 +184,8 @@ def predict_engine_ttft(cost: StepCost, *, tpot_target_s: float | None, n_seq_ma
                         held_tokens: Sequence[int], waiting: Sequence[LineEntry],
                         prompt_tokens: int, n: int, max_tokens: int, margin: float,
                         waiting_ttft_left_s: Sequence[float | None] | None = None,
-                        ttft_left_s: float | None = None) -> TtftPrediction:
+                        ttft_left_s: float | None = None,
+                        cycle_ratio: float | None = None) -> TtftPrediction:
     """The first-token time of a request (``prompt_tokens``, ``n`` choices, ``max_tokens``)
     joining one engine's line now, as the engine and the simulator both ask it: at the
     width ``engine_width`` plans for the line with it at the end (``waiting_ttft_left_s``
@@ -184,7 +197,7 @@ def predict_engine_ttft(cost: StepCost, *, tpot_target_s: float | None, n_seq_ma
     width = engine_width(cost, tpot_target_s=tpot_target_s, margin=margin,
                          n_seq_max=n_seq_max, kv=kv, running=running,
                          held_tokens=held_tokens or [prompt_tokens], waiting=line,
-                         ttft_left_s=lefts)
+                         ttft_left_s=lefts, cycle_ratio=cycle_ratio)
     concurrency = max(1, width.concurrency, n)
     context = (sum(held_tokens) / len(held_tokens)) if held_tokens else float(prompt_tokens)
     start_s, first_s = line_first_tokens_s(cost, concurrency=concurrency,
