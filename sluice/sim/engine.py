@@ -154,7 +154,7 @@ class SimEngine:
 
     def _shape(self) -> EngineShape:
         return EngineShape(self.cost, self.tpot_target_s, self.n_seq_max, self.kv,
-                           self.tpot_margin.margin(), self.tpot_margin.cycle_ratio())
+                           self.tpot_margin.margin(), self.tpot_margin.mean_ratio())
 
     def refusal(self, req: SimRequest, now: float) -> str | None:
         """Why ``req`` is refused on arrival here (as ``ContinuousEngine.add`` refuses): it

@@ -73,6 +73,16 @@ def test_the_worst_recent_span_decides_and_old_spans_are_forgotten() -> None:
     assert margin.margin() == MARGIN_CAP
 
 
+def test_the_width_plans_scale_is_the_mean_of_the_recent_spans() -> None:
+    margin = fed(TpotMargin(span=64, spans=4, min_spans=2), 1.0, 64)
+    assert margin.mean_ratio() is None  # cold: one span
+    fed(margin, 1.4, 64)  # one slow span beside a calibrated one
+    assert margin.mean_ratio() == pytest.approx(1.2)
+    assert margin.cycle_ratio() == pytest.approx(1.4)  # the margin reads the worst
+    fed(margin, 1.0, 2 * 64)
+    assert margin.mean_ratio() == pytest.approx(1.1)
+
+
 def test_a_partial_span_does_not_count() -> None:
     margin = fed(TpotMargin(span=64, spans=4), 1.0, 256)
     fed(margin, 2.0, 63)

@@ -103,7 +103,7 @@ class Arrivals(Retirement):
         """The learned step-time model, the TPOT target, slots, KV, margin and cycle ratio."""
         return EngineShape(self.step_cost.current(), self.tpot_target_s,
                            self.model.n_seq_max, self.kv, self.tpot_margin.margin(),
-                           self.tpot_margin.cycle_ratio())
+                           self.tpot_margin.mean_ratio())
 
     def predict_ttft(self, prompt_tokens: int, n: int = 1, position: int | None = None,
                      max_tokens: int = DEFAULT_NEW_TOKENS_GUESS,

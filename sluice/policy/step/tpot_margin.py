@@ -112,6 +112,14 @@ class TpotMargin:
             return None
         return max(self._spans)
 
+    def mean_ratio(self) -> float | None:
+        """The mean of the completed recent spans' Σ measured / Σ predicted (what the width
+        plan scales its predicted steps by: the worst span is the margin's, too noisy a
+        scale for how wide to run); None while fewer than ``min_spans`` are complete."""
+        if len(self._spans) < self.min_spans:
+            return None
+        return sum(self._spans) / len(self._spans)
+
     def margin(self) -> float:
         """The share of the TPOT target a planned step may take now."""
         ratio = self.cycle_ratio()

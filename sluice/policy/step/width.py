@@ -11,8 +11,8 @@ gets the most requests within **both** targets, and among those the narrowest (t
 TPOT spent for them). A request meets the TPOT target at a width whose predicted cycle is
 within ``tpot_target_s`` itself (the margin is slack for noise, spent only under this
 pressure): the predicted decode step times the measured cycle ratio (``cycle_ratio``, the
-worst recent span's real inter-token cycle over its predicted step, from
-``TpotMargin``; 1 while unmeasured or below 1), so a step-time model that runs short on
+mean over recent spans of the real inter-token cycle over the predicted step,
+``TpotMargin.mean_ratio``; 1 while unmeasured or below 1), so a step-time model that runs short on
 this host does not widen the batch into a TPOT that no request then meets. It meets its
 first-token target when the line's event simulation (``line_first_tokens_s``) gives it a
 first token by then. When no width keeps any
