@@ -250,9 +250,13 @@ def _prompted(prompt: tuple[int, ...], max_tokens: int) -> Request:
     return req
 
 
-def test_a_retained_prefix_serves_the_next_request_in_place() -> None:
+def test_a_retained_prefix_serves_the_next_requests_and_keeps_what_they_do_not_share(
+) -> None:
     """One request after another with the same 40-token system prompt: the second feeds
-    only its suffix, in the slot the first left (trimmed), with the text of a full prefill."""
+    only its suffix, the prefix copied out of the slot the first left, which keeps its KV;
+    so a third repeating the first prompt finds all of it. A prompt that continues every
+    token a retained slot holds starts in that slot (trimmed). Each text is that of a full
+    prefill."""
     m = model(n_ctx_per_seq=256)
     eng, _ = engine(m, min_prefix_tokens=8)
     shared = tuple(range(100, 140))
@@ -267,8 +271,23 @@ def test_a_retained_prefix_serves_the_next_request_in_place() -> None:
     assert held.slot == 0 and len(held.tokens) == 46
     assert tuple(held.tokens[:42]) == first.prompt_tokens
     eng.step()
-    assert eng.running[0].req is second and eng.running[0].n_fed == 43  # 40 kept + 3 fed
-    assert (eng.reused_prefix_tokens, eng.retained_prefix_tokens) == (40, 40)
+    assert eng.running[1].req is second and eng.running[1].n_fed == 43  # 40 copied + 3 fed
+    assert (eng.reused_prefix_tokens, eng.retained_prefix_tokens) == (40, 0)
+    run_to_idle(eng)
+    again = _prompted(first.prompt_tokens, max_tokens=5)
+    eng.add(again)
+    eng.step()
+    [seq] = [s for s in eng.running.values() if s.req is again]
+    assert seq.n_fed == 42  # all of the first prompt but its last token, found again
+    run_to_idle(eng)
+    held = {r.slot: tuple(r.tokens) for r in eng.view(0.0).retained}
+    assert len(held) == 3  # the three prompts' slots, each kept
+    tokens = max(held.values(), key=len)
+    onward = _prompted((*tokens, 4, 4), max_tokens=2)  # continues all one slot holds
+    eng.add(onward)
+    eng.step()
+    [seq] = [s for s in eng.running.values() if s.req is onward]
+    assert seq.n_fed == len(tokens) + 2 and eng.retained_prefix_tokens == len(tokens)
     run_to_idle(eng)
     eng2, _ = engine(model(n_ctx_per_seq=256), retain_prefixes=False)
     alone = _prompted(second.prompt_tokens, max_tokens=3)
@@ -278,6 +297,7 @@ def test_a_retained_prefix_serves_the_next_request_in_place() -> None:
     run_to_idle(eng2)
     assert eng2.reused_prefix_tokens == 0 and not eng2.view(0.0).retained
     assert second.final and alone.final and second.final.text == alone.final.text
+    assert first.final and again.final and again.final.text == first.final.text
     eng.kv.check_integrity()
 
 

@@ -56,12 +56,18 @@ def test_a_completed_sequence_keeps_its_prefix_and_a_later_prompt_starts_in_it()
     [kept] = t.retained()
     assert (kept.slot, tuple(kept.tokens), kept.tenant, kept.kv_blocks) == (
         0, (5, 6, 7, 8, 9), "a", 0)
+    # a prompt sharing part of it copies that part out: the slot stays retained
     view = StepView((), (WaitingSeq(2, (5, 6, 7, 8, 1), 8, 0.0, tenant="a"),),
                     t.free_slots, t.kv.snapshot(), 0.0, t.retained())
     [adm] = plan_step(t.config, view).admissions
-    assert adm.in_place and adm.prefix == PrefixCopy(0, 4)
+    assert adm.slot == 1 and not adm.in_place and adm.prefix == PrefixCopy(0, 4)
+    # one that continues all of it starts in it
+    view = StepView((), (WaitingSeq(2, (5, 6, 7, 8, 9, 1), 8, 0.0, tenant="a"),),
+                    t.free_slots, t.kv.snapshot(), 0.0, t.retained())
+    [adm] = plan_step(t.config, view).admissions
+    assert adm.in_place and adm.prefix == PrefixCopy(0, 5)
     ops = t.apply(adm)
-    assert ops.clear == () and ops.prefix == PrefixCopy(0, 4)  # trimmed in place, not cleared
+    assert ops.clear == () and ops.prefix == PrefixCopy(0, 5)  # trimmed in place, not cleared
     assert kinds(t) == ["running", "free", "free", "free"]
 
 

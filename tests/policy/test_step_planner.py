@@ -202,7 +202,8 @@ def test_prefix_reuse_stays_within_a_tenant_unless_shared() -> None:
             assert adm.prefix is not None and adm.prefix.donor_slot == 1  # kept in place
 
 
-def test_a_retained_donor_is_admitted_into_in_place_and_beats_a_running_one() -> None:
+def test_a_retained_donor_beats_a_running_one_and_keeps_what_the_prompt_does_not_share(
+) -> None:
     shared = tuple(range(500, 530))
     kept = RetainedSeq(3, (*shared[:20], 9, 9, 9))  # an ended sequence's KV in idle slot 3
     running = prefilling(0, n_prompt=30, n_fed=30, tokens=(*shared[:20], *range(10)))
@@ -211,11 +212,19 @@ def test_a_retained_donor_is_admitted_into_in_place_and_beats_a_running_one() ->
                                                      waiting(8, prompt=(*shared[:12], 1, 2))),
                                         (1,), kv(), 0.0, retained=(kept, other)))
     first, second = plan.admissions
-    assert first.slot == 3 and first.in_place and first.prefix == PrefixCopy(3, 20)
-    assert plan.chunks[1] == PlannedChunk(3, 20, 10, want_logits=True, decode=False)
-    # The next one sharing 12 tokens copies them from the slot kept in place just before,
-    # (the retained slot wins the tie with the running donor) into the free slot.
-    assert second.slot == 1 and second.prefix == PrefixCopy(3, 12) and not second.in_place
+    # 20 of the donor's 23 tokens are shared: copied out into the free slot, so slot 3
+    # keeps its KV for a later prompt that shares all of it
+    assert first.slot == 1 and not first.in_place and first.prefix == PrefixCopy(3, 20)
+    assert plan.chunks[1] == PlannedChunk(1, 20, 10, want_logits=True, decode=False)
+    # With no free slot left, the next one sharing 12 tokens is admitted into the
+    # retained donor (the retained slot wins the tie with the running donor), trimmed.
+    assert second.slot == 3 and second.in_place and second.prefix == PrefixCopy(3, 12)
+    # a prompt that continues every token the donor holds loses nothing: in place
+    whole = RetainedSeq(3, shared[:20])
+    plan = plan_step(config(), StepView((), (waiting(7, prompt=shared),), (1,), kv(), 0.0,
+                                        retained=(whole,)))
+    [adm] = plan.admissions
+    assert adm.slot == 3 and adm.in_place and adm.prefix == PrefixCopy(3, 20)
 
 
 def test_retained_slots_are_handed_out_least_recently_used_first_when_none_is_free() -> None:
@@ -489,23 +498,30 @@ def test_plans_never_over_commit(case: tuple[EngineConfig, StepView]) -> None:
     if sum(c.n_tokens for c in plan.chunks) < cfg.max_batch_tokens:
         assert {c.slot for c in plan.chunks} >= set(by_slot)
     # Prefixes: kept in place from a retained slot, or copied from a running sequence's
-    # fed tokens or a slot kept in place earlier in the plan; one prompt token left.
+    # fed tokens, a slot kept in place earlier in the plan or a retained slot that no
+    # earlier admission took or cleared (and this one neither takes nor evicts); one
+    # prompt token left.
     kept: dict[int, tuple[int, ...]] = {}
+    gone: set[int] = set()
     for a, w in zip(plan.admissions, v.waiting, strict=False):
-        if a.prefix is None:
-            continue
-        assert not w.prompt_logprobs  # it needs every prompt position computed
-        n = a.prefix.n_tokens
-        if a.in_place:
-            held: tuple[int, ...] = tuple(retained[a.slot].tokens)
-            kept[a.slot] = tuple(w.prompt_tokens[:n])
-        elif a.prefix.donor_slot in kept:
-            held = kept[a.prefix.donor_slot]
-        else:
-            donor = by_slot[a.prefix.donor_slot]
-            held = tuple(donor.tokens[: donor.n_fed])
-        assert max(1, cfg.min_prefix_tokens) <= n <= min(len(held), len(w.prompt_tokens) - 1)
-        assert tuple(w.prompt_tokens[:n]) == held[:n]
+        if a.prefix is not None:
+            assert not w.prompt_logprobs  # it needs every prompt position computed
+            n = a.prefix.n_tokens
+            donor_slot = a.prefix.donor_slot
+            if a.in_place:
+                held: tuple[int, ...] = tuple(retained[a.slot].tokens)
+                kept[a.slot] = tuple(w.prompt_tokens[:n])
+            elif donor_slot in kept:
+                held = kept[donor_slot]
+            elif donor_slot in retained:
+                assert donor_slot not in gone | set(a.slots) | set(a.evict)
+                held = tuple(retained[donor_slot].tokens)
+            else:
+                donor = by_slot[donor_slot]
+                held = tuple(donor.tokens[: donor.n_fed])
+            assert max(1, cfg.min_prefix_tokens) <= n <= min(len(held), len(w.prompt_tokens) - 1)
+            assert tuple(w.prompt_tokens[:n]) == held[:n]
+        gone |= set(a.slots) | set(a.evict)
     # The plan applies to an allocator in that state.
     alloc = KVBlockAllocator(v.kv.total_blocks, v.kv.block_size_tokens, v.kv.max_seq_tokens)
     for i in range(v.kv.total_blocks - v.kv.free_blocks):

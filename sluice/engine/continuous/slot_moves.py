@@ -113,8 +113,10 @@ class SlotMoves(TokenPath):
             index = self._waiting_index(adm.request_id)
             req = self.waiting[index]
             donor = adm.prefix.donor_slot if adm.prefix and not adm.in_place else None
-            # a donor kept in place earlier in this plan may have failed while starting
-            if (donor is not None and donor not in self.running) or not req.mark_running(now):
+            # a donor kept in place earlier in this plan may have failed while starting; a
+            # retained donor is copied from where it idles
+            if ((donor is not None and donor not in self.running
+                 and self.slots.kind(donor) != "retained") or not req.mark_running(now)):
                 return {s for a in admissions[i:] for s in a.slots}
             del self.waiting[index]
             self._clear(self.slots.apply(adm).clear)
@@ -136,7 +138,7 @@ class SlotMoves(TokenPath):
 
     def _reuse_prefix(self, seq: _Sequence, prefix: PrefixCopy) -> None:
         """Start ``seq`` after a prefix: kept in its own retained slot (trimmed past the
-        prefix), or copied from a donor."""
+        prefix), or copied from a donor (running, or a retained slot that stays retained)."""
         if prefix.donor_slot == seq.slot:
             self.model.trim_sequence(seq.slot, prefix.n_tokens)
             self.retained_prefix_tokens += prefix.n_tokens

@@ -37,8 +37,12 @@ views):
   prompt token to feed for logits; its first chunk then starts there. Donors, in the order
   that wins a tie: retained slots (``view.retained``: idle slots that kept the KV of the
   sequence they last ran), slots kept in place earlier in this plan, then running
-  sequences (their fed tokens). A retained donor is not copied: the request is admitted
-  *into* it (``prefix.donor_slot == slot``) and the engine trims its KV past the prefix.
+  sequences (their fed tokens). A retained donor that holds more than the shared prefix is
+  copied from into a free slot and stays retained, so a prompt that shares only a chat
+  template's opening with it does not cost its KV; one whose every token the prompt
+  continues, or one left when no slot is free (or whose blocks the request needs), is
+  admitted *into* (``prefix.donor_slot == slot``) and the engine trims its KV past the
+  prefix.
   A request that wants prompt log-probabilities never copies (it
   needs the logits of every prompt position), and its prefill chunks want all logits and
   hold at most ``prompt_logprobs_chunk_tokens`` (a logits row per token is 1 MiB on a
@@ -204,21 +208,16 @@ class _Draft:
                 return "tokens"
             reuse = self.config.prefix_reuse and not head.prompt_logprobs
             prefix = self._prefix_for(head.prompt_tokens, head.tenant) if reuse else None
-            free, retained = list(self.free_left), list(self.retained_left)
-            slots: list[int] = []
-            if prefix is not None and (home := _find(retained, prefix.donor_slot)) is not None:
-                retained.remove(home)  # admitted into the retained donor: kept in place
-                slots.append(home.slot)
-            while len(slots) < head.n:
-                slots.append(free.pop(0) if free else retained.pop(0).slot)
-            evict: list[int] = []
-            while (kv_after := self._kv_after(head, retained)) is None:
-                lent = [r for r in retained if r.kv_blocks]
-                if not lent:
-                    return "kv"  # head-of-line waits for blocks; order is kept
-                retained.remove(lent[0])
-                evict.append(lent[0].slot)
-                free.append(lent[0].slot)  # cleared: a free slot from now on
+            home = _find(self.retained_left, prefix.donor_slot) if prefix else None
+            taken = None
+            if (home is not None and prefix is not None and self.free_left
+                    and prefix.n_tokens < len(home.tokens)):
+                taken = self._take(head, home, keep_donor=True)
+            if taken is None:
+                taken = self._take(head, home, keep_donor=False)
+            if taken is None:
+                return "kv"  # head-of-line waits for blocks; order is kept
+            slots, free, retained, evict, kv_after = taken
             if not self.budget.may_admit(self._load(), head):
                 return "step_budget"
             self.free_left, self.retained_left = free, retained
@@ -231,6 +230,41 @@ class _Draft:
                                              prefix, tuple(slots[1:]), tuple(evict)))
             self._prefill(slots[0], len(head.prompt_tokens), n_fed, head.prompt_logprobs)
         return None
+
+    def _take(self, head: WaitingSeq, home: RetainedSeq | None, *, keep_donor: bool
+              ) -> _Taken | None:
+        """The slots ``head`` takes, the free and retained slots left, the retained slots
+        evicted for its KV, and the KV counts after it; None when its budget does not fit.
+        ``home``: the retained donor of its prefix. With ``keep_donor`` the prefix is
+        copied out of it into a free slot and it stays retained, since it holds more than
+        the part the request shares (None when that leaves too few slots, or the request's
+        blocks need the donor's); else the request is admitted into it, which keeps the
+        prefix in place."""
+        free, retained = list(self.free_left), list(self.retained_left)
+        slots: list[int] = []
+        pinned: list[RetainedSeq] = []
+        if home is not None:
+            retained.remove(home)
+            if keep_donor:
+                pinned.append(home)
+            else:
+                slots.append(home.slot)  # admitted into the donor: kept in place
+        if len(slots) + len(free) + len(retained) < head.n:
+            return None  # the donor is the slot its choices need
+        while len(slots) < head.n:
+            slots.append(free.pop(0) if free else retained.pop(0).slot)
+        evict: list[int] = []
+        while (kv_after := self._kv_after(head, [*retained, *pinned])) is None:
+            lent = [r for r in retained if r.kv_blocks]
+            if not lent:
+                return None
+            retained.remove(lent[0])
+            evict.append(lent[0].slot)
+            free.append(lent[0].slot)  # cleared: a free slot from now on
+        if pinned:  # still retained, in its place in the least-recently-used order
+            left = {id(r) for r in [*retained, *pinned]}
+            retained = [r for r in self.retained_left if id(r) in left]
+        return slots, free, retained, evict, kv_after
 
     def _kv_after(self, head: WaitingSeq, retained: Sequence[RetainedSeq]) -> KVSnapshot | None:
         """The plan's KV counts once ``head`` reserves its budget in each of its ``n``
@@ -290,6 +324,10 @@ class _Draft:
         if best_len == 0 or best_len < self.config.min_prefix_tokens:
             return None
         return PrefixCopy(best_slot, best_len)
+
+
+_Taken = tuple[list[int], list[int], list[RetainedSeq], list[int], KVSnapshot]
+"""An admission's slots, the free and retained slots left, its evictions, the KV after."""
 
 
 def _find(retained: Sequence[RetainedSeq], slot: int) -> RetainedSeq | None:
