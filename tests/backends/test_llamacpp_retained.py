@@ -91,7 +91,9 @@ def test_a_repeated_system_prompt_prefills_only_its_new_suffix(
                                        add_bos=False))
     eng, (_, hit) = _serve(model, [first, second], retain=True)
     assert hit.status == RequestStatus.COMPLETED
-    assert eng.retained_prefix_tokens == eng.reused_prefix_tokens == len(system)
+    # copied out of the slot the first left, which keeps its KV (more than the shared part)
+    assert eng.reused_prefix_tokens == len(system) and eng.retained_prefix_tokens == 0
+    assert len(eng.view(0.0).retained) == 2
     cold, (_, miss) = _serve(model, [first, second], retain=False)
     assert cold.reused_prefix_tokens == 0
     assert hit.final and miss.final and hit.final.text == miss.final.text
