@@ -9,10 +9,10 @@ engine (not the backend) owns admission, sampling, stopping and retirement.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -186,6 +186,21 @@ class InputError(NamedTuple):
 
     code: str
     message: str
+
+
+_Prepared = TypeVar("_Prepared")
+_Output = TypeVar("_Output")
+
+
+def run_valid(prepared: Sequence[_Prepared | InputError],
+              run: Callable[[list[_Prepared]], Sequence[_Output]]
+              ) -> list[_Output | InputError]:
+    """A one-shot batch whose inputs each prepared to a value or an ``InputError``: ``run``
+    over the values (not called when there are none), its outputs put back in order
+    beside the errors."""
+    valid = [p for p in prepared if not isinstance(p, InputError)]
+    done = iter(run(valid) if valid else ())
+    return [p if isinstance(p, InputError) else next(done) for p in prepared]
 
 
 class Embedding(NamedTuple):

@@ -42,6 +42,7 @@ from sluice.backends.base import (
     RerankScore,
     Tokenizer,
     rerank_pairs,
+    run_valid,
 )
 from sluice.backends.packaged import PACKAGED_ENCODERS, PACKAGED_PREFIX, packaged_encoder_files
 
@@ -215,10 +216,7 @@ class OnnxOneShot(OneShotModel):
         if self.spec.task == "rerank":
             pairs = rerank_pairs(inputs)
             return self._run(lambda: cosine_scores(pairs, self.encoder.embed_counted))
-        texts = [_text(x) for x in inputs]
-        runnable = [t for t in texts if isinstance(t, str)]
-        done = iter(self._encoded(runnable) if runnable else [])
-        return [t if isinstance(t, InputError) else next(done) for t in texts]
+        return run_valid([_text(x) for x in inputs], self._encoded)
 
     def _encoded(self, texts: list[str]) -> list[Any]:
         """An ``Embedding`` per text, or its class probabilities under the head."""

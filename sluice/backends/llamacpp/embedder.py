@@ -39,6 +39,7 @@ from sluice.backends.base import (
     RerankScore,
     embed_input,
     rerank_pairs,
+    run_valid,
 )
 from sluice.backends.llamacpp.native import NumpyBatch, free_native, load_llama_model, tokenize
 from sluice.backends.llamacpp.options import LlamaCppOptions
@@ -163,19 +164,18 @@ class LlamaCppEmbedder:
             raise BackendError(f"{self.spec.model_id}: model is closed")
         if self.pooling == "rank":
             return self._scores(rerank_pairs(inputs))
-        prepared = [self.tokens(x) for x in inputs]
-        seqs = [ids for ids in prepared if not isinstance(ids, InputError)]
-        pooled = iter(_unit(v) for v in self._pooled(seqs))
-        return [ids if isinstance(ids, InputError) else Embedding(next(pooled), len(ids))
-                for ids in prepared]
+        return run_valid([self.tokens(x) for x in inputs], self._embeddings)
+
+    def _embeddings(self, seqs: list[list[int]]) -> list[Embedding]:
+        return [Embedding(_unit(v), len(ids))
+                for v, ids in zip(self._pooled(seqs), seqs, strict=True)]
 
     def _scores(self, pairs: Sequence[RerankPair]) -> list[RerankScore | InputError]:
-        prepared = [self.pair_tokens(p) for p in pairs]
-        runnable = [p for p in prepared if not isinstance(p, InputError)]
-        pooled = iter(self._pooled([ids for ids, _ in runnable]))
-        return [p if isinstance(p, InputError)
-                else RerankScore(float(next(pooled)[0]), p[1], len(p[0]) - p[1])
-                for p in prepared]
+        def scored(laid_out: list[tuple[list[int], int]]) -> list[RerankScore]:
+            pooled = self._pooled([ids for ids, _ in laid_out])
+            return [RerankScore(float(v[0]), n_query, len(ids) - n_query)
+                    for v, (ids, n_query) in zip(pooled, laid_out, strict=True)]
+        return run_valid([self.pair_tokens(p) for p in pairs], scored)
 
     def _pooled(self, seqs: Sequence[list[int]]) -> list[np.ndarray]:
         """The pooled output of each of ``seqs``, in as few ``llama_decode`` calls as the
