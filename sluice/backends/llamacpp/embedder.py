@@ -102,6 +102,11 @@ class LlamaCppEmbedder:
         self.n_embd = int(lib.llama_model_n_embd_out(self._model))
         self.n_cls_out = max(1, int(lib.llama_model_n_cls_out(self._model)))
         self.n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        eos = int(lib.llama_vocab_eos(self._vocab))
+        self._empty = (eos if eos >= 0 else 0,)
+        """What an input that tokenizes to nothing is embedded (or scored) from."""
+        self._rerank_template: bytes | None = lib.llama_model_chat_template(self._model,
+                                                                             b"rerank")
         self._batch = NumpyBatch(lib, self.n_ctx)
 
     def close(self) -> None:
@@ -113,19 +118,16 @@ class LlamaCppEmbedder:
         llama-server does; never empty), or why it cannot be: a token id outside the
         vocabulary, or more than ``n_ctx`` tokens when it does not ask to be cut."""
         item = embed_input(x)
-        n_vocab = self.n_vocab
         ids: list[int] = []
         for piece in item.pieces:
             if isinstance(piece, str):
                 ids += tokenize(self._lib, self._vocab, piece, add_bos=not ids, special=True)
-            elif 0 <= piece < n_vocab:
+            elif 0 <= piece < self.n_vocab:
                 ids.append(piece)
             else:
-                return InputError("invalid_request_error",
-                                  f"token id {piece} is outside the vocabulary [0, {n_vocab})")
-        if not ids:
-            eos = int(self._lib.llama_vocab_eos(self._vocab))
-            ids = [eos if eos >= 0 else 0]
+                return InputError("invalid_request_error", f"token id {piece} is outside "
+                                                           f"the vocabulary [0, {self.n_vocab})")
+        ids = ids or list(self._empty)
         if len(ids) > self.n_ctx and not item.truncate:
             return InputError("context_length_exceeded",
                               f"input ({len(ids)} tokens) is too large to process: the "
@@ -136,11 +138,10 @@ class LlamaCppEmbedder:
         """A rerank pair's ids as llama-server lays them out, and how many of them are the
         query's; or ``context_length_exceeded`` past ``n_ctx``."""
         lib, vocab = self._lib, self._vocab
-        template = lib.llama_model_chat_template(self._model, b"rerank")
         query = tokenize(lib, vocab, pair.query, add_bos=False, special=False)
-        if template:
-            text = (template.decode("utf-8", "replace").replace("{query}", pair.query)
-                    .replace("{document}", pair.document))
+        if self._rerank_template:
+            text = (self._rerank_template.decode("utf-8", "replace")
+                    .replace("{query}", pair.query).replace("{document}", pair.document))
             ids = tokenize(lib, vocab, text, add_bos=False, special=True)
         else:
             eos = int(lib.llama_vocab_eos(vocab))
@@ -151,8 +152,7 @@ class LlamaCppEmbedder:
             sep = [int(lib.llama_vocab_sep(vocab))] if lib.llama_vocab_get_add_sep(vocab) else []
             document = tokenize(lib, vocab, pair.document, add_bos=False, special=False)
             ids = [*bos, *query, *end, *sep, *document, *end]
-        if not ids:
-            ids = [max(0, int(lib.llama_vocab_eos(vocab)))]
+        ids = ids or list(self._empty)
         if len(ids) > self.n_ctx:
             return InputError("context_length_exceeded",
                               f"query and document ({len(ids)} tokens) are too large to "
