@@ -12,14 +12,14 @@ TPOT spent for them). A request meets the TPOT target at a width whose predicted
 within ``tpot_target_s`` itself (the margin is slack for noise, spent only under this
 pressure): the predicted decode step times the measured cycle ratio (``cycle_ratio``, the
 mean over recent spans of the real inter-token cycle over the predicted step,
-``TpotMargin.mean_ratio``; 1 while unmeasured or below 1), so a step-time model that runs short on
-this host does not widen the batch into a TPOT that no request then meets. It meets its
-first-token target when the line's event simulation (``line_first_tokens_s``) gives it a
-first token by then. When no width keeps any
-request within the TPOT target (the model is slower than the target even alone), the
-planner takes the width with the most tokens/s. A request that is late at the chosen
-width is refused on arrival with a computed Retry-After (the engine's and the simulator's
-``refusal``), so the line never grows without bound.
+``TpotMargin.mean_ratio``; 1 while unmeasured or below 1), so a step-time model that runs
+short on this host does not widen the batch into a TPOT that no request then meets. It
+meets its first-token target when the line's event simulation (``line_first_tokens_s``)
+gives it a first token by then. When no width keeps any request within the TPOT target (the
+model is slower than the target even alone), the planner takes the width with the most
+tokens/s. A request that is late at the chosen width is refused on arrival with a computed
+Retry-After (the engine's and the simulator's ``refusal``), so the line never grows without
+bound.
 
 Reasons (``WidthPlan.reason``, shown in ``/status.json``):
 
@@ -94,7 +94,7 @@ def plan_width(cost: StepCost, *, tpot_target_s: float | None, margin: float, sl
                          len(running) + len(waiting), step_at(slots))
     budget_limit_s = TpotBudget(cost, tpot_target_s, margin).step_limit_s
     cycle_per_step = max(1.0, cycle_ratio or 1.0)
-    target_s = tpot_target_s
+    target_s = tpot_target_s  # a float from here on, inside the closure too
 
     def meets_tpot(c: int) -> bool:
         return step_at(c) * cycle_per_step <= target_s

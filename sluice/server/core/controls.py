@@ -101,13 +101,13 @@ def rerank_model(ctx: AppContext, asked: str | None) -> str:
         spec = ctx.runtime.spec_for(model)
         if spec is None:
             raise unknown_model(model)
+        if spec.task == "rerank":
+            return model
         companion = ctx.runtime.spec_for(f"{model}{RERANK_SUFFIX}")
-        if spec.task != "rerank" and companion is not None and companion.task == "rerank":
+        if companion is not None and companion.task == "rerank":
             return companion.model_id  # a GGUF started with --reranking
-        if spec.task != "rerank":
-            raise bad_param("model", f"The model '{model}' does not rerank: {RERANK_HOWTO}",
-                            code="model_kind_mismatch")
-        return model
+        raise bad_param("model", f"The model '{model}' does not rerank: {RERANK_HOWTO}",
+                        code="model_kind_mismatch")
     names = [ctx.config.default_model, *ctx.runtime.specs, *ctx.runtime.variants.groups]
     for name in names:
         spec = ctx.runtime.spec_for(name)

@@ -112,7 +112,7 @@ class EmbeddingRequest(_Body):
     model: str | None = Field(default=None, min_length=1, max_length=256)
     input: list[StrictStr | StrictInt | list[StrictStr | StrictInt]] | StrictStr = Field()
     """A text, a list of texts, token ids (``list[int]``, ``list[list[int]]``), or
-    llama-server's mixed prompts of ids and texts (``core.embeddings.prompts``)."""
+    llama-server's mixed prompts of ids and texts (``schemas.embedding.prompts``)."""
     encoding_format: Literal["float", "base64"] = "float"
     user: str | None = Field(default=None, max_length=256)
     priority: Priority | None = None
