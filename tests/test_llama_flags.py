@@ -72,6 +72,12 @@ def test_llama_server_flags_map_to_the_config(tmp_path: Path) -> None:
     assert config.server.web_ui is True
     assert serve_config([str(path), "--no-ui"]).server.web_ui is False
     assert serve_config([str(path), "--no-webui"]).server.web_ui is False
+    assert config.engine.cache_ram_mib == 1024  # llama-server's --cache-ram, in MiB
+    for flag, mib, ram in (("--cache-ram", "0", 0), ("-cram", "-1", None),
+                           ("--cache-ram", "64", 64 << 20)):
+        cached = serve_config([str(path), flag, mib])
+        assert cached.engine.cache_ram_mib == int(mib)
+        assert cached.runtime_config().workers[0].engine.cache_ram_bytes == ram
     assert config.server.unknown_model == "refuse"
     assert serve_config([str(path), "--unknown-model", "default"]).server.unknown_model == (
         "default")

@@ -39,7 +39,7 @@ with that setting (its default refuses an unknown name with 404).
 
 It drops, for sluice, the flags that only tune llama.cpp's kernels or llama-server's own
 parts: ``--no-jinja`` (sluice renders every template as Jinja), ``--ubatch-size``, ``-fa``,
-``-ctk`` / ``-ctv``, ``--swa-full``, ``--cache-ram``, ``--no-cache-idle-slots``,
+``-ctk`` / ``-ctv``, ``--swa-full``, ``--no-cache-idle-slots``,
 ``--models-max``, ``--no-models-autoload`` and ``--backend_sampling`` (where llama.cpp
 samples: on its compute backend, a kernel placement). Any flag not named here reaches
 ``sluice serve`` as given, which refuses it.
@@ -57,8 +57,7 @@ served with SmolLM2, every other repository with Gemma 3 270M."""
 
 _MODEL_FLAGS = {"--hf-repo", "-hf", "-hfr", "--hf-file", "-hff", "--model-url", "-mu"}
 _SLUICE_DROP_VALUED = {"--ubatch-size", "-ub", "-fa", "--flash-attn", "-ctk",
-                       "--cache-type-k", "-ctv", "--cache-type-v", "--cache-ram",
-                       "--models-max"}
+                       "--cache-type-k", "-ctv", "--cache-type-v", "--models-max"}
 _SLUICE_DROP = {"--no-jinja", "--swa-full", "--no-cache-idle-slots",
                 "--no-models-autoload", "--offline",
                 "--backend_sampling", "--backend-sampling"}

@@ -386,6 +386,16 @@ class GenerativeModel(Tokenizer, Protocol):
         empty) for any other file."""
         ...
 
+    def sequence_state(self, seq_slot: int) -> bytes:
+        """The slot's KV as bytes (what it holds now), for ``set_sequence_state`` on this
+        model to put back. ``BackendError`` if it cannot."""
+        ...
+
+    def set_sequence_state(self, seq_slot: int, state: bytes, n_tokens: int) -> None:
+        """Replace the slot's KV with ``sequence_state``'s bytes of a slot that held
+        ``n_tokens``. ``BackendError`` (the slot left empty) if they do not fit."""
+        ...
+
     def close(self) -> None:
         """Release the model. Idempotent."""
         ...

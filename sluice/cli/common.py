@@ -46,7 +46,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
             "queue_capacity": args.queue_capacity,
         },
         "workers": {"count": args.workers},
-        "engine": {"mode": args.mode},
+        "engine": {"mode": args.mode, "cache_ram_mib": getattr(args, "cache_ram", None)},
     }
     # A Redis URL (flag or env) means the quotas are shared through it.
     redis_url = args.redis_url or env("SLUICE_REDIS_URL")
@@ -83,6 +83,11 @@ def add_serving_flags(p: argparse.ArgumentParser, llama: bool = False) -> None:
     p.add_argument("--workers", type=int, help="number of workers")
     p.add_argument("--mode", choices=["continuous", "static", "serial"],
                    help="generative batching mode")
+    p.add_argument("--cache-ram", "-cram", type=int, metavar="MIB", dest="cache_ram",
+                   help="host memory (MiB) each generative model may fill with prompt "
+                        "prefixes its slots dropped, to restore them instead of computing "
+                        "them again (engine.cache_ram_mib; default 1024, 0: none, -1: no "
+                        "limit)")
     p.add_argument("--redis-url", help="share tenant quotas through this Redis "
                    "(or $SLUICE_REDIS_URL)")
     p.add_argument("--replicas", type=int, help="replicas sharing the quotas; each enforces "

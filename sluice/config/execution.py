@@ -40,6 +40,11 @@ class BatchingConfig(_Strict):
     max_wait_ms: float = Field(default=5.0, ge=0)
 
 
+DEFAULT_CACHE_RAM_MIB = 1024
+"""Host memory per engine for dropped prefixes: about 45,000 tokens of SmolLM2-135M's KV
+(23 KB a token), 150 prompts of 300 tokens."""
+
+
 class EngineSection(_Strict):
     """Continuous batching of generative models."""
 
@@ -53,6 +58,10 @@ class EngineSection(_Strict):
     retain_prefixes: bool = True
     """An ended sequence's idle slot keeps its KV as a prefix donor (reclaimed on demand)."""
     max_retained_slots: int | None = Field(default=None, ge=0)
+    cache_ram_mib: int = Field(default=DEFAULT_CACHE_RAM_MIB, ge=-1)
+    """Host memory (MiB) each generative model's engine may fill with the retained prefixes
+    its slots drop, to restore one when a prompt shares more of it than the slots offer
+    (llama-server's ``--cache-ram``): 0 keeps none, -1 sets no limit."""
     share_prefix_across_tenants: bool = False
     """Let one tenant's request reuse the KV of another tenant's prompt prefix. Off: prefix
     reuse (running donors and retained slots alike) stays within a tenant, since a faster

@@ -100,6 +100,8 @@ class Config(_Strict):
             min_prefix_tokens=self.engine.min_prefix_tokens,
             retain_prefixes=self.engine.retain_prefixes,
             max_retained_slots=self.engine.max_retained_slots,
+            cache_ram_bytes=(None if self.engine.cache_ram_mib < 0
+                             else self.engine.cache_ram_mib * 2**20),
             share_prefix_across_tenants=self.engine.share_prefix_across_tenants,
             line_order="priority_deadline" if self.scheduling.scheduler == "priority_edf"
             else "arrival",

@@ -284,8 +284,8 @@ class SnapshotCollector(Collector):
         hits = CounterMetricFamily(
             "sluice_prefix_cache_hits",
             "Prompt tokens whose KV was reused instead of computed: copied from a running "
-            "sequence or kept in a slot's retained prefix (per load of the model: restarts "
-            "at 0 when it is loaded again)",
+            "sequence, kept in a slot's retained prefix, or restored from the prompt cache "
+            "in host memory (per load of the model: restarts at 0 when it is loaded again)",
             labels=["worker", "model"])
         for state in snap.workers:
             for m in state.models:

@@ -29,7 +29,11 @@ Slots: the engine's ``SlotTable`` (``sluice.policy.step.slot_table``) over a rea
 admission, retirement and compaction move, as it does in the engine; its ``SlotOps`` (the
 model's KV to clear, trim or copy) have nothing to act on here, and a move's copy is not
 charged. A completed sequence's slot keeps its prompt as a donor (the generated tokens,
-which no simulated prompt shares, are left out).
+which no simulated prompt shares, are left out). The prompt cache in host memory
+(``sluice.policy.step.prompt_cache``) keeps the retained prompts the table drops and
+restores them by the engine's ``choose_restores``; a restore is not charged, and an
+entry counts ``kv_bytes_per_token`` a token (the simulated worker's: the model's memory
+over its KV cells, an upper bound on its KV's share).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from sluice.policy.step.engine_line import (
     EngineLine,
@@ -47,6 +52,7 @@ from sluice.policy.step.engine_line import (
     running_entry,
     step_budget,
 )
+from sluice.policy.step.prompt_cache import CachedPrompt, PromptCache, choose_restores
 from sluice.policy.step.slot_layout import MAX_SLOT_MOVES_PER_STEP
 from sluice.policy.step.slot_table import SlotTable
 from sluice.policy.step.speculation import (
@@ -57,6 +63,7 @@ from sluice.policy.step.speculation import (
 )
 from sluice.policy.step.step_cost import StepCost
 from sluice.policy.step.step_data import (
+    Admission,
     EngineConfig,
     RunningSeq,
     StepBudget,
@@ -106,8 +113,10 @@ class SimEngine:
                  tpot_target_s: float | None = None,
                  step_s: Callable[[int, int, int], float] | None = None,
                  drafting: SimDrafting | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, kv_bytes_per_token: int = 0) -> None:
         self.config = config
+        self.kv_bytes_per_token = kv_bytes_per_token
+        """What a prompt-cache entry counts a token as (0: nothing, so none leaves)."""
         self.drafting = drafting if config.mode == "continuous" else None
         self.draft_gate = DraftGate()
         self._step_s = 0.0
@@ -129,6 +138,11 @@ class SimEngine:
         self.slots = SlotTable.for_context(config, n_ctx_total, n_seq_max, unified=False)
         """Which slot holds what, with the KV allocator (as the engine's)."""
         self.kv = self.slots.kv
+        self.prompt_cache: PromptCache[None] | None = (
+            PromptCache(config.cache_ram_bytes) if config.cache_ram_bytes != 0
+            and config.retain_prefixes
+            and config.prefix_reuse else None)
+        """The retained prompts the slots dropped (as the engine's, without their KV)."""
         self.waiting: deque[SimRequest] = deque()
         self.running: dict[int, _Seq] = {}
         self.tpot_margin = TpotMargin()
@@ -231,6 +245,7 @@ class SimEngine:
         """Plan and apply one step at ``now``; returns the plan and its seconds (0 and
         no chunks when there is nothing to feed)."""
         self._compact()
+        self._restore_prefixes()
         budget = self.budget(now)
         drafts = None
         decoding = sum(1 for q in self.running.values() if q.n_fed >= q.req.n_prompt)
@@ -244,7 +259,7 @@ class SimEngine:
                 raise RuntimeError(f"plan admits {adm.request_id}, head is {req.request_id}")
             req.status = "running"
             req.started_s = now
-            self.slots.apply(adm)
+            self._change_slots(partial(self._apply_admission, adm))
             seq = _Seq(req, adm.slot)
             if adm.prefix is not None:
                 seq.n_fed = adm.prefix.n_tokens
@@ -323,4 +338,37 @@ class SimEngine:
     def _retire(self, slot: int, completed: bool = False) -> None:
         seq = self.running.pop(slot)
         kept = seq.req.prompt[: min(seq.n_fed, seq.req.n_prompt)] if completed else None
-        self.slots.retire(slot, kept, n_fed=seq.n_fed)
+        self._change_slots(partial(self.slots.retire, slot, kept, n_fed=seq.n_fed))
+
+    def _apply_admission(self, adm: Admission) -> tuple[int, ...]:
+        return self.slots.apply(adm).clear
+
+    def _change_slots(self, change: Callable[[], tuple[int, ...]]) -> None:
+        """A slot-table change; the retained prompts it drops go to the prompt cache (the
+        engine's ``_change_slots``)."""
+        cache = self.prompt_cache
+        before = {r.slot: r for r in self.slots.retained()} if cache is not None else {}
+        for slot in change():
+            kept = before.get(slot)
+            if cache is not None and kept is not None:
+                cache.put(CachedPrompt(tuple(kept.tokens), kept.tenant,
+                                       len(kept.tokens) * self.kv_bytes_per_token, None))
+
+    def _restore_prefixes(self) -> None:
+        """The engine's restores before a plan: each into the lowest free slot, as a
+        retained prefix of what it shares."""
+        cache = self.prompt_cache
+        free = self.slots.free_slots
+        if cache is None or not self.waiting or not free or not len(cache):
+            return
+        donors = [(r.tokens, len(r.tokens), r.tenant) for r in self.slots.retained()]
+        donors += [(s.req.prompt, s.n_fed, "") for s in self.running.values()]
+        head = [WaitingSeq(r.request_id, r.prompt, r.max_tokens, r.arrival_s)
+                for r in list(self.waiting)[: len(free)]]
+        for restore in choose_restores(cache, self.config, head, donors, len(free)):
+            free = self.slots.free_slots
+            if not free:
+                return
+            entry = cache.take(restore.key, restore.n_tokens)
+            self._change_slots(partial(self.slots.adopt, free[0],
+                                       entry.tokens[: restore.n_tokens], entry.tenant))

@@ -214,7 +214,8 @@ class SimWorker:
             self.engines[model.model_id] = SimEngine(
                 self.config.worker.engine, step, model.n_ctx_total, model.n_seq_max,
                 functools.partial(model.cost.jitter, self._rng), model.tpot_target_s,
-                model.cost.step_s, model.drafting, self._rng)
+                model.cost.step_s, model.drafting, self._rng,
+                kv_bytes_per_token=model.memory_bytes // max(1, model.n_ctx_total))
         self.loads += 1
         self._resident = frozenset(m.model_id for m in self.residency.models())
         self._view = None

@@ -175,8 +175,10 @@ def slot_choices(table: SlotTable) -> tuple[object, ...]:
     EngineConfig(kv_block_tokens=8, min_prefix_tokens=4, max_batch_tokens=24,
                  prefill_chunk_tokens=8),
     EngineConfig(kv_block_tokens=8, min_prefix_tokens=4, max_retained_slots=2),
+    EngineConfig(kv_block_tokens=8, min_prefix_tokens=4, max_retained_slots=1,
+                 cache_ram_bytes=None),
     EngineConfig(kv_block_tokens=8, min_prefix_tokens=4, retain_prefixes=False),
-], ids=["retained", "retained-capped", "no-retention"])
+], ids=["retained", "retained-capped", "capped-with-ram-cache", "no-retention"])
 def test_the_engine_and_the_simulator_make_the_same_slot_choices(config: EngineConfig) -> None:
     """The same arrivals, step by step, into ``ContinuousEngine`` (the synthetic model) and
     ``SimEngine``: after every step the same slot holds the same request (or the same
@@ -227,6 +229,9 @@ def test_the_engine_and_the_simulator_make_the_same_slot_choices(config: EngineC
         assert eng.retained_prefix_tokens > 0  # a request was admitted into a kept prefix
     if config.max_retained_slots is not None:
         assert "free" in kinds  # retained slots dropped past the cap
+    if config.cache_ram_bytes != 0:  # dropped prefixes came back from host memory
+        assert eng.prompt_cache is not None and sim.prompt_cache is not None
+        assert eng.prompt_cache.restored_tokens == sim.prompt_cache.restored_tokens > 0
     assert eng.reused_prefix_tokens > eng.retained_prefix_tokens  # and copied from donors
     if not config.retain_prefixes or config.max_retained_slots is not None:
         assert eng.slot_moves > 0  # a running sequence moved down into a hole

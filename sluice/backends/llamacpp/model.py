@@ -274,6 +274,29 @@ class LlamaCppGenerative(LlamaCppTokenizer, GenerativeModel):
             raise BackendError(f"could not write slot {seq_slot} to {path.name}")
         return int(written)
 
+    def sequence_state(self, seq_slot: int) -> bytes:
+        self._check_open()
+        self._check_slot(seq_slot)
+        size = int(self._lib.llama_state_seq_get_size(self._ctx, seq_slot))
+        buf = (ctypes.c_uint8 * size)()
+        if size == 0 or self._lib.llama_state_seq_get_data(self._ctx, buf, size,
+                                                           seq_slot) != size:
+            raise BackendError(f"could not read slot {seq_slot}'s KV")
+        return bytes(buf)
+
+    def set_sequence_state(self, seq_slot: int, state: bytes, n_tokens: int) -> None:
+        self._check_open()
+        self._check_slot(seq_slot)
+        self._release(seq_slot)
+        if not 0 < n_tokens <= self.n_ctx_per_seq:
+            raise BackendError(f"a slot holds 1 to {self.n_ctx_per_seq} tokens, not {n_tokens}")
+        src = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if self._lib.llama_state_seq_set_data(self._ctx, src, len(state), seq_slot) == 0:
+            self._release(seq_slot)
+            raise BackendError(f"could not restore {n_tokens} tokens of KV into slot "
+                               f"{seq_slot}")
+        self.slot_len[seq_slot] = n_tokens
+
     def load_sequence(self, seq_slot: int, path: Path) -> tuple[list[int], int]:
         self._check_open()
         self._check_slot(seq_slot)

@@ -177,5 +177,26 @@ class SyntheticGenerative(SyntheticTokenizer, GenerativeModel):
         self._prompt_end[seq_slot] = len(tokens)
         return tokens, len(data)
 
+    def sequence_state(self, seq_slot: int) -> bytes:
+        n = self.slot_len.get(seq_slot, 0)
+        if n == 0:
+            raise BackendError(f"slot {seq_slot} holds no KV")
+        return json.dumps({"format": SEQUENCE_FILE, "model": self.spec.model_id,
+                           "tokens": self.history.get(seq_slot, [])[:n]}).encode()
+
+    def set_sequence_state(self, seq_slot: int, state: bytes, n_tokens: int) -> None:
+        self.release_sequence(seq_slot)
+        try:
+            saved = json.loads(state)
+            tokens = [int(t) for t in saved["tokens"]]
+            ok = saved["model"] == self.spec.model_id
+        except (ValueError, KeyError, TypeError):
+            ok, tokens = False, []
+        if not ok or len(tokens) != n_tokens or n_tokens > self.n_ctx_per_seq:
+            raise BackendError(f"this state is not {n_tokens} tokens of this model's KV")
+        self.slot_len[seq_slot] = n_tokens
+        self.history[seq_slot] = tokens
+        self._prompt_end[seq_slot] = n_tokens
+
     def close(self) -> None:
         self.closed = True

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from sluice.backends.base import BackendError
 from sluice.engine.constraints import ConstraintError, GrammarFailure
 from sluice.engine.continuous.state import (
     EngineState,
@@ -25,6 +27,7 @@ from sluice.engine.request import (
     expired_what,
 )
 from sluice.engine.sampling import SamplingError
+from sluice.policy.step.prompt_cache import CachedPrompt
 
 
 class Retirement(EngineState):
@@ -46,6 +49,25 @@ class Retirement(EngineState):
         for slot in slots:
             self.model.release_sequence(slot)
 
+    def _change_slots(self, change: Callable[[], tuple[int, ...]]) -> None:
+        """Make a slot-table change and clear the slots it returns; a retained prefix it
+        drops (past ``max_retained_slots``, evicted, or handed out) is first saved to the
+        prompt cache in host memory, while its KV is still there."""
+        cache = self.prompt_cache
+        before = {r.slot: r for r in self.slots.retained()} if cache is not None else {}
+        slots = change()
+        for slot in slots:
+            kept = before.get(slot)
+            if cache is not None and kept is not None:
+                try:
+                    state = self.model.sequence_state(slot)
+                except BackendError:
+                    pass  # not kept: a later prompt computes it again
+                else:
+                    cache.put(CachedPrompt(tuple(kept.tokens), kept.tenant, len(state),
+                                           state))
+            self.model.release_sequence(slot)
+
     def _free_slot(self, slot: int) -> None:
         self._clear(self.slots.retire(slot))
 
@@ -56,8 +78,8 @@ class Retirement(EngineState):
         if self.running.get(seq.slot) is seq:
             del self.running[seq.slot]
             kept = seq.tokens[: seq.n_fed] if retain else None
-            self._clear(self.slots.retire(seq.slot, kept, n_fed=seq.n_fed,
-                                          tenant=seq.req.tenant_id))
+            self._change_slots(partial(self.slots.retire, seq.slot, kept, n_fed=seq.n_fed,
+                                       tenant=seq.req.tenant_id))
         if seq in seq.group.live:
             seq.group.live.remove(seq)
         tail = seq.text.flush()

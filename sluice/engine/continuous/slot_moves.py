@@ -6,6 +6,7 @@ ended ones left (``SlotTable.moves``); and the slot views and admin operations
 from __future__ import annotations
 
 from functools import partial
+from itertools import islice
 
 from sluice.backends.base import BackendError
 from sluice.engine.continuous.state import (
@@ -13,8 +14,10 @@ from sluice.engine.continuous.state import (
     SlotState,
     _Group,
     _Sequence,
+    _waiting_view,
 )
 from sluice.engine.continuous.token_path import TokenPath
+from sluice.policy.step.prompt_cache import choose_restores
 from sluice.policy.step.slot_layout import MAX_SLOT_MOVES_PER_STEP
 from sluice.policy.step.step_data import Admission, PrefixCopy
 
@@ -63,7 +66,35 @@ class SlotMoves(TokenPath):
     def adopt_slot(self, slot: int, tokens: list[int], tenant: str) -> None:
         """The model's KV in the free ``slot`` now holds ``tokens`` (a restored sequence):
         keep it as the most recently used retained prefix of ``tenant``."""
-        self._clear(self.slots.adopt(slot, tokens, tenant))
+        self._change_slots(partial(self.slots.adopt, slot, tokens, tenant))
+
+    def _restore_prefixes(self) -> None:
+        """Put back, each into the lowest free slot as a retained prefix trimmed to what it
+        shares, the prompt-cache entries that give the head of the line more of its prompt
+        than the slots do (``choose_restores``); the step planner then starts each request
+        in its restored slot. A restore that fails forgets the entry."""
+        cache = self.prompt_cache
+        free = self.slots.free_slots
+        if cache is None or not self.waiting or not len(cache) or not free:
+            return
+        head = list(islice(self.waiting, len(free)))
+        donors = [(r.tokens, len(r.tokens), r.tenant) for r in self.slots.retained()]
+        donors += [(seq.tokens, seq.n_fed, seq.req.tenant_id)
+                   for seq in self.running.values()]
+        waiting = [_waiting_view(req) for req in head]
+        for restore in choose_restores(cache, self.config, waiting, donors, len(free)):
+            free = self.slots.free_slots
+            if not free:
+                return
+            slot, entry = free[0], cache.take(restore.key, restore.n_tokens)
+            try:
+                self.model.set_sequence_state(slot, entry.payload, len(entry.tokens))
+                self.model.trim_sequence(slot, restore.n_tokens)
+            except BackendError:
+                self.model.release_sequence(slot)
+                cache.discard(restore.key)
+                continue
+            self.adopt_slot(slot, list(entry.tokens[: restore.n_tokens]), entry.tenant)
 
     def _compact(self) -> None:
         """Move running sequences down into the holes ended ones left (and retained prefixes
@@ -119,7 +150,7 @@ class SlotMoves(TokenPath):
                  and self.slots.kind(donor) != "retained") or not req.mark_running(now)):
                 return {s for a in admissions[i:] for s in a.slots}
             del self.waiting[index]
-            self._clear(self.slots.apply(adm).clear)
+            self._change_slots(partial(self._apply_admission, adm))
             seed = req.params.seed if req.params.seed is not None else req.request_id
             group = _Group(req, n=len(adm.slots), seed=seed, fork_slots=list(adm.fork_slots))
             if req.params.prompt_logprobs:
@@ -135,6 +166,10 @@ class SlotMoves(TokenPath):
                 self._barrier(group, partial(self._reuse_prefix, seq, adm.prefix))
             self._report_progress(seq, now)
         return set()
+
+    def _apply_admission(self, adm: Admission) -> tuple[int, ...]:
+        """Take an admission's slots in the table; the slots whose KV is to be cleared."""
+        return self.slots.apply(adm).clear
 
     def _reuse_prefix(self, seq: _Sequence, prefix: PrefixCopy) -> None:
         """Start ``seq`` after a prefix: kept in its own retained slot (trimmed past the

@@ -28,6 +28,7 @@ from sluice.engine.step_times import StepTimes
 from sluice.engine.textstream import TextStream
 from sluice.engine.thinking import ThinkingBudget
 from sluice.policy.step.kv_blocks import KVBlockAllocator
+from sluice.policy.step.prompt_cache import PromptCache
 from sluice.policy.step.slot_table import SlotTable
 from sluice.policy.step.speculation import DraftGate
 from sluice.policy.step.step_cost import OnlineStepCost
@@ -182,6 +183,8 @@ class EngineState:
     """Prompt tokens not recomputed because ``n`` choices shared one prefill."""
     slot_moves: int
     """KV streams copied to keep running sequences on the lowest slots (a counter)."""
+    prompt_cache: PromptCache[bytes] | None
+    """Dropped retained prefixes' KV in host memory (None: the engine keeps none)."""
     step_cost: OnlineStepCost
     """The step-time model, learned from the steps this engine runs."""
     tpot_margin: TpotMargin

@@ -30,6 +30,7 @@ class StepLoop(SlotMoves, Arrivals):
         now = self._clock()
         self._retire_stopped(now)
         self._compact()
+        self._restore_prefixes()
         budget = self.budget()
         plan = plan_step(self.config, self.view(now), budget, self._draft_budget(budget))
         batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes

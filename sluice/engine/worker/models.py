@@ -222,6 +222,8 @@ class Models(WorkerBase):
                     width=engine.width if engine else None,
                     step_times=engine.step_times.snapshot() if engine else {},
                     speculation=engine.speculation_state() if engine else None,
+                    prompt_cache=(engine.prompt_cache.state()
+                                  if engine and engine.prompt_cache else None),
                     loaded_at_s=self._loaded_at_s.get(m.model_id, m.last_used_s),
                     keep_alive=m.keep_alive.describe(),
                     keep_alive_idle_s=m.keep_alive.idle_s,

@@ -13,6 +13,7 @@ from sluice.engine.continuous import SlotState
 from sluice.engine.speculation import SpeculationState
 from sluice.engine.step_times import StepBucket
 from sluice.policy.capacity.keep_alive import KeepAlive, configured_keep_alive
+from sluice.policy.step.prompt_cache import PromptCacheState
 from sluice.policy.step.step_cost import StepCost
 from sluice.policy.step.tpot_margin import MarginState
 from sluice.policy.step.width import WidthPlan
@@ -80,6 +81,9 @@ class ModelState:
     speculation: SpeculationState | None = None
     """Generative: its engine's drafted and accepted tokens since the model loaded, and
     its last verifying step's (``sluice.engine.speculation``)."""
+    prompt_cache: PromptCacheState | None = None
+    """Generative: its engine's prompt cache in host memory (``sluice.policy.step.
+    prompt_cache``); None when it keeps none."""
     loaded_at_s: float = 0.0
     """When it finished loading (the runtime's clock)."""
     keep_alive: str = "until evicted"

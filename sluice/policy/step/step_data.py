@@ -45,6 +45,11 @@ class EngineConfig:
     the planner only sees ``StepView.retained``)."""
     max_retained_slots: int | None = None
     """Most slots holding a retained prefix at once (None: every idle slot may)."""
+    cache_ram_bytes: int | None = 0
+    """Host memory for the retained prefixes the slots drop (``prompt_cache``), restored
+    when a prompt shares more of one than the slots offer: 0 keeps none, None has no
+    limit. Only with one KV stream per slot (a unified cache keeps its prefixes in the
+    pool)."""
     share_prefix_across_tenants: bool = False
     """Reuse one tenant's prompt prefix for another's request. Off: a donor serves only
     requests of its own tenant, since a first token that comes faster would tell a tenant
@@ -62,6 +67,9 @@ class EngineConfig:
         if self.max_retained_slots is not None and self.max_retained_slots < 0:
             raise ValueError(f"engine.max_retained_slots must be >= 0, got "
                              f"{self.max_retained_slots}")
+        if self.cache_ram_bytes is not None and self.cache_ram_bytes < 0:
+            raise ValueError(f"engine.cache_ram_bytes must be >= 0 or None, got "
+                             f"{self.cache_ram_bytes}")
         for name in ("max_batch_tokens", "prefill_chunk_tokens", "kv_block_tokens",
                      "prompt_logprobs_chunk_tokens"):
             if getattr(self, name) < 1:
