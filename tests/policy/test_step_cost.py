@@ -56,6 +56,25 @@ def test_a_feature_that_never_varies_keeps_the_fallbacks_coefficient() -> None:
     assert without.per_prefill_token_s == 0.0
 
 
+def test_one_token_prefills_do_not_set_the_per_prompt_token_cost() -> None:
+    # Prompts restored from the cache start after one fed token; those steps carry the
+    # request's start-up (20 ms here), which a slope fitted on them would charge to every
+    # prompt token. With a fallback the slope is the fallback's; with a real range of
+    # prompt lengths it is fitted.
+    rng = random.Random(5)
+    restored = [StepSample(d, rng.choice([0, 0, 0, 1]), 0.0, 500 * d) for d in range(1, 33)
+                for _ in range(4)]
+    samples = [StepSample(s.decode_tokens, s.prefill_tokens,
+                          TRUE.predict_s(s.decode_tokens, s.prefill_tokens, s.context_tokens)
+                          + (0.020 if s.prefill_tokens else 0.0), s.context_tokens)
+               for s in restored]
+    fitted = fit_step_cost(samples, fallback=TRUE)
+    assert fitted.per_prefill_token_s == TRUE.per_prefill_token_s
+    assert fit_step_cost(samples).per_prefill_token_s > 0.01  # no fallback: the noise
+    varied = [*samples, *(StepSample(0, p, TRUE.predict_s(0, p, 0)) for p in (64, 128, 256))]
+    assert fit_step_cost(varied, fallback=TRUE).per_prefill_token_s != TRUE.per_prefill_token_s
+
+
 def test_no_samples_is_an_error() -> None:
     with pytest.raises(ValueError):
         fit_step_cost([])

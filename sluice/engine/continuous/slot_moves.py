@@ -68,15 +68,17 @@ class SlotMoves(TokenPath):
         keep it as the most recently used retained prefix of ``tenant``."""
         self._change_slots(partial(self.slots.adopt, slot, tokens, tenant))
 
-    def _restore_prefixes(self) -> None:
+    def _restore_prefixes(self) -> float:
         """Put back, each into the lowest free slot as a retained prefix trimmed to what it
         shares, the prompt-cache entries that give the head of the line more of its prompt
         than the slots do (``choose_restores``); the step planner then starts each request
-        in its restored slot. A restore that fails forgets the entry."""
+        in its restored slot. A restore that fails forgets the entry. Returns the seconds
+        the restores took."""
         cache = self.prompt_cache
         free = self.slots.free_slots
         if cache is None or not self.waiting or not len(cache) or not free:
-            return
+            return 0.0
+        t0 = self._clock()
         head = list(islice(self.waiting, len(free)))
         donors = [(r.tokens, len(r.tokens), r.tenant) for r in self.slots.retained()]
         donors += [(seq.tokens, seq.n_fed, seq.req.tenant_id)
@@ -85,7 +87,7 @@ class SlotMoves(TokenPath):
         for restore in choose_restores(cache, self.config, waiting, donors, len(free)):
             free = self.slots.free_slots
             if not free:
-                return
+                break
             slot, entry = free[0], cache.take(restore.key, restore.n_tokens)
             try:
                 self.model.set_sequence_state(slot, entry.payload, len(entry.tokens))
@@ -95,6 +97,7 @@ class SlotMoves(TokenPath):
                 cache.discard(restore.key)
                 continue
             self.adopt_slot(slot, list(entry.tokens[: restore.n_tokens]), entry.tenant)
+        return self._clock() - t0
 
     def _compact(self) -> None:
         """Move running sequences down into the holes ended ones left (and retained prefixes

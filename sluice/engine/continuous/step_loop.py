@@ -30,7 +30,7 @@ class StepLoop(SlotMoves, Arrivals):
         now = self._clock()
         self._retire_stopped(now)
         self._compact()
-        self._restore_prefixes()
+        restore_s = self._restore_prefixes()
         budget = self.budget()
         plan = plan_step(self.config, self.view(now), budget, self._draft_budget(budget))
         batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes
@@ -43,7 +43,7 @@ class StepLoop(SlotMoves, Arrivals):
             end = self._clock()
             cycle_s = end - (now if self._last_step_end_s is None else self._last_step_end_s)
             self._last_step_end_s = end
-            self._learn(batch, cycle_s)
+            self._learn(batch, cycle_s, restore_s)
         return True
 
     def budget(self) -> StepBudget:
@@ -68,7 +68,7 @@ class StepLoop(SlotMoves, Arrivals):
         """Running sequences whose prompt is fed: those the next step decodes."""
         return sum(1 for seq in self.running.values() if not seq.prefilling)
 
-    def _learn(self, batch: _Batch, seconds: float) -> None:
+    def _learn(self, batch: _Batch, seconds: float, restore_s: float = 0.0) -> None:
         """Feed one step's measured time to the step-time model and the tally: from the
         end of the previous step (the worker's work between steps included) to the last
         token of this one streamed, which is what a running sequence waits between
@@ -76,18 +76,23 @@ class StepLoop(SlotMoves, Arrivals):
         predicted (before this observation refits it) for the same step. A drafted token
         counts as a decode in the step-time model (a token with a logits row, as
         ``sluice.policy.step.speculation`` prices it); a step of decodes alone also feeds
-        the draft gate (drafting's measured tokens/s against plain steps')."""
+        the draft gate (drafting's measured tokens/s against plain steps'). The seconds
+        ``restore_s`` spent putting prompts back from the host-memory prompt cache before the
+        plan are the running sequences' wait too (the margin counts them), but not the cost
+        of the step's contents: the step-time model, the gate and the tally leave them
+        out."""
         decodes = batch.decode_tokens + batch.draft_tokens
         if batch.decode_tokens:
             predicted_s = self.step_cost.current().predict_s(
                 decodes, batch.prefill_tokens, batch.context_tokens)
             self.tpot_margin.observe(predicted_s, seconds)
-        self.step_cost.observe(StepSample(decodes, batch.prefill_tokens, seconds,
+        step_s = max(seconds - restore_s, 1e-6)
+        self.step_cost.observe(StepSample(decodes, batch.prefill_tokens, step_s,
                                           batch.context_tokens))
         if self.drafting and batch.decode_tokens and not batch.prefill_tokens:
             self.draft_gate.observe(batch.decode_tokens, batch.draft_tokens > 0,
-                                    batch.decode_tokens + batch.accepted_tokens, seconds)
-        self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, seconds,
+                                    batch.decode_tokens + batch.accepted_tokens, step_s)
+        self.step_times.observe(batch.decode_tokens, batch.prefill_tokens, step_s,
                                 batch.context_tokens, batch.draft_tokens,
                                 batch.accepted_tokens)
 

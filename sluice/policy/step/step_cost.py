@@ -100,6 +100,11 @@ DEFAULT_STEP_COST = StepCost(base_s=0.010, per_decode_token_s=0.003,
 batch 1, 115 ms at batch 32), used until a profile is given or the online fit takes over."""
 
 
+MIN_PREFILL_SPAN_TOKENS = 32
+"""The fewest prompt tokens between the samples' smallest and largest prefill for the fit to
+learn the per-prompt-token cost from them (below it, the fallback's is kept)."""
+
+
 def fit_step_cost(samples: Iterable[StepSample], *, with_context: bool = True,
                   fallback: StepCost | None = None, prior_weight: float = 0.0) -> StepCost:
     """Least-squares fit with every coefficient >= 0 (a feature whose free fit is negative
@@ -107,7 +112,12 @@ def fit_step_cost(samples: Iterable[StepSample], *, with_context: bool = True,
 
     A feature that never varies in the samples cannot be fitted: its coefficient is taken
     from ``fallback`` (its contribution subtracted before fitting the rest), or is 0 and
-    absorbed into the base when there is none. Raises ``ValueError`` on no samples.
+    absorbed into the base when there is none. So is the prompt-token feature when the
+    samples' prompts span fewer than ``MIN_PREFILL_SPAN_TOKENS`` (with a ``fallback``):
+    steps that start a request after one prompt token (its prefix restored or copied) carry
+    the request's start-up work, which a per-token slope fitted on them alone would charge
+    to every prompt token (tens of ms a token, against about 3). Raises ``ValueError`` on
+    no samples.
 
     ``prior_weight`` > 0 (with a ``fallback``) is a ridge towards the fallback: each
     fitted coefficient's typical contribution (its RMS feature value times it, in seconds)
@@ -129,7 +139,9 @@ def fit_step_cost(samples: Iterable[StepSample], *, with_context: bool = True,
     candidates = [1, 2, 3] if with_context else [1, 2]
     active = [0]
     for j in candidates:
-        if np.ptp(x[:, j]) > 0:
+        span = np.ptp(x[:, j])
+        if span > 0 and not (j == 2 and fallback is not None
+                             and span < MIN_PREFILL_SPAN_TOKENS):
             active.append(j)
         elif fallback is not None:
             coef[j] = _coefficients(fallback)[j]
