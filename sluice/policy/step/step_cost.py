@@ -100,9 +100,11 @@ DEFAULT_STEP_COST = StepCost(base_s=0.010, per_decode_token_s=0.003,
 batch 1, 115 ms at batch 32), used until a profile is given or the online fit takes over."""
 
 
-MIN_PREFILL_SPAN_TOKENS = 32
+MIN_PREFILL_SPAN_TOKENS = 8
 """The fewest prompt tokens between the samples' smallest and largest prefill for the fit to
-learn the per-prompt-token cost from them (below it, the fallback's is kept)."""
+learn the per-prompt-token cost from them (below it, the fallback's is kept): more than
+the one to three tokens of steps that start restored prompts, fewer than one short
+prompt (a prompt's start-up then counts in its tokens' cost, as it does in its step)."""
 
 
 def fit_step_cost(samples: Iterable[StepSample], *, with_context: bool = True,
