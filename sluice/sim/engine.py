@@ -350,7 +350,8 @@ class SimEngine:
         before = {r.slot: r for r in self.slots.retained()} if cache is not None else {}
         for slot in change():
             kept = before.get(slot)
-            if cache is not None and kept is not None:
+            if (cache is not None and kept is not None
+                    and not cache.holds(kept.tokens, kept.tenant)):
                 cache.put(CachedPrompt(tuple(kept.tokens), kept.tenant,
                                        len(kept.tokens) * self.kv_bytes_per_token, None))
 

@@ -39,6 +39,8 @@ def test_a_longer_entry_replaces_its_prefix_and_a_prefix_is_not_kept() -> None:
     assert cache.put(entry((1, 2, 3, 4, 5)))
     assert [e.tokens for e in cache.entries()] == [(1, 2, 3, 4, 5)]
     assert not cache.put(entry((1, 2)))
+    assert cache.holds((1, 2, 3), "t") and not cache.holds((1, 2, 3, 4, 5, 6), "t")
+    assert not cache.holds((1, 2), "u") and not cache.holds((), "t")
     assert cache.put(entry((1, 2), tenant="u"))  # another tenant's is its own
     assert cache.best((1, 2, 3, 9), "u", False, 3)[1] == 2
     assert cache.best((1, 2, 3, 9), "u", True, 3)[1] == 3

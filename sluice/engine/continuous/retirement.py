@@ -58,7 +58,8 @@ class Retirement(EngineState):
         slots = change()
         for slot in slots:
             kept = before.get(slot)
-            if cache is not None and kept is not None:
+            if (cache is not None and kept is not None
+                    and not cache.holds(kept.tokens, kept.tenant)):
                 try:
                     state = self.model.sequence_state(slot)
                 except BackendError:

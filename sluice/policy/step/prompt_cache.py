@@ -136,6 +136,11 @@ class PromptCache(Generic[P]):
                     best_key, best_n = key, n
         return best_key, best_n
 
+    def holds(self, tokens: Sequence[int], tenant: str) -> bool:
+        """Whether an entry of ``tenant``'s already holds all of ``tokens`` (a ``put`` of
+        them would keep nothing new): the caller can skip reading their KV."""
+        return bool(tokens) and self.best(tokens, tenant, False, len(tokens))[1] == len(tokens)
+
     def take(self, key: int, n_tokens: int) -> CachedPrompt[P]:
         """The entry ``key`` for a restore of its first ``n_tokens``: it stays, as the most
         recently used (``KeyError`` for a key that left)."""
