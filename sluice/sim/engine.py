@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import islice
 
 from sluice.policy.step.engine_line import (
     EngineLine,
@@ -52,7 +53,13 @@ from sluice.policy.step.engine_line import (
     running_entry,
     step_budget,
 )
-from sluice.policy.step.prompt_cache import CachedPrompt, PromptCache, choose_restores
+from sluice.policy.step.prompt_cache import (
+    CachedPrompt,
+    PromptCache,
+    choose_restores,
+    prompt_cache_for,
+    to_keep,
+)
 from sluice.policy.step.slot_layout import MAX_SLOT_MOVES_PER_STEP
 from sluice.policy.step.slot_table import SlotTable
 from sluice.policy.step.speculation import (
@@ -138,10 +145,7 @@ class SimEngine:
         self.slots = SlotTable.for_context(config, n_ctx_total, n_seq_max, unified=False)
         """Which slot holds what, with the KV allocator (as the engine's)."""
         self.kv = self.slots.kv
-        self.prompt_cache: PromptCache[None] | None = (
-            PromptCache(config.cache_ram_bytes) if config.cache_ram_bytes != 0
-            and config.retain_prefixes
-            and config.prefix_reuse else None)
+        self.prompt_cache: PromptCache[None] | None = prompt_cache_for(config, unified=False)
         """The retained prompts the slots dropped (as the engine's, without their KV)."""
         self.waiting: deque[SimRequest] = deque()
         self.running: dict[int, _Seq] = {}
@@ -347,13 +351,13 @@ class SimEngine:
         """A slot-table change; the retained prompts it drops go to the prompt cache (the
         engine's ``_change_slots``)."""
         cache = self.prompt_cache
-        before = {r.slot: r for r in self.slots.retained()} if cache is not None else {}
-        for slot in change():
-            kept = before.get(slot)
-            if (cache is not None and kept is not None
-                    and not cache.holds(kept.tokens, kept.tenant)):
-                cache.put(CachedPrompt(tuple(kept.tokens), kept.tenant,
-                                       len(kept.tokens) * self.kv_bytes_per_token, None))
+        if cache is None:
+            change()
+            return
+        before = {r.slot: r for r in self.slots.retained()}
+        for kept in to_keep(cache, before, change()):
+            cache.put(CachedPrompt(tuple(kept.tokens), kept.tenant,
+                                   len(kept.tokens) * self.kv_bytes_per_token, None))
 
     def _restore_prefixes(self) -> None:
         """The engine's restores before a plan: each into the lowest free slot, as a
@@ -365,7 +369,7 @@ class SimEngine:
         donors = [(r.tokens, len(r.tokens), r.tenant) for r in self.slots.retained()]
         donors += [(s.req.prompt, s.n_fed, "") for s in self.running.values()]
         head = [WaitingSeq(r.request_id, r.prompt, r.max_tokens, r.arrival_s)
-                for r in list(self.waiting)[: len(free)]]
+                for r in islice(self.waiting, len(free))]
         for restore in choose_restores(cache, self.config, head, donors, len(free)):
             free = self.slots.free_slots
             if not free:

@@ -68,7 +68,7 @@ from sluice.engine.request import Request
 from sluice.engine.speculation import SpeculationState
 from sluice.engine.step_times import StepTimes
 from sluice.engine.step_warmup import measure_step_cost
-from sluice.policy.step.prompt_cache import PromptCache
+from sluice.policy.step.prompt_cache import PromptCache, prompt_cache_for
 from sluice.policy.step.slot_table import SlotTable
 from sluice.policy.step.speculation import DraftGate
 from sluice.policy.step.step_cost import DEFAULT_STEP_COST, OnlineStepCost, StepCost
@@ -110,9 +110,8 @@ class ContinuousEngine(StepLoop):
         self.retained_prefix_tokens = 0
         self.forked_prompt_tokens = 0
         self.slot_moves = 0
-        ram = config.cache_ram_bytes
-        self.prompt_cache = (PromptCache(ram) if ram != 0 and not model.kv_unified
-                             and config.retain_prefixes and config.prefix_reuse else None)
+        self.prompt_cache: PromptCache[bytes] | None = prompt_cache_for(
+            config, unified=model.kv_unified)
         self.step_cost = OnlineStepCost(_step_cost_prior(model),
                                         window=STEP_COST_WINDOW, refit_every=16)
         self.tpot_margin = TpotMargin()

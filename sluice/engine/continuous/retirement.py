@@ -27,7 +27,7 @@ from sluice.engine.request import (
     expired_what,
 )
 from sluice.engine.sampling import SamplingError
-from sluice.policy.step.prompt_cache import CachedPrompt
+from sluice.policy.step.prompt_cache import CachedPrompt, to_keep
 
 
 class Retirement(EngineState):
@@ -54,20 +54,18 @@ class Retirement(EngineState):
         drops (past ``max_retained_slots``, evicted, or handed out) is first saved to the
         prompt cache in host memory, while its KV is still there."""
         cache = self.prompt_cache
-        before = {r.slot: r for r in self.slots.retained()} if cache is not None else {}
+        if cache is None:
+            self._clear(change())
+            return
+        before = {r.slot: r for r in self.slots.retained()}
         slots = change()
-        for slot in slots:
-            kept = before.get(slot)
-            if (cache is not None and kept is not None
-                    and not cache.holds(kept.tokens, kept.tenant)):
-                try:
-                    state = self.model.sequence_state(slot)
-                except BackendError:
-                    pass  # not kept: a later prompt computes it again
-                else:
-                    cache.put(CachedPrompt(tuple(kept.tokens), kept.tenant, len(state),
-                                           state))
-            self.model.release_sequence(slot)
+        for kept in to_keep(cache, before, slots):
+            try:
+                state = self.model.sequence_state(kept.slot)
+            except BackendError:
+                continue  # not kept: a later prompt computes it again
+            cache.put(CachedPrompt(tuple(kept.tokens), kept.tenant, len(state), state))
+        self._clear(slots)
 
     def _free_slot(self, slot: int) -> None:
         self._clear(self.slots.retire(slot))

@@ -26,16 +26,17 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sluice.policy.step.prefix_retention import common_prefix_tokens
-from sluice.policy.step.step_data import EngineConfig, WaitingSeq
+from sluice.policy.step.step_data import EngineConfig, RetainedSeq, WaitingSeq
 
 P = TypeVar("P")
 
-__all__ = ["CachedPrompt", "PromptCache", "PromptCacheState", "Restore", "choose_restores"]
+__all__ = ["CachedPrompt", "PromptCache", "PromptCacheState", "Restore", "choose_restores",
+           "prompt_cache_for", "to_keep"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +172,30 @@ class Restore:
     request_id: int
     key: int
     n_tokens: int
+
+
+def prompt_cache_for(config: EngineConfig, *, unified: bool) -> PromptCache[P] | None:
+    """The prompt cache an engine of ``config`` keeps (the server's and the simulator's one
+    rule): none with ``cache_ram_bytes`` 0, with a unified KV pool (its retained prefixes
+    stay in the pool), or when the engine retains or reuses no prefixes."""
+    if (config.cache_ram_bytes == 0 or unified or not config.retain_prefixes
+            or not config.prefix_reuse):
+        return None
+    return PromptCache(config.cache_ram_bytes)
+
+
+def to_keep(cache: PromptCache[P], before: Mapping[int, RetainedSeq],
+            cleared: Iterable[int]) -> list[RetainedSeq]:
+    """Of the slots a slot-table change clears (``cleared``), the retained prefixes it
+    dropped (``before``: the retained slots before the change) that no entry holds whole
+    yet, in order: what the caller puts in the cache (the engine reads each one's KV
+    first, before it clears the slot)."""
+    out = []
+    for slot in cleared:
+        kept = before.get(slot)
+        if kept is not None and not cache.holds(kept.tokens, kept.tenant):
+            out.append(kept)
+    return out
 
 
 def choose_restores(cache: PromptCache[P], config: EngineConfig,
