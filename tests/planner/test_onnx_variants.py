@@ -94,7 +94,8 @@ def test_profile_cross_check_passes_and_catches_a_wrong_model_file(
     assert set(result["cross_check"]) == set(names)
     assert all(v["ok"] and v["min_cosine"] >= 0.999 for v in result["cross_check"].values())
     for name in names:
-        ms = result["variants"][name]["batch_ms"]
+        assert all(v > 0 for v in result["variants"][name]["batch_ms"].values())
+        ms = result["variants"][name]["p50_ms"]  # medians: one stalled repeat moves a mean
         assert 0 < ms["1"] < ms["4"] * 2
         fit = result["variants"][name]["length"]  # the texts differ in length
         assert fit["batches"] == 6 and fit["slope"] >= 0 and fit["var"] > 0
