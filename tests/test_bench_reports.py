@@ -336,7 +336,8 @@ def test_overload_levels_are_selectable_and_goals_say_by_how_much_they_miss() ->
     def row(system: str, clients: int, tps: float, ttft: float, tpot: float,
             good: int) -> dict[str, Any]:
         return {"system": system, "clients": clients, "tokens_per_s": tps,
-                "ttft_p95_s": ttft, "tpot_p95_s": tpot, "goodput_requests": good}
+                "ttft_p95_s": ttft, "tpot_p95_s": tpot, "goodput_requests": good,
+                "requests": 64}
 
     rows = [row(SLUICE, 16, 100, 1, 0.1, 30), row(SLUICE, 32, 90, 3.2, 0.1, 40),
             row(PEER, 32, 100, 2.0, 0.12, 45)]
@@ -348,6 +349,12 @@ def test_overload_levels_are_selectable_and_goals_say_by_how_much_they_miss() ->
     assert g["ttft_p95_within_1_5x"]["missed_by"] == 0.1
     assert g["tpot_p95_within_1x"]["met"]
     assert g["more_within_both"] == {"value": 40, "bound": 46, "met": False, "missed_by": 6}
+    # when llama-server has every request within both, all of them is the most there is
+    rows[1:] = [row(SLUICE, 32, 90, 3.2, 0.1, 64), row(PEER, 32, 100, 2.0, 0.12, 64)]
+    assert goals(comparison(rows, (32,)))["32"]["more_within_both"] == {
+        "value": 64, "bound": 64, "met": True, "missed_by": None}
+    rows[1] = row(SLUICE, 32, 90, 3.2, 0.1, 63)
+    assert goals(comparison(rows, (32,)))["32"]["more_within_both"]["missed_by"] == 1
 
 
 def test_ab_sides_parse_ref_and_worker_lines_and_the_summary_divides_medians() -> None:

@@ -225,9 +225,13 @@ class SimEngine:
         return StepView(
             running=tuple(RunningSeq(s.slot, s.req.request_id, s.req.n_prompt, s.n_fed,
                                      s.req.generated, s.req.prompt, draft=self._draft_of(s),
-                                     acceptance=s.rate.rate)
+                                     acceptance=s.rate.rate,
+                                     first_token_due_s=(s.req.first_token_due_s
+                                                        if s.n_fed < s.req.n_prompt
+                                                        else None))
                           for s in self.running.values()),
-            waiting=tuple(WaitingSeq(r.request_id, r.prompt, r.max_tokens, r.arrival_s)
+            waiting=tuple(WaitingSeq(r.request_id, r.prompt, r.max_tokens, r.arrival_s,
+                                     first_token_due_s=r.first_token_due_s)
                           for r in self.waiting),
             free_slots=self.slots.free_slots,
             kv=self.kv.snapshot(),

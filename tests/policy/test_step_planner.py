@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -17,6 +18,7 @@ from sluice.policy.step.step_data import (
     EngineConfig,
     PlannedChunk,
     PrefixCopy,
+    QueuedPrompt,
     RetainedSeq,
     RunningSeq,
     StepLoad,
@@ -292,6 +294,9 @@ class TwoSeqsThreeTokens:
     def may_admit(self, load: StepLoad, request: WaitingSeq) -> bool:
         self.loads.append(load)
         return load.sequences < 2
+
+    def hurry_tokens(self, load: StepLoad, queued: Sequence[QueuedPrompt]) -> int:
+        return 0
 
 
 def test_a_step_budget_sizes_prefill_chunks_and_stops_admissions() -> None:

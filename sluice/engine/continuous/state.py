@@ -107,6 +107,7 @@ class _Sequence:
             self.slot, self.req.request_id, self.n_prompt, self.n_fed, self.generated,
             self.tokens, prompt_logprobs=self.group.prompt_logprobs is not None,
             tenant=self.req.tenant_id, draft=draft, acceptance=acceptance,
+            first_token_due_s=self.req.first_token_due_s if self.prefilling else None,
         )
 
 
@@ -143,7 +144,8 @@ def _waiting_view(req: Request) -> WaitingSeq:
     since = req.times.started_s or req.arrival_s
     p = req.params
     return WaitingSeq(req.request_id, req.prompt_tokens, p.max_tokens, since, n=max(1, p.n),
-                      prompt_logprobs=p.prompt_logprobs, tenant=req.tenant_id)
+                      prompt_logprobs=p.prompt_logprobs, tenant=req.tenant_id,
+                      first_token_due_s=req.first_token_due_s)
 
 
 def _budget(params: SamplingParams) -> ThinkingBudget | None:

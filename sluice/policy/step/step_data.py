@@ -109,6 +109,9 @@ class RunningSeq:
     as it may verify in one step; empty: it does not draft this step."""
     acceptance: float = 0.0
     """Its drafts' measured acceptance rate (``AcceptanceRate.rate``)."""
+    first_token_due_s: float | None = None
+    """While it prefills: when its first token is due (its first-token target or
+    deadline, the earlier; None: neither), on the clock of ``StepView.now``."""
 
     @property
     def prefilling(self) -> bool:
@@ -132,6 +135,9 @@ class WaitingSeq:
     tenant: str = ""
     """Whose request it is: it reuses only that tenant's prefixes (unless
     ``share_prefix_across_tenants``)."""
+    first_token_due_s: float | None = None
+    """When its first token is due (its first-token target or deadline, the earlier;
+    None: neither), on the clock of ``StepView.now``."""
 
     @property
     def reserve_tokens(self) -> int:
@@ -189,10 +195,21 @@ class StepLoad:
     fork counted)."""
 
 
+@dataclass(frozen=True, slots=True)
+class QueuedPrompt:
+    """A prompt this step feeds (or admitted without a chunk), as ``StepBudget.hurry_tokens``
+    sees it: the tokens it has still to feed after this step's chunk, and the seconds from
+    the plan's ``now`` until its first token is due (None: it has no target)."""
+
+    tokens_after_step: int
+    due_in_s: float | None
+
+
 class StepBudget(Protocol):
     """A limit on a step beyond ``max_batch_tokens``, e.g. predicted step time against a
-    TPOT target. The planner asks before each prefill chunk and each admission; answers
-    must depend only on the arguments (and the object's own state), never on a clock."""
+    TPOT target. The planner asks before each prefill chunk and each admission, and once
+    more after the admissions (``hurry_tokens``); answers must depend only on the
+    arguments (and the object's own state), never on a clock."""
 
     def prefill_room_tokens(self, load: StepLoad) -> int:
         """How many more prefill tokens the step may take (0 = none)."""
@@ -200,6 +217,13 @@ class StepBudget(Protocol):
 
     def may_admit(self, load: StepLoad, request: WaitingSeq) -> bool:
         """Whether ``request`` may start in this step."""
+        ...
+
+    def hurry_tokens(self, load: StepLoad, queued: Sequence[QueuedPrompt]) -> int:
+        """Prompt tokens past ``prefill_room_tokens`` that the step should still feed, in
+        feed order over ``queued`` (this step's prompts, in the order they are fed), so
+        that prompts whose first tokens the budget's pace would make late get them now
+        (0 = none)."""
         ...
 
 
@@ -211,6 +235,9 @@ class TokensOnly:
 
     def may_admit(self, load: StepLoad, request: WaitingSeq) -> bool:
         return True
+
+    def hurry_tokens(self, load: StepLoad, queued: Sequence[QueuedPrompt]) -> int:
+        return 0  # no pace: every prompt already gets all the room there is
 
 
 TOKENS_ONLY = TokensOnly()

@@ -56,6 +56,11 @@ views):
 - **Baselines**: ``static`` and ``serial`` admit only into an empty engine; ``serial`` one
   request at a time; ``static`` when the line fills every slot or its head has waited
   ``static_max_wait_s``.
+- **Hurry**: after the admissions the budget may ask for more prompt tokens
+  (``StepBudget.hurry_tokens``, for first tokens its pace would hold back); they lengthen
+  the prefill chunks in feed order, each within its cap and the token budget, and give a
+  chunk to an admitted request that had none (such requests are the last fed, so the
+  feed order holds).
 - **Speculation** (a ``DraftBudget`` given): after the admissions, the decode chunk of a
   sequence with a proposal (``RunningSeq.draft``) may carry the first ``draft_tokens`` of
   it after its decode token (``n_tokens = 1 + draft_tokens``, every row's logits wanted),
@@ -74,7 +79,7 @@ further decisions applied in order.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from sluice.policy.step.kv_blocks import KVSnapshot
 from sluice.policy.step.prefix_retention import common_prefix_tokens
@@ -91,6 +96,7 @@ from sluice.policy.step.step_data import (
     HoldReason,
     PlannedChunk,
     PrefixCopy,
+    QueuedPrompt,
     RetainedSeq,
     StepBudget,
     StepLoad,
@@ -138,6 +144,8 @@ class _Draft:
         """Retained slots not yet handed out or evicted, least recently used first."""
         self.kept: list[tuple[int, Sequence[int], int, str]] = []
         """Donors made by this plan: (slot, prompt, tokens kept in place, tenant)."""
+        self.feeds: list[_Feed] = []
+        """The prompts this step feeds (or admitted without a chunk), in feed order."""
 
     def plan(self) -> StepPlan:
         for seq in self.view.running:
@@ -146,8 +154,10 @@ class _Draft:
                 self.context_tokens += seq.n_fed
         for seq in self.view.running:
             if seq.prefilling and self.tokens_left > 0:
-                self._prefill(seq.slot, seq.n_prompt, seq.n_fed, seq.prompt_logprobs)
+                self._prefill(seq.slot, seq.n_prompt, seq.n_fed, seq.prompt_logprobs,
+                              seq.first_token_due_s)
         held_back = self._admit()
+        self._hurry()
         if self.drafts is not None:
             self._speculate(self.drafts)
         return StepPlan(tuple(self.chunks), tuple(self.admissions), held_back)
@@ -186,15 +196,50 @@ class _Draft:
         self.tokens_left -= n
         self.decode_tokens += decode
 
-    def _prefill(self, slot: int, n_prompt: int, n_fed: int, all_logits: bool) -> None:
+    def _prefill(self, slot: int, n_prompt: int, n_fed: int, all_logits: bool,
+                 due_s: float | None) -> None:
         cap = (self.config.prompt_logprobs_chunk_tokens if all_logits
                else self.config.prefill_chunk_tokens)
         take = min(n_prompt - n_fed, cap, self.tokens_left)
         if take > 0:
             take = min(take, self.budget.prefill_room_tokens(self._load()))
+        feed = _Feed(slot, n_prompt, n_fed, cap, all_logits, due_s)
         if take > 0:
+            feed.chunk = len(self.chunks)
+            feed.n_tokens = take
             self._chunk(slot, n_fed, take, want_logits=n_fed + take >= n_prompt, decode=False,
                         all_logits=all_logits)
+        self.feeds.append(feed)
+
+    def _hurry(self) -> None:
+        """Lengthen this step's prefill chunks, in feed order, by the tokens the budget asks
+        for so that prompts its pace would give a late first token get it now
+        (``StepBudget.hurry_tokens``), within each chunk's cap and the tokens left. A
+        prompt admitted without a chunk gets one after the others (such prompts are
+        always the last fed: the room only shrinks as chunks are added)."""
+        if not self.feeds or self.tokens_left <= 0:
+            return
+        now = self.view.now
+        queued = [QueuedPrompt(f.n_prompt - f.n_fed - f.n_tokens,
+                               None if f.due_s is None else f.due_s - now) for f in self.feeds]
+        extra = min(self.budget.hurry_tokens(self._load(), queued), self.tokens_left)
+        for f in self.feeds:
+            if extra <= 0:
+                break
+            grow = min(f.n_prompt - f.n_fed - f.n_tokens, f.cap - f.n_tokens, extra)
+            if grow <= 0:
+                continue
+            f.n_tokens += grow
+            chunk = PlannedChunk(f.slot, f.n_fed, f.n_tokens,
+                                 want_logits=f.n_fed + f.n_tokens >= f.n_prompt, decode=False,
+                                 all_logits=f.all_logits)
+            if f.chunk is None:
+                f.chunk = len(self.chunks)
+                self.chunks.append(chunk)
+            else:
+                self.chunks[f.chunk] = chunk
+            self.tokens_left -= grow
+            extra -= grow
 
     def _admit(self) -> HoldReason | None:
         """Admit from the head of the line; the reason the next one waits, if one does."""
@@ -228,7 +273,8 @@ class _Draft:
             n_fed = prefix.n_tokens if prefix else 0
             self.admissions.append(Admission(head.request_id, slots[0], head.reserve_tokens,
                                              prefix, tuple(slots[1:]), tuple(evict)))
-            self._prefill(slots[0], len(head.prompt_tokens), n_fed, head.prompt_logprobs)
+            self._prefill(slots[0], len(head.prompt_tokens), n_fed, head.prompt_logprobs,
+                          head.first_token_due_s)
         return None
 
     def _take(self, head: WaitingSeq, home: RetainedSeq | None, *, keep_donor: bool
@@ -324,6 +370,22 @@ class _Draft:
         if best_len == 0 or best_len < self.config.min_prefix_tokens:
             return None
         return PrefixCopy(best_slot, best_len)
+
+
+@dataclass(slots=True)
+class _Feed:
+    """A prompt this plan feeds: its slot, length, the tokens fed before this step, its
+    chunk cap, and this step's chunk (its index in the plan's chunks and its tokens; None
+    and 0 while it has none)."""
+
+    slot: int
+    n_prompt: int
+    n_fed: int
+    cap: int
+    all_logits: bool
+    due_s: float | None
+    chunk: int | None = None
+    n_tokens: int = 0
 
 
 _Taken = tuple[list[int], list[int], list[RetainedSeq], list[int], KVSnapshot]

@@ -14,6 +14,15 @@ its time per output token is the step time; the budget keeps the predicted step 
   decodes. A step with no decodes has no TPOT to protect (no limit beyond the token
   budget); a step whose decodes already fill the target still feeds ``min_prefill_tokens``
   so that admitted prompts always progress (a bounded overshoot, never a stall).
+- **first tokens first** (``hurry_tokens``): that pace binds only the prompts without a
+  first-token target, and a prompt with one whose first token it would still bring by
+  its due time and in the step after this one. Any other prompt with a target is fed
+  now, with every prompt fed before it, past the TPOT target (within the token budget
+  and chunk caps): the TPOT target is soft against a first-token target, as
+  ``sluice.policy.step.width`` makes it for the batch width. Pacing a prompt does not
+  lower the running sequences' mean time per output token (the same prompt tokens are
+  fed while they decode, a few a step or all in one), it only smooths their token gaps;
+  its cost, the first token held back step after step, falls on one request's wait.
 
 The margin is learned from the measured error (``sluice.policy.step.tpot_margin``); the fixed
 ``DEFAULT_MARGIN`` is its prior. Pure: no clocks; the engine (and the simulator) builds
@@ -24,10 +33,11 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sluice.policy.step.step_cost import StepCost
-from sluice.policy.step.step_data import StepLoad, WaitingSeq
+from sluice.policy.step.step_data import QueuedPrompt, StepLoad, WaitingSeq
 from sluice.policy.step.tpot_margin import DEFAULT_MARGIN
 
 
@@ -70,6 +80,33 @@ class TpotBudget:
         if load.prefill_tokens == 0:
             room = max(room, self.min_prefill_tokens)
         return max(0, room)
+
+    def hurry_tokens(self, load: StepLoad, queued: Sequence[QueuedPrompt]) -> int:
+        """The prompt tokens, counted in feed order, up to the end of the last of
+        ``queued`` with a due time whose first token, at this budget's pace, comes after
+        it or after the next step: each later step feeds ``prefill_room_tokens`` at this
+        step's decodes (at least ``min_prefill_tokens``) and takes the longer of
+        ``step_limit_s`` and its predicted time; a prompt gets its first token at the end
+        of the step that feeds its last token. 0 when no prompt is held back so, or when
+        the step has no decodes (its room is then not limited)."""
+        if load.decode_tokens == 0:
+            return 0
+        pace = max(self.min_prefill_tokens,
+                   self.cost.prefill_room_tokens(self.step_limit_s, load.decode_tokens,
+                                                 load.context_tokens))
+        this_step_s = self.cost.predict_s(load.decode_tokens, load.prefill_tokens,
+                                          load.context_tokens)
+        later_step_s = max(self.step_limit_s, self.cost.predict_s(
+            load.decode_tokens, pace, load.context_tokens))
+        behind = need = 0
+        for prompt in queued:
+            behind += prompt.tokens_after_step
+            if prompt.tokens_after_step == 0 or prompt.due_in_s is None:
+                continue
+            steps_after = math.ceil(behind / pace)
+            if steps_after > 1 or this_step_s + steps_after * later_step_s > prompt.due_in_s:
+                need = behind
+        return need
 
     def may_admit(self, load: StepLoad, request: WaitingSeq) -> bool:
         if load.sequences == 0:

@@ -12,8 +12,10 @@ its prompt beside the decodes of the sequences holding the other slots then (tho
 now if a slot is free now, else every other slot: it starts as one frees), so an idle
 engine answers after one prefill step, not after a full-width decode step too. This is
 the event simulation of that (a min-heap of slot release times), O(line × log
-concurrency). A prompt longer than a step's prefill room is fed over several steps,
-each with the decodes' time: not counted (prompts here are short against the room).
+concurrency). A prompt with a first-token target is fed whole in that step when the
+TPOT budget's pace would hold it back (``TpotBudget.hurry_tokens``); a prompt longer than
+the token budget or the chunk cap is fed over several steps, each with the decodes'
+time: not counted.
 
 Pure: no clocks; times are seconds from now.
 """
