@@ -66,6 +66,7 @@ from bench.lib.simulated import (
     front_end_summary,
     point_costs,
     predict_closed_loop,
+    seen_before,
     token_counts,
 )
 from sluice.cli.costs import read_status
@@ -100,9 +101,11 @@ def run_level(base_url: str, model: str, clients: int, n_requests: int,
 
 def predicted(base: str, before: dict[str, Any], model: str, clients: int,
               samples: Sequence[Sample], log: Path, tag: str, counts: Sequence[int],
-              max_tokens: int) -> tuple[dict[str, Any], dict[str, Any]]:
+              max_tokens: int, first_level: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """The simulator's prediction of one sluice level (see the module docstring) and its
-    inputs: the front-end time and the cost file."""
+    inputs: the front-end time and the cost file. The simulated server has served what
+    the real one had before the level (``seen_before``): the warm request's prompt on the
+    first level, every prompt after it."""
     time.sleep(1.0)  # the last access lines
     front = front_end_summary(samples, access_lines(log, tag))
     costs = point_costs(before, read_status(base), model,
@@ -111,8 +114,9 @@ def predicted(base: str, before: dict[str, Any], model: str, clients: int,
                         output_tokens=max_tokens, prefix_id=i % len(counts),
                         prefix_tokens=counts[i % len(counts)])
                 for i in range(len(samples))]
+    warm = seen_before(requests[:1] if first_level else requests)
     sim = predict_closed_loop(default_config(), costs, model, requests, clients,
-                              ttft_slo_s=TTFT_SLO_S, tpot_slo_s=TPOT_SLO_S)
+                              ttft_slo_s=TTFT_SLO_S, tpot_slo_s=TPOT_SLO_S, warm=warm)
     return sim, {"front_end": front, "costs": costs[model]}
 
 
@@ -179,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                          args.max_tokens, tag)
             row = {"system": SLUICE, "clients": clients, **summary}
             sim, inputs = predicted(base, before, model, clients, samples, log, tag, counts,
-                                    args.max_tokens)
+                                    args.max_tokens, first_level=clients == levels[0])
             row.update(sim=sim, sim_inputs=inputs,
                        sim_vs_measured=beside(row, sim, (*PREDICTED, "goodput_requests")))
             print_row(SLUICE, clients, row)

@@ -87,6 +87,7 @@ from bench.lib.simulated import (
     front_end_summary,
     point_costs,
     predict_closed_loop,
+    seen_before,
 )
 from sluice.cli.costs import read_status
 from sluice.config import Config, load_config
@@ -378,7 +379,8 @@ def measure_sluice(server: SluiceServer, system: str, workload: str, clients: in
                         output_tokens=r.tokens if r.ok and r.tokens else MAX_TOKENS[workload],
                         prefix_id=i % len(prompts), prefix_tokens=r.prompt_tokens)
                 for i, r in enumerate(replies)]
-    sim = predict_closed_loop(server.config, costs, MODEL, requests, clients)
+    sim = predict_closed_loop(server.config, costs, MODEL, requests, clients,
+                              warm=seen_before(requests))  # each prompt ran alone first
     row.update(sim=sim, sim_inputs={"front_end": front, "costs": costs[MODEL]},
                sim_vs_measured=beside(row, sim))
     return row

@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from bench.lib.model_tables import SYNTH_CHAT, llm_table, server_tables, synthetic_chat_table
-from bench.lib.simulated import beside, err_cell, point_costs, predict_closed_loop, serving_only
+from bench.lib.simulated import (
+    beside,
+    err_cell,
+    point_costs,
+    predict_closed_loop,
+    seen_before,
+    serving_only,
+)
 from sluice.config import Config, load_config
 from sluice.sim import Arrival
 
@@ -83,3 +90,12 @@ def test_beside_gives_each_figure_measured_predicted_and_the_relative_error() ->
     assert err_cell(c, "tokens_per_s") == "90.0 (-10%)"
     assert err_cell(c, "ttft_p95_s", 1000, 0) == "600 (+20%)"
     assert err_cell({}, "tokens_per_s") == "-"
+
+
+def test_seen_before_is_one_short_request_per_distinct_prompt() -> None:
+    asks = [Arrival(0.0, "m", prompt_tokens=10 + i % 3, output_tokens=50, prefix_id=i % 3,
+                    prefix_tokens=10 + i % 3) for i in range(7)]
+    asks.append(Arrival(0.0, "m", prompt_tokens=5, output_tokens=5))  # no prefix: unseen
+    warm = seen_before(asks)
+    assert [(a.prefix_id, a.prompt_tokens, a.output_tokens) for a in warm] == [
+        (0, 10, 1), (1, 11, 1), (2, 12, 1)]

@@ -140,15 +140,17 @@ def serving_only(config: Config, model: str) -> Config:
 
 def predict_closed_loop(config: Config, costs: Mapping[str, Mapping[str, Any]], model: str,
                         requests: Sequence[Arrival], clients: int, *,
-                        ttft_slo_s: float | None = None, tpot_slo_s: float | None = None
-                        ) -> dict[str, Any]:
+                        ttft_slo_s: float | None = None, tpot_slo_s: float | None = None,
+                        warm: Sequence[Arrival] = ()) -> dict[str, Any]:
     """The simulator's prediction of a closed loop of ``clients`` sending ``requests`` (in
     order) to a server of ``config`` serving ``model``, loaded before the first request,
     with ``costs``: tokens/s, TTFT and TPOT p50/p95 of the completed requests (the same
     percentile as the load generator's) and, with both targets, the requests within them
-    (``goodput_requests``, as ``loadgen.summarize`` counts them)."""
+    (``goodput_requests``, as ``loadgen.summarize`` counts them). ``warm``: what the
+    server served before the loop (``seen_before``), run first and not counted."""
     sim = replace(SimConfig.from_config(serving_only(config, model), costs), preload=(model,))
-    report, fleet = simulate_closed_loop(sim, requests, clients=clients, keep_requests=True)
+    report, fleet = simulate_closed_loop(sim, requests, clients=clients, keep_requests=True,
+                                         warm=warm)
     done = [r for r in fleet.requests or () if r.status == "completed" and r.end_s is not None]
     ttft = [(r.first_token_s if r.first_token_s is not None else r.end_s or 0.0)
             - r.arrival_s for r in done]
@@ -166,6 +168,17 @@ def predict_closed_loop(config: Config, costs: Mapping[str, Mapping[str, Any]], 
                                  / (r.generated - 1) <= tpot_slo_s)
             for r, t in zip(done, ttft, strict=True))
     return out
+
+
+def seen_before(requests: Sequence[Arrival]) -> list[Arrival]:
+    """One request of one output token per distinct prompt (``prefix_id``) of
+    ``requests``, in first-seen order: what a server that ran earlier levels of the same
+    prompts had served, so its retained and cached prefixes hold them."""
+    seen: dict[int | None, Arrival] = {}
+    for a in requests:
+        if a.prefix_id is not None and a.prefix_id not in seen:
+            seen[a.prefix_id] = replace(a, output_tokens=1)
+    return list(seen.values())
 
 
 def beside(measured: Mapping[str, Any], predicted: Mapping[str, Any],

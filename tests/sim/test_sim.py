@@ -636,3 +636,23 @@ def test_closed_loop_refused_clients_ask_again_and_every_request_ends_once() -> 
     assert report["tokens"] == 8 * states["completed"]
     with pytest.raises(ValueError, match="clients"):
         simulate_closed_loop(config, requests, clients=0)
+
+
+def test_a_warm_up_leaves_its_prefixes_and_is_not_counted() -> None:
+    """Requests run before the loop (``warm``) are forgotten once they end: the report
+    and the kept requests are the loop's alone, its time starts when they ended, and the
+    loop's first request finds its prompt retained (a prefix copy instead of a prefill)."""
+    step = StepCost(0.01, 0.0, 0.001, 0.0)
+    config = SimConfig(models={"chat": chat(step=step)}, preload=("chat",))
+    ask = Arrival(0.0, "chat", prompt_tokens=200, output_tokens=20, prefix_id=3,
+                  prefix_tokens=200)
+    cold, cold_fleet = simulate_closed_loop(config, [ask], clients=1, keep_requests=True)
+    warm, fleet = simulate_closed_loop(config, [ask], clients=1, keep_requests=True,
+                                       warm=[replace(ask, output_tokens=1)])
+    assert fleet.requests is not None and cold_fleet.requests is not None
+    assert len(fleet.requests) == 1 and warm["requests"] == 1 and warm["tokens"] == 20
+    (first,), (cold_first,) = fleet.requests, cold_fleet.requests
+    assert first.arrival_s > 0  # after the warm-up's request ended
+    assert (first.first_token_s or 0) - first.arrival_s < (
+        (cold_first.first_token_s or 0) - cold_first.arrival_s - 0.1)  # 199 of 200 reused
+    assert warm["tokens_per_s"] > cold["tokens_per_s"]
