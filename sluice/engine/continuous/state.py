@@ -100,7 +100,8 @@ class _Sequence:
         if self.drafts is not None:
             self.drafts.proposal = ()
             room = self.req.params.max_tokens - self.generated - 1
-            if room > 0 and not self.prefilling and not self.group.fork_slots:
+            if (draft_max_tokens > 0 and room > 0 and not self.prefilling
+                    and not self.group.fork_slots):
                 draft = self.drafts.propose(min(draft_max_tokens, room))
             acceptance = self.drafts.rate.rate
         return RunningSeq(

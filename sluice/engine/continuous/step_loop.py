@@ -32,7 +32,9 @@ class StepLoop(SlotMoves, Arrivals):
         self._compact()
         restore_s = self._restore_prefixes()
         budget = self.budget()
-        plan = plan_step(self.config, self.view(now), budget, self._draft_budget(budget))
+        drafts = self._draft_budget(budget)
+        plan = plan_step(self.config, self.view(now, drafting=drafts is not None), budget,
+                         drafts)
         batch = self._apply(plan, now)  # admit, reserve KV, copy prefixes
         if not batch.chunks:
             self._last_step_end_s = None
@@ -96,9 +98,10 @@ class StepLoop(SlotMoves, Arrivals):
                                 batch.context_tokens, batch.draft_tokens,
                                 batch.accepted_tokens)
 
-    def view(self, now: float) -> StepView:
-        """The engine as the step planner sees it (ended requests already swept out)."""
-        draft_max = self.model.spec.draft_max_tokens
+    def view(self, now: float, drafting: bool = True) -> StepView:
+        """The engine as the step planner sees it (ended requests already swept out); with
+        ``drafting`` false (the step may not draft) no sequence looks up a proposal."""
+        draft_max = self.model.spec.draft_max_tokens if drafting else 0
         return StepView(
             running=tuple(seq.view(draft_max) for seq in self.running.values()),
             waiting=tuple(_waiting_view(req) for req in self.waiting),
